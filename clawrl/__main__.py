@@ -1,0 +1,5 @@
+import sys
+
+from clawrl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,191 @@
+"""Chat completions: from a validated request to engine tokens to OpenAI responses.
+
+`ChatService.prepare` renders the messages into prompt IDs and checks limits
+(every client mistake becomes a 400 before the engine sees anything);
+`complete` and `stream` then run the same token loop (`_pieces`): tokens are
+detokenised incrementally, stop strings cut the text (and, by closing the
+engine's generator, stop decoding), and tool calls are parsed from the text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from clawrl.api.errors import BadRequest, EngineUnavailable, NotFound, error_body
+from clawrl.api.responses import Completion, TokenText, chunk_json, completion_json, tool_call_json
+from clawrl.api.schemas import ChatCompletionRequest
+from clawrl.engine.base import Engine, EngineError, SamplingParams, TokenEvent
+from clawrl.engine.chat import ChatRenderer, ChatRenderError, RenderedPrompt
+from clawrl.engine.text import IncrementalDetokenizer, StopStrings
+from clawrl.engine.tools import ContentDelta, ToolCallStream, parse_tool_calls
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prepared:
+    request: ChatCompletionRequest
+    prompt: RenderedPrompt
+    params: SamplingParams
+    completion: Completion
+
+
+@dataclass
+class _Piece:
+    text: str
+    tokens: list[TokenEvent]
+    finish_reason: str | None
+
+
+class ChatService:
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: PreTrainedTokenizerBase,
+        served_model_name: str,
+        default_max_tokens: int,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.renderer = ChatRenderer(tokenizer)
+        self.model_name = served_model_name
+        self.default_max_tokens = default_max_tokens
+        self.token_text = TokenText(tokenizer)
+
+    def prepare(self, req: ChatCompletionRequest) -> Prepared:
+        if req.model is not None and req.model != self.model_name:
+            raise NotFound(
+                f"the model {req.model!r} does not exist; this server serves {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+        if req.unknown_fields():
+            log.info("ignoring unknown request fields: %s", ", ".join(req.unknown_fields()))
+        prompt = self._render(req)
+        params = SamplingParams(
+            max_tokens=self._max_tokens(req, len(prompt.prompt_ids)),
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+            top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
+            stop_token_ids=self.engine.stop_token_ids,
+            ignore_eos=req.ignore_eos,
+        )
+        completion = Completion(
+            id=f"chatcmpl-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=self.model_name,
+            prompt_ids=prompt.prompt_ids,
+        )
+        return Prepared(req, prompt, params, completion)
+
+    def _render(self, req: ChatCompletionRequest) -> RenderedPrompt:
+        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        choice = req.tool_choice
+        tool_choice = choice.model_dump() if choice is not None and not isinstance(choice, str) else choice
+        try:
+            return self.renderer.render(messages, tools=tools, tool_choice=tool_choice)
+        except ChatRenderError as exc:
+            raise BadRequest(str(exc), param="messages") from exc
+
+    def _max_tokens(self, req: ChatCompletionRequest, prompt_len: int) -> int:
+        context = self.engine.max_context
+        room = context - prompt_len
+        if room <= 0:
+            raise BadRequest(
+                f"this model's maximum context length is {context} tokens, but the messages "
+                f"have {prompt_len} tokens; shorten them",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        asked = req.completion_limit()
+        if asked is not None and asked > room:
+            raise BadRequest(
+                f"this model's maximum context length is {context} tokens; the messages have "
+                f"{prompt_len} and you asked for {asked} more (at most {room})",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        return asked if asked is not None else min(room, self.default_max_tokens)
+
+    async def complete(self, prep: Prepared) -> dict:
+        c = prep.completion
+        async for _ in self._pieces(prep):
+            pass
+        tool_names = prep.prompt.tool_names
+        if tool_names:
+            c.text, c.tool_calls = parse_tool_calls(prep.prompt.forced_prefix + c.text, tool_names)
+            if c.tool_calls:
+                c.finish_reason = "tool_calls"
+        logprobs = self._logprobs(prep, c.tokens)
+        return completion_json(c, logprobs)
+
+    async def stream(self, prep: Prepared) -> AsyncIterator[str]:
+        c, req = prep.completion, prep.request
+        tools = ToolCallStream(prep.prompt.tool_names, prefix=prep.prompt.forced_prefix)
+        yield chunk_json(c, {"role": "assistant", "content": ""})
+        try:
+            async for piece in self._pieces(prep):
+                events = tools.feed(piece.text) if prep.prompt.tool_names else [ContentDelta(piece.text)]
+                if piece.finish_reason is not None and prep.prompt.tool_names:
+                    events += tools.finish()
+                for i, event in enumerate(events):
+                    lp = self._logprobs(prep, piece.tokens) if i == 0 else None
+                    yield self._delta_chunk(c, event, lp)
+                if not events and req.logprobs:
+                    yield chunk_json(c, {}, logprobs=self._logprobs(prep, piece.tokens))
+        except EngineUnavailable as exc:  # headers are sent: report it in the stream
+            yield f"data: {json.dumps(error_body(exc.message, exc.type))}\n\n"
+            return
+        if c.tool_calls:
+            c.finish_reason = "tool_calls"
+        yield chunk_json(c, {}, finish_reason=c.finish_reason)
+        if req.stream_options is not None and req.stream_options.include_usage:
+            yield chunk_json(c, None, usage=True)
+        yield "data: [DONE]\n\n"
+
+    def _delta_chunk(self, c: Completion, event: object, logprobs: dict | None) -> str:
+        if isinstance(event, ContentDelta):
+            return chunk_json(c, {"content": event.text}, logprobs=logprobs)
+        c.tool_calls.append(event.call)  # a ToolCallDelta
+        return chunk_json(c, {"tool_calls": [tool_call_json(event.call, event.index)]}, logprobs=logprobs)
+
+    def _logprobs(self, prep: Prepared, tokens: list[TokenEvent]) -> dict | None:
+        if not prep.request.logprobs:
+            return None
+        return self.token_text.logprobs(tokens, prep.params.top_logprobs)
+
+    async def _pieces(self, prep: Prepared) -> AsyncIterator[_Piece]:
+        """Run the engine; yield text as it becomes final, with the tokens behind it."""
+        c = prep.completion
+        detok = IncrementalDetokenizer(self.tokenizer)
+        stops = StopStrings(prep.request.stop_list())
+        pending: list[TokenEvent] = []
+        try:
+            async with aclosing(self.engine.generate(c.prompt_ids, prep.params)) as tokens:
+                async for event in tokens:
+                    c.tokens.append(event)
+                    pending.append(event)
+                    text, stopped = stops.feed(detok.add(event.token_id))
+                    finish = "stop" if stopped else event.finish_reason
+                    if finish is not None and not stopped:
+                        tail, stopped = stops.feed(detok.flush())
+                        text += tail if stopped else tail + stops.flush()
+                    if text or finish is not None:
+                        c.text += text
+                        c.finish_reason = finish
+                        yield _Piece(text, pending, finish)
+                        pending = []
+                    if finish is not None:
+                        return  # leaving the `async with` cancels decoding (stop strings)
+        except EngineError as exc:
+            raise EngineUnavailable(f"the model failed: {exc}") from exc

@@ -1,0 +1,87 @@
+"""Errors the API answers with, in the OpenAI shape.
+
+Every client mistake becomes a 4xx whose body is
+`{"error": {"message", "type", "param", "code"}}`, as the OpenAI API and vLLM
+answer, so SDKs raise their usual exception types with a readable message.
+
+    APIError                 base: status code + OpenAI error type
+    ├── BadRequest           400 invalid_request_error
+    ├── Unauthorized         401 authentication_error
+    ├── NotFound             404 not_found_error
+    └── EngineUnavailable    503 service_unavailable (the model itself failed)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+log = logging.getLogger(__name__)
+
+
+class APIError(Exception):
+    status = 500
+    type = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.param, self.code = message, param, code
+
+
+class BadRequest(APIError):
+    status, type = 400, "invalid_request_error"
+
+
+class Unauthorized(APIError):
+    status, type = 401, "authentication_error"
+
+
+class NotFound(APIError):
+    status, type = 404, "not_found_error"
+
+
+class EngineUnavailable(APIError):
+    status, type = 503, "service_unavailable"
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code), status_code=exc.status)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid":
+        return f"the request body is not valid JSON: {first.get('msg')}", None
+    param = ".".join(loc) or None
+    where = f"{param}: " if param else ""
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    return f"{where}{first.get('msg')}{more}", param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return JSONResponse(error_body(message, "invalid_request_error", param), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)

@@ -1,0 +1,112 @@
+"""Building OpenAI-shaped response objects: completions, stream chunks, logprobs, usage."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from clawrl.engine.base import TokenEvent
+from clawrl.engine.tools import ToolCall
+
+
+@dataclass
+class Completion:
+    """What one request produced, accumulated while it streams."""
+
+    id: str
+    created: int
+    model: str
+    prompt_ids: list[int]
+    tokens: list[TokenEvent] = field(default_factory=list)
+    text: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    @property
+    def versions(self) -> list[str]:
+        """The policy versions that produced the tokens, in order of first use."""
+        return list(dict.fromkeys(t.version for t in self.tokens))
+
+    def usage(self) -> dict[str, int]:
+        prompt, completion = len(self.prompt_ids), len(self.tokens)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+class TokenText:
+    """Token ID -> its text, as shown in logprobs."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self._decode = lru_cache(maxsize=65536)(lambda i: tokenizer.decode([i]))
+
+    def entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        text = self._decode(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    def logprobs(self, events: list[TokenEvent], top: int) -> dict[str, Any]:
+        content = []
+        for ev in events:
+            item = self.entry(ev.token_id, ev.logprob)
+            item["top_logprobs"] = [self.entry(i, lp) for i, lp in ev.top_logprobs[:top]]
+            content.append(item)
+        return {"content": content}
+
+
+def tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+    if index is not None:
+        out["index"] = index
+    return out
+
+
+def completion_json(c: Completion, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": c.text or None}
+    if c.tool_calls:
+        message["tool_calls"] = [tool_call_json(call) for call in c.tool_calls]
+    return {
+        "id": c.id,
+        "object": "chat.completion",
+        "created": c.created,
+        "model": c.model,
+        "system_fingerprint": _fingerprint(c),
+        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": c.finish_reason}],
+        "usage": c.usage(),
+    }
+
+
+def chunk_json(
+    c: Completion,
+    delta: dict[str, Any] | None,
+    *,
+    finish_reason: str | None = None,
+    logprobs: dict[str, Any] | None = None,
+    usage: bool = False,
+) -> str:
+    """One SSE event. `delta=None` with `usage=True` is the final usage-only chunk."""
+    body: dict[str, Any] = {
+        "id": c.id,
+        "object": "chat.completion.chunk",
+        "created": c.created,
+        "model": c.model,
+        "system_fingerprint": _fingerprint(c),
+        "choices": [],
+    }
+    if delta is not None:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        body["choices"] = [choice]
+    if usage:
+        body["usage"] = c.usage()
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+def _fingerprint(c: Completion) -> str:
+    """The policy version that made the answer, e.g. `clawrl-v3` (the last one when a swap happened)."""
+    versions = c.versions
+    return f"clawrl-{versions[-1]}" if versions else "clawrl"

@@ -1,0 +1,93 @@
+"""HTTP routes. Thin: validate, hand to the service on `app.state`, return."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from clawrl.api.auth import bearer_guard
+from clawrl.api.completions import ChatService
+from clawrl.api.errors import NotFound
+from clawrl.api.schemas import ChatCompletionRequest
+
+STARTED = int(time.time())
+
+
+def v1_router(api_key: str | None) -> APIRouter:
+    router = APIRouter(prefix="/v1", dependencies=[Depends(bearer_guard(api_key))])
+
+    @router.post("/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        chat: ChatService = request.app.state.chat
+        prep = chat.prepare(body)
+        if body.stream:
+            headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            return StreamingResponse(chat.stream(prep), media_type="text/event-stream", headers=headers)
+        result = await until_disconnected(request, chat.complete(prep))
+        return JSONResponse(result) if result is not None else Response(status_code=499)
+
+    @router.get("/models")
+    async def models(request: Request) -> dict[str, Any]:
+        return {"object": "list", "data": [_model_card(request)]}
+
+    @router.get("/models/{model_id}")
+    async def model(model_id: str, request: Request) -> dict[str, Any]:
+        card = _model_card(request)
+        if model_id != card["id"]:
+            raise NotFound(f"the model {model_id!r} does not exist", param="model", code="model_not_found")
+        return card
+
+    return router
+
+
+def health_router() -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/healthz")
+    async def healthz(request: Request) -> dict[str, Any]:
+        engine = request.app.state.chat.engine
+        return {
+            "status": "ok",
+            "model": request.app.state.chat.model_name,
+            "version": engine.version,
+            "engine": asdict(engine.stats()),
+        }
+
+    return router
+
+
+def _model_card(request: Request) -> dict[str, Any]:
+    chat: ChatService = request.app.state.chat
+    return {
+        "id": chat.model_name,
+        "object": "model",
+        "created": STARTED,
+        "owned_by": "clawrl",
+        "max_model_len": chat.engine.max_context,
+        "version": chat.engine.version,
+    }
+
+
+async def until_disconnected(request: Request, work: Any) -> Any:
+    """Await `work`, cancelling it if the client hangs up first (returns None then)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.create_task(_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()  # closes the engine generator, which drops the request from the batch
+    await asyncio.gather(task, return_exceptions=True)
+    return None
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

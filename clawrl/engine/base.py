@@ -1,0 +1,108 @@
+"""The Engine protocol: what serving, judging and training need from a model runtime.
+
+An engine turns prompt token IDs into a stream of sampled tokens, each with its
+log-probability under the temperature-scaled distribution the sampler drew from
+(the `logp_old` the trainer later needs), and scores given tokens. The IDs in and
+out are exactly what the model saw and produced; nobody re-tokenises text.
+
+Errors raised by engines:
+    EngineError           the base class
+    ├── EngineOverloaded  the request cannot be admitted now
+    └── EngineFailed      the model failed while decoding this request
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+FinishReason = str  # "stop" (a stop token), "length" (max_tokens or context), "abort"
+
+
+class EngineError(RuntimeError):
+    """Base class of engine failures."""
+
+
+class EngineOverloaded(EngineError):
+    """The engine cannot take the request now."""
+
+
+class EngineFailed(EngineError):
+    """The model failed while decoding; the request is over."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one completion. `temperature == 0` means greedy."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    top_logprobs: int = 0
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One sampled token.
+
+    `logprob` is log p(token) under softmax(logits / temperature) (temperature 1
+    for greedy requests), over the full vocabulary: top-p truncation is not
+    applied to it, so the trainer can reproduce it from logits alone.
+    `finish_reason` is set on the last token of the completion.
+    """
+
+    token_id: int
+    logprob: float
+    version: str
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+    finish_reason: FinishReason | None = None
+
+
+@dataclass
+class EngineStats:
+    """Counters a health check shows."""
+
+    active: int = 0
+    waiting: int = 0
+    tokens_generated: int = 0
+    requests_finished: int = 0
+    requests_cancelled: int = 0
+    steps: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+WeightLoader = Callable[[Any], None]
+"""Called with the live model between two decoding steps to change its weights."""
+
+
+class Engine(Protocol):
+    """A model runtime. Implementations: `engine.local.LocalEngine`."""
+
+    model_name: str
+    max_context: int
+    version: str
+    stop_token_ids: frozenset[int]
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
+        """Stream sampled tokens. Closing the iterator early cancels the request."""
+        ...
+
+    async def score(
+        self, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0
+    ) -> list[float]:
+        """log p(response_ids[i] | prompt, response[:i]) under softmax(logits / temperature)."""
+        ...
+
+    async def swap_weights(self, load: WeightLoader, version: str) -> None:
+        """Apply `load(model)` between two decoding steps and serve `version` from then on."""
+        ...
+
+    def stats(self) -> EngineStats: ...

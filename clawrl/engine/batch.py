@@ -1,0 +1,94 @@
+"""A running decode batch: sequences that share one left-padded KV cache.
+
+Continuous batching on a plain Hugging Face causal LM. Row i of the cache holds
+`pad_i` padding positions and then its `lengths[i]` real positions; `mask` [B, L]
+is 1 on real positions. A new sequence is prefilled alone and then joins (both
+sides left-padded to the same width); finished rows leave by index selection,
+and columns that became padding for every row are trimmed. Joining and leaving
+copy the cache; a decoding step only appends one column.
+
+Only caches whose layers keep `keys`/`values` tensors [B, heads, L, head_dim]
+(full-attention `DynamicLayer`s) are supported.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+
+def _left_pad(x: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+    """Pad `n` zeros at the start of dimension `dim`."""
+    if n == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = n
+    return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+
+class DecodeBatch:
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        self.cache: DynamicCache | None = None
+        self.mask: torch.Tensor | None = None  # [B, L], int64
+        self.lengths: list[int] = []  # real positions per row
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: list[int]) -> tuple[torch.Tensor, DynamicCache]:
+        """Run a prompt alone. Returns the last position's logits [V] and its cache."""
+        ids = torch.tensor([prompt_ids], device=self.device)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1], out.past_key_values
+
+    def join(self, cache: DynamicCache, length: int) -> None:
+        """Append a prefilled sequence of `length` positions as the last row."""
+        ones = torch.ones(1, length, dtype=torch.long, device=self.device)
+        if self.cache is None or self.mask is None:
+            self.cache, self.mask, self.lengths = cache, ones, [length]
+            return
+        width = self.mask.shape[1]
+        grow, pad = max(0, length - width), max(0, width - length)
+        for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
+            mine.keys = torch.cat([_left_pad(mine.keys, grow, 2), _left_pad(theirs.keys, pad, 2)], 0)
+            mine.values = torch.cat([_left_pad(mine.values, grow, 2), _left_pad(theirs.values, pad, 2)], 0)
+        self.mask = torch.cat([_left_pad(self.mask, grow, 1), _left_pad(ones, pad, 1)], 0)
+        self.lengths.append(length)
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only the given rows, in that order; trim all-padding columns."""
+        if not rows:
+            self.cache, self.mask, self.lengths = None, None, []
+            return
+        if rows == list(range(len(self))):
+            return
+        assert self.cache is not None and self.mask is not None
+        index = torch.tensor(rows, device=self.device)
+        self.lengths = [self.lengths[r] for r in rows]
+        start = self.mask.shape[1] - max(self.lengths)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[:, :, start:]
+            layer.values = layer.values.index_select(0, index)[:, :, start:]
+        self.mask = self.mask.index_select(0, index)[:, start:]
+
+    @torch.inference_mode()
+    def step(self, tokens: list[int]) -> torch.Tensor:
+        """Feed one token per row; return next-token logits [B, V]."""
+        assert self.cache is not None and self.mask is not None and len(tokens) == len(self)
+        ids = torch.tensor(tokens, device=self.device)[:, None]
+        positions = torch.tensor(self.lengths, device=self.device)[:, None]
+        self.mask = F.pad(self.mask, (0, 1), value=1)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=self.mask,
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.lengths = [n + 1 for n in self.lengths]
+        return out.logits[:, -1]

@@ -1,0 +1,239 @@
+"""The local engine: a PyTorch model served with continuous batching.
+
+One asyncio task owns the scheduler. Each iteration it takes the waiting
+requests and queued jobs (scoring, weight swaps), then runs one *iteration* in a
+worker thread (`asyncio.to_thread`), so the event loop keeps serving HTTP while
+torch computes:
+
+    jobs (score / swap weights)  ->  prefill admitted requests  ->  one decode step
+
+New requests therefore join the running batch between two decoding steps, and
+finished or cancelled ones leave before the next. A weight swap runs at the
+same point, so in-flight requests carry on and the tokens after it come from
+the new weights; each token records the version that produced it. (The KV cache
+of in-flight requests was computed by the old weights; like PipelineRL, we keep
+it rather than recompute.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from clawrl.engine.base import EngineFailed, EngineStats, SamplingParams, TokenEvent, WeightLoader
+from clawrl.engine.batch import DecodeBatch
+from clawrl.engine.sampling import RowSampler, Sampled, sample_rows, score_tokens
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    sampler: RowSampler
+    queue: asyncio.Queue[TokenEvent | BaseException] = field(default_factory=asyncio.Queue)
+    generated: int = 0
+    last_token: int = -1
+    done: bool = False
+    cancelled: bool = False
+
+
+@dataclass(eq=False)
+class _Job:
+    run: Callable[[], Any]
+    future: asyncio.Future[Any]
+    result: Any = None
+    error: BaseException | None = None
+
+
+class LocalEngine:
+    """Serve a causal LM from this process. See the module docstring."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        model_name: str,
+        max_context: int,
+        stop_token_ids: frozenset[int],
+        max_batch_size: int = 16,
+        max_prefills_per_step: int = 4,
+        version: str = "v0",
+    ) -> None:
+        self.model = model.eval()
+        self.model_name = model_name
+        self.max_context = max_context
+        self.stop_token_ids = stop_token_ids
+        self.version = version
+        self.device = next(model.parameters()).device
+        self._max_batch = max_batch_size
+        self._max_prefills = max_prefills_per_step
+        self._batch = DecodeBatch(model, self.device)
+        self._rows: list[_Request] = []
+        self._waiting: deque[_Request] = deque()
+        self._jobs: list[_Job] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stats = EngineStats()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="clawrl-engine")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        for req in [*self._rows, *self._waiting]:
+            req.queue.put_nowait(EngineFailed("the server is shutting down"))
+        self._rows, self._waiting = [], deque()
+        self._batch.keep([])
+
+    def stats(self) -> EngineStats:
+        self._stats.active = len(self._rows)
+        self._stats.waiting = len(self._waiting)
+        return self._stats
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
+        sampler = RowSampler.create(params.temperature, params.top_p, params.top_logprobs, params.seed)
+        req = _Request(list(prompt_ids), params, sampler)
+        self._waiting.append(req)
+        self._wake.set()
+        try:
+            while True:
+                event = await req.queue.get()
+                if isinstance(event, BaseException):
+                    raise event
+                yield event
+                if event.finish_reason is not None:
+                    return
+        finally:
+            if not req.done:
+                req.cancelled = True  # the loop drops it before the next step
+                self._stats.requests_cancelled += 1
+
+    async def score(
+        self, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0
+    ) -> list[float]:
+        return await self._submit(lambda: self._score(prompt_ids, response_ids, temperature))
+
+    async def swap_weights(self, load: WeightLoader, version: str) -> None:
+        def swap() -> None:
+            with torch.no_grad():
+                load(self.model)
+            self.version = version
+
+        await self._submit(swap)
+        log.info("now serving %s", version)
+
+    async def _submit(self, run: Callable[[], Any]) -> Any:
+        job = _Job(run, asyncio.get_running_loop().create_future())
+        self._jobs.append(job)
+        self._wake.set()
+        return await job.future
+
+    async def _loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            admitted = self._admit()
+            jobs, self._jobs = self._jobs, []
+            try:
+                events = await asyncio.to_thread(self._iterate, admitted, jobs)
+            except Exception as exc:  # degrade on purpose: fail this batch, keep serving
+                log.exception("decoding step failed")
+                events = self._fail_all(admitted, exc)
+            for req, event in events:
+                req.queue.put_nowait(event)
+            for job in jobs:
+                _settle(job)
+            if not (self._rows or self._waiting or self._jobs):
+                self._wake.clear()
+
+    def _admit(self) -> list[_Request]:
+        room = min(self._max_prefills, self._max_batch - len(self._rows))
+        admitted: list[_Request] = []
+        while self._waiting and len(admitted) < room:
+            req = self._waiting.popleft()
+            if not req.cancelled:
+                admitted.append(req)
+        return admitted
+
+    def _fail_all(self, admitted: list[_Request], exc: Exception) -> list[tuple[_Request, BaseException]]:
+        failed = [*self._rows, *admitted]
+        for req in failed:
+            req.done = True
+        self._rows = []
+        self._batch.keep([])
+        error = EngineFailed(f"the model failed while decoding: {exc}")
+        return [(req, error) for req in failed]
+
+    # --- everything below runs in the worker thread -------------------------------
+
+    def _iterate(self, admitted: list[_Request], jobs: list[_Job]) -> list[tuple[_Request, TokenEvent]]:
+        for job in jobs:
+            try:
+                job.result = job.run()
+            except Exception as exc:  # handed to the caller awaiting the job
+                job.error = exc
+        events: list[tuple[_Request, TokenEvent]] = []
+        for req in admitted:
+            logits, cache = self._batch.prefill(req.prompt_ids)
+            events.append((req, self._emit(req, sample_rows(logits[None], [req.sampler])[0])))
+            if not req.done:
+                self._batch.join(cache, len(req.prompt_ids))
+                self._rows.append(req)
+        self._retire()
+        if self._rows:
+            logits = self._batch.step([r.last_token for r in self._rows])
+            sampled = sample_rows(logits, [r.sampler for r in self._rows])
+            events += [(req, self._emit(req, s)) for req, s in zip(self._rows, sampled, strict=True)]
+            self._stats.steps += 1
+            self._retire()
+        return events
+
+    def _emit(self, req: _Request, s: Sampled) -> TokenEvent:
+        req.generated += 1
+        req.last_token = s.token_id
+        self._stats.tokens_generated += 1
+        finish = None
+        if s.token_id in req.params.stop_token_ids and not req.params.ignore_eos:
+            finish = "stop"
+        elif (
+            req.generated >= req.params.max_tokens or len(req.prompt_ids) + req.generated >= self.max_context
+        ):
+            finish = "length"
+        if finish is not None:
+            req.done = True
+            self._stats.requests_finished += 1
+        return TokenEvent(s.token_id, s.logprob, self.version, s.top, finish)
+
+    def _retire(self) -> None:
+        keep = [i for i, r in enumerate(self._rows) if not (r.done or r.cancelled)]
+        if len(keep) != len(self._rows):
+            self._batch.keep(keep)
+            self._rows = [self._rows[i] for i in keep]
+
+    @torch.inference_mode()
+    def _score(self, prompt_ids: list[int], response_ids: list[int], temperature: float) -> list[float]:
+        if not prompt_ids or not response_ids:
+            raise ValueError("score needs a non-empty prompt and response")
+        ids = torch.tensor([prompt_ids + response_ids], device=self.device)
+        logits = self.model(input_ids=ids, logits_to_keep=len(response_ids) + 1).logits[0, :-1]
+        targets = torch.tensor(response_ids, device=self.device)
+        return score_tokens(logits, targets, temperature).tolist()
+
+
+def _settle(job: _Job) -> None:
+    if job.future.done():  # the caller went away
+        return
+    if job.error is not None:
+        job.future.set_exception(job.error)
+    else:
+        job.future.set_result(job.result)

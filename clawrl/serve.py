@@ -1,0 +1,56 @@
+"""Start the server: load the model, build the engine and the app, run uvicorn."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+import uvicorn
+
+from clawrl.api.app import create_app
+from clawrl.config import Config
+from clawrl.engine.local import LocalEngine
+from clawrl.engine.models import ModelNotFound, ensure_embedded, load_model
+
+log = logging.getLogger(__name__)
+
+
+def model_folder(config: Config) -> Path:
+    if config.model.path:
+        return Path(config.model.path).expanduser()
+    return ensure_embedded(config.cache_dir())
+
+
+def build_engine(config: Config) -> tuple[LocalEngine, object]:
+    if config.engine.threads:
+        torch.set_num_threads(config.engine.threads)
+    folder = model_folder(config)
+    loaded = load_model(folder, config.model.device, config.model.dtype, config.model.max_context)
+    log.info("loaded %s on %s (context %d)", folder, loaded.model.device, loaded.max_context)
+    engine = LocalEngine(
+        loaded.model,
+        model_name=config.server.served_model_name,
+        max_context=loaded.max_context,
+        stop_token_ids=loaded.stop_token_ids,
+        max_batch_size=config.engine.max_batch_size,
+        max_prefills_per_step=config.engine.max_prefills_per_step,
+    )
+    return engine, loaded.tokenizer
+
+
+def run_server(config: Config) -> int:
+    try:
+        engine, tokenizer = build_engine(config)
+    except ModelNotFound as exc:
+        log.error("%s", exc)
+        return 2
+    app = create_app(config, engine, tokenizer)
+    uvicorn.run(
+        app,
+        host=config.server.host,
+        port=config.server.port,
+        log_level=config.server.log_level,
+        timeout_graceful_shutdown=5,
+    )
+    return 0

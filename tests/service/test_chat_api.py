@@ -1,0 +1,245 @@
+"""The chat completions API over HTTP, with the official openai client, on a tiny random model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+USER = [{"role": "user", "content": "Say something."}]
+
+
+def test_plain_chat_reports_exact_usage(tiny_server, tiny_model_dir):
+    client = tiny_server.client()
+    r = client.chat.completions.create(
+        model="clawrl", messages=USER, max_tokens=7, extra_body={"ignore_eos": True}
+    )
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompt = tok.apply_chat_template(USER, add_generation_prompt=True, tokenize=False)
+    assert r.id.startswith("chatcmpl-")
+    assert r.object == "chat.completion"
+    assert r.model == "clawrl"
+    assert r.system_fingerprint == "clawrl-v0"
+    assert r.choices[0].message.role == "assistant"
+    assert isinstance(r.choices[0].message.content, str)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == len(tok.encode(prompt, add_special_tokens=False))
+    assert r.usage.completion_tokens == 7
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 7
+
+
+def test_stream_sends_tokens_as_they_are_made(tiny_server):
+    client = tiny_server.client()
+    stream = client.chat.completions.create(
+        model="clawrl",
+        messages=USER,
+        max_tokens=12,
+        stream=True,
+        seed=3,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    content = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len(content) >= 6, "tokens must arrive in several chunks, not one at the end"
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert [c.choices[0].finish_reason for c in finals] == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    # The stream carries the same text a non-streamed request with the same seed gets.
+    full = client.chat.completions.create(
+        model="clawrl", messages=USER, max_tokens=12, seed=3, extra_body={"ignore_eos": True}
+    )
+    assert "".join(c.choices[0].delta.content for c in content) == full.choices[0].message.content
+
+
+def test_logprobs_are_negative_and_ranked(tiny_server):
+    r = tiny_server.client().chat.completions.create(
+        model="clawrl",
+        messages=USER,
+        max_tokens=5,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"ignore_eos": True},
+    )
+    items = r.choices[0].logprobs.content
+    assert len(items) == 5
+    for item in items:
+        assert item.logprob <= 0
+        tops = [t.logprob for t in item.top_logprobs]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True)
+        assert item.logprob <= tops[0] + 1e-5
+
+
+def test_greedy_and_seeded_sampling_repeat(tiny_server):
+    client = tiny_server.client()
+
+    def text(**kw):
+        r = client.chat.completions.create(
+            model="clawrl", messages=USER, max_tokens=10, extra_body={"ignore_eos": True}, **kw
+        )
+        return r.choices[0].message.content
+
+    assert text(temperature=0) == text(temperature=0) == text(top_p=0.0, seed=1)
+    assert text(seed=11) == text(seed=11)
+    assert len({text(seed=s) for s in range(4)}) > 1
+
+
+def test_stop_string_cuts_the_answer(tiny_server):
+    client = tiny_server.client()
+    base = (
+        client.chat.completions.create(
+            model="clawrl", messages=USER, max_tokens=30, seed=5, extra_body={"ignore_eos": True}
+        )
+        .choices[0]
+        .message.content
+    )
+    stop = base[len(base) // 2 : len(base) // 2 + 3]
+    assert stop.strip(), base
+    r = client.chat.completions.create(
+        model="clawrl", messages=USER, max_tokens=30, seed=5, stop=[stop], extra_body={"ignore_eos": True}
+    )
+    assert r.choices[0].message.content == base[: base.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.completion_tokens < 30
+
+
+def test_message_forms_and_session_fields_are_accepted(tiny_server):
+    client = tiny_server.client()
+    r = client.chat.completions.create(
+        model="clawrl",
+        messages=[
+            {"role": "developer", "content": "Be brief."},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}],
+            },
+            {"role": "assistant", "content": "Hi."},
+            {"role": "user", "content": "Again."},
+        ],
+        max_tokens=3,
+        extra_body={"session_id": "s-1", "turn_type": "main", "session_done": False, "some_new_field": 1},
+        extra_headers={"X-Session-Id": "s-1", "X-Turn-Type": "main", "X-Session-Done": "false"},
+    )
+    assert r.choices[0].message.role == "assistant"
+
+
+def test_models_and_health(tiny_server):
+    models = tiny_server.client().models.list()
+    assert [m.id for m in models.data] == ["clawrl"]
+    health = tiny_server.health()
+    assert health["status"] == "ok" and health["version"] == "v0"
+    written = json.loads((tiny_server.run_dir / "config.json").read_text())
+    assert written["server"]["port"] == tiny_server.port
+
+
+def test_concurrent_requests_are_decoded_together(tiny_server):
+    before = tiny_server.health()["engine"]
+
+    async def run():
+        client = tiny_server.async_client()
+        return await asyncio.gather(
+            *[
+                client.chat.completions.create(
+                    model="clawrl",
+                    messages=[{"role": "user", "content": f"n{i}"}],
+                    max_tokens=16,
+                    extra_body={"ignore_eos": True},
+                )
+                for i in range(8)
+            ]
+        )
+
+    results = asyncio.run(run())
+    assert [r.usage.completion_tokens for r in results] == [16] * 8
+    after = tiny_server.health()["engine"]
+    steps = after["steps"] - before["steps"]
+    tokens = after["tokens_generated"] - before["tokens_generated"]
+    assert tokens == 128
+    assert steps <= tokens / 3, f"{steps} decoding steps for {tokens} tokens: requests were not batched"
+
+
+def _wait_idle(server, timeout=10.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        engine = server.health()["engine"]
+        if engine["active"] == 0 and engine["waiting"] == 0:
+            return engine
+        time.sleep(0.05)
+    raise AssertionError(f"engine still busy: {engine}")
+
+
+def test_stream_disconnect_stops_generation(tiny_server):
+    before = _wait_idle(tiny_server)
+    body = {"model": "clawrl", "messages": USER, "max_tokens": 400, "stream": True, "ignore_eos": True}
+    with (
+        httpx.Client(timeout=30) as http,
+        http.stream("POST", tiny_server.url + "/v1/chat/completions", json=body) as resp,
+    ):
+        lines = resp.iter_lines()
+        for _ in range(5):
+            next(lines)
+    after = _wait_idle(tiny_server)
+    assert after["requests_cancelled"] == before["requests_cancelled"] + 1
+    assert after["tokens_generated"] - before["tokens_generated"] < 300
+
+
+def test_non_stream_disconnect_stops_generation(tiny_server):
+    before = _wait_idle(tiny_server)
+    body = {"model": "clawrl", "messages": USER, "max_tokens": 450, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(tiny_server.url + "/v1/chat/completions", json=body, timeout=0.3)
+    after = _wait_idle(tiny_server)
+    assert after["requests_cancelled"] == before["requests_cancelled"] + 1
+    assert after["tokens_generated"] - before["tokens_generated"] < 400
+
+
+BAD_BODIES = [
+    ({"messages": USER, "n": 2}, "n"),
+    ({"messages": USER, "max_tokens": 0}, "max_tokens"),
+    ({"messages": USER, "max_completion_tokens": -1}, "max_completion_tokens"),
+    ({"messages": []}, "messages"),
+    ({}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "role"),
+    ({"messages": [{"role": "user"}]}, "content"),
+    ({"messages": "hello"}, "messages"),
+    ({"messages": USER, "temperature": "hot"}, "temperature"),
+    ({"messages": USER, "temperature": 3}, "temperature"),
+    ({"messages": USER, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        "image",
+    ),
+    ({"messages": [{"role": "user", "content": "hi " * 600}]}, "context length"),
+    ({"messages": USER, "max_tokens": 5000}, "context length"),
+    ({"messages": USER, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "nope"),
+]
+
+
+@pytest.mark.parametrize(("body", "needle"), BAD_BODIES)
+def test_bad_input_gets_a_400_naming_the_problem(tiny_server, body, needle):
+    r = httpx.post(tiny_server.url + "/v1/chat/completions", json={"model": "clawrl", **body}, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert needle in error["message"] + str(error["param"])
+
+
+def test_malformed_json_and_unknown_model(tiny_server):
+    r = httpx.post(
+        tiny_server.url + "/v1/chat/completions",
+        content=b'{"messages": [',
+        timeout=10,
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    with pytest.raises(openai.NotFoundError, match="gpt-4"):
+        tiny_server.client().chat.completions.create(model="gpt-4", messages=USER, max_tokens=2)
+    # After all of that the server still answers.
+    assert tiny_server.client().chat.completions.create(model="clawrl", messages=USER, max_tokens=2).choices

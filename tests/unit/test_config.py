@@ -1,0 +1,78 @@
+"""The config tree: files, overrides, environment, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from clawrl.cli import main
+from clawrl.config import API_KEY_ENV, Config, ConfigError, load_config, parse_overrides
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    config = load_config(path)
+    assert isinstance(config, Config)
+
+
+def test_shipped_example_matches_defaults():
+    assert load_config(CONFIGS[0]).model_dump() == Config().model_dump()
+
+
+def test_dotted_overrides_win_over_the_file(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text('[server]\nport = 9000\nhost = "127.0.0.1"\n[engine]\nmax_batch_size = 4\n')
+    config = load_config(
+        f, parse_overrides(["--server.port", "30000", "--engine.max-batch-size=2", "--server.api-key", "123"])
+    )
+    assert config.server.port == 30000
+    assert config.engine.max_batch_size == 2
+    assert config.server.api_key.get_secret_value() == "123"
+
+
+def test_api_key_from_environment_is_masked_when_written(tmp_path, monkeypatch):
+    monkeypatch.setenv(API_KEY_ENV, "s3cret")
+    config = load_config(None, {"run_dir": str(tmp_path)})
+    assert config.server.api_key.get_secret_value() == "s3cret"
+    assert "s3cret" not in config.write().read_text()
+
+
+@pytest.mark.parametrize(
+    "args", [["--server.nope", "1"], ["--server.port", "many"], ["--engine.max-batch-size", "0"]]
+)
+def test_bad_overrides_are_rejected(args):
+    with pytest.raises(ValidationError):
+        load_config(None, parse_overrides(args))
+
+
+def test_malformed_options_and_files(tmp_path):
+    with pytest.raises(ConfigError):
+        parse_overrides(["server.port"])
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[server\n")
+    with pytest.raises(ConfigError):
+        load_config(bad)
+
+
+def test_cli_refuses_public_bind_without_key(tmp_path, capsys):
+    code = main(["serve", "--run-dir", str(tmp_path / "run"), "--server.host", "0.0.0.0"])
+    assert code == 2
+    assert "without an API key" in capsys.readouterr().err
+
+
+def test_cli_reports_unwritable_run_dir(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["serve", "--run-dir", str(blocker / "run")]) == 2
+    assert "cannot write the run folder" in capsys.readouterr().err
+
+
+def test_cli_config_errors_exit_with_usage(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--server.port", "many"])
+    assert exc.value.code == 2
+    assert "port" in capsys.readouterr().err
