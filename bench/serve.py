@@ -1,0 +1,302 @@
+"""Serving throughput and time to first token, against a bare decode loop in the same run.
+
+What it measures, on one model (default: the embedded SmolLM2-135M-Instruct):
+
+* bare: a static batch of 1 and of N chat-rendered prompts, left-padded, decoded in this
+  process with a plain `transformers.DynamicCache` (prefill, then one forward per token,
+  temperature-1 sampling with `torch.multinomial`). Every row makes exactly `--max-tokens`
+  tokens; the prefill is inside the timed phase. Each phase runs `--requests` batches.
+* server: `clawrl serve` in a subprocess on 127.0.0.1, driven by 1 and N concurrent clients
+  (the official `openai.AsyncOpenAI`, `stream=True`, usage chunk, `ignore_eos`), each sending
+  `--requests` requests one after another. Throughput = completion tokens from the usage
+  chunks / wall time of the whole phase. TTFT = request sent -> first chunk with content.
+
+The machine this runs on is shared and noisy, so the figures that matter are the ratios
+server/bare, both measured in the same run. The bare loop runs first and its model is freed
+before the server starts, so the two never compete for the CPU. Run it with
+
+    .venv/bin/python bench/serve.py [--max-tokens 64] [--requests 2] [--clients 1,8] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from openai import AsyncOpenAI
+from transformers import DynamicCache
+
+from clawrl.config import Config
+from clawrl.engine.models import ensure_embedded, load_model
+
+SERVED_MODEL = "clawrl"  # the server's default served_model_name
+TEMPERATURE = 1.0
+REQUEST_TIMEOUT_S = 300.0
+STARTUP_TIMEOUT_S = 120.0
+TARGET_RATIO, TARGET_CLIENTS, TARGET_TTFT_S = 0.8, 8, 1.0
+
+QUESTIONS = [
+    "What is a good way to start the morning?",
+    "How do I keep basil alive on a windowsill?",
+    "Why is the sky blue?",
+    "What should I pack for a weekend hike?",
+    "How long should I boil an egg?",
+    "What is a simple dinner I can cook in twenty minutes?",
+    "How can I fall asleep faster?",
+    "What is the difference between weather and climate?",
+]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--max-tokens", type=int, default=64, help="completion tokens per request (default 64)")
+    p.add_argument("--requests", type=int, default=2, help="requests per client, one after another")
+    p.add_argument("--clients", default="1,8", help="comma-separated concurrency levels (default 1,8)")
+    p.add_argument("--model", type=Path, help="model folder (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--json", type=Path, help="also write every figure to this JSON file")
+    args = p.parse_args(argv)
+    args.clients = [int(c) for c in args.clients.split(",") if c.strip()]
+    if args.max_tokens < 1 or args.requests < 1 or not args.clients or min(args.clients) < 1:
+        p.error("--max-tokens, --requests and every --clients value must be >= 1")
+    return args
+
+
+def conversations(n: int) -> list[list[dict]]:
+    """One distinct single-turn chat per client (the questions repeat beyond eight clients)."""
+    return [[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}] for i in range(n)]
+
+
+def render(tokenizer, chats: list[list[dict]]) -> list[list[int]]:
+    """Token ids of each chat, rendered the way the server renders it."""
+    texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
+    return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+
+# --- bare decode loop ------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def bare_generate(model, prompts: list[list[int]], max_tokens: int, pad_id: int) -> int:
+    """Left-padded static batch: prefill, then decode; return the tokens made (rows * max_tokens)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    made = 0
+    for _ in range(max_tokens):  # the prefill makes token 1, each later forward one more
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        probs = torch.softmax(out.logits[:, -1].float() / TEMPERATURE, dim=-1)
+        ids = torch.multinomial(probs, 1)  # [B, 1]: the next input
+        made += ids.shape[0]
+        mask = F.pad(mask, (0, 1), value=1)
+        positions = positions[:, -1:] + 1
+    return made
+
+
+def bare_phase(model, prompts: list[list[int]], args: argparse.Namespace, pad_id: int) -> dict:
+    """`--requests` batches of these prompts, timed together after a short warm-up batch."""
+    bare_generate(model, prompts, 2, pad_id)  # warm-up
+    start = time.perf_counter()
+    tokens = sum(bare_generate(model, prompts, args.max_tokens, pad_id) for _ in range(args.requests))
+    wall = time.perf_counter() - start
+    return {"clients": len(prompts), "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall}
+
+
+def run_bare(folder: Path, args: argparse.Namespace) -> list[dict]:
+    """All bare phases, then free the model so the server gets the whole CPU."""
+    loaded = load_model(folder)
+    tok = loaded.tokenizer
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else min(loaded.stop_token_ids)
+    results = []
+    for n in args.clients:
+        results.append(bare_phase(loaded.model, render(tok, conversations(n)), args, pad_id))
+        print(f"  bare   {n:>2} x {args.requests}: {results[-1]['tok_s']:7.1f} tok/s", flush=True)
+    del loaded, tok
+    gc.collect()
+    return results
+
+
+# --- server ----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(folder: Path, run_dir: Path, port: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "clawrl", "serve", "--model", str(folder), "--run-dir", str(run_dir)]
+    cmd += ["--server.port", str(port), "--server.log-level", "warning"]
+    with open(run_dir.parent / "server.out", "wb") as log:  # the child keeps its own handle
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_healthy(proc: subprocess.Popen, port: int, log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"server not healthy after {STARTUP_TIMEOUT_S:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=15)
+
+
+async def _stream(client: AsyncOpenAI, chat: list[dict], max_tokens: int) -> tuple[int, float]:
+    start = time.perf_counter()
+    ttft, tokens = None, None
+    stream = await client.chat.completions.create(
+        model=SERVED_MODEL,
+        messages=chat,
+        max_tokens=max_tokens,
+        temperature=TEMPERATURE,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    async for chunk in stream:
+        if ttft is None and chunk.choices and chunk.choices[0].delta.content:
+            ttft = time.perf_counter() - start
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    if ttft is None or tokens is None:
+        raise RuntimeError(f"stream ended without content or usage (ttft={ttft}, tokens={tokens})")
+    return tokens, ttft
+
+
+async def timed_request(client: AsyncOpenAI, chat: list[dict], max_tokens: int) -> tuple[int, float]:
+    """(completion tokens from the usage chunk, seconds to the first content chunk)."""
+    return await asyncio.wait_for(_stream(client, chat, max_tokens), REQUEST_TIMEOUT_S)
+
+
+async def client_loop(client: AsyncOpenAI, chat: list[dict], args: argparse.Namespace) -> list:
+    return [await timed_request(client, chat, args.max_tokens) for _ in range(args.requests)]
+
+
+async def server_phase(base_url: str, n: int, args: argparse.Namespace) -> dict:
+    """N concurrent clients, `--requests` each, timed as one phase after one warm-up request."""
+    chats = conversations(n)
+    async with AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=REQUEST_TIMEOUT_S) as c:
+        await timed_request(c, chats[0], args.max_tokens)  # warm-up
+        start = time.perf_counter()
+        per_client = await asyncio.gather(*(client_loop(c, chat, args) for chat in chats))
+        wall = time.perf_counter() - start
+    results = [r for rs in per_client for r in rs]
+    tokens, ttfts = sum(t for t, _ in results), [s for _, s in results]
+    short = sum(t != args.max_tokens for t, _ in results)
+    return {
+        "clients": n, "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall,
+        "ttft_median_s": statistics.median(ttfts), "ttft_max_s": max(ttfts),
+        "ttft_s": ttfts, "short_completions": short,
+    }  # fmt: skip
+
+
+def run_server(folder: Path, args: argparse.Namespace) -> list[dict]:
+    """Start `clawrl serve`, run every client phase against it, stop it."""
+    with tempfile.TemporaryDirectory(prefix="clawrl-bench-") as tmp:
+        port = free_port()
+        proc = start_server(folder, Path(tmp) / "run", port)
+        try:
+            wait_healthy(proc, port, Path(tmp) / "server.out")
+            results = []
+            for n in args.clients:
+                results.append(asyncio.run(server_phase(f"http://127.0.0.1:{port}/v1", n, args)))
+                print(f"  server {n:>2} x {args.requests}: {results[-1]['tok_s']:7.1f} tok/s", flush=True)
+            return results
+        finally:
+            stop_server(proc)
+
+
+# --- report ----------------------------------------------------------------------------------
+
+
+def summarize(bare: list[dict], server: list[dict]) -> dict:
+    ratios = {str(b["clients"]): s["tok_s"] / b["tok_s"] for b, s in zip(bare, server, strict=True)}
+    verdict: dict = {"ratio_target": TARGET_RATIO, "ttft_target_s": TARGET_TTFT_S}
+    if str(TARGET_CLIENTS) in ratios:
+        verdict["ratio_ok"] = ratios[str(TARGET_CLIENTS)] >= TARGET_RATIO
+        verdict["ttft_ok"] = max(s["ttft_max_s"] for s in server) < TARGET_TTFT_S
+        verdict["pass"] = verdict["ratio_ok"] and verdict["ttft_ok"]
+    return {"ratios": ratios, "verdict": verdict}
+
+
+def print_report(meta: dict, bare: list[dict], server: list[dict], summary: dict) -> None:
+    print(f"\nclawrl serve bench: {meta['model']}, max_tokens={meta['max_tokens']}, "
+          f"{meta['requests']} requests/client, torch threads={meta['threads']}")  # fmt: skip
+    print(f"{'':14}{'clients':>8}{'tokens':>8}{'wall s':>9}{'tok/s':>9}{'TTFT med':>10}{'TTFT max':>10}")
+    for b, s in zip(bare, server, strict=True):
+        print(f"{'bare loop':14}{b['clients']:>8}{b['tokens']:>8}{b['wall_s']:>9.2f}{b['tok_s']:>9.1f}")
+        print(f"{'server (HTTP)':14}{s['clients']:>8}{s['tokens']:>8}{s['wall_s']:>9.2f}{s['tok_s']:>9.1f}"
+              f"{s['ttft_median_s']:>9.3f}s{s['ttft_max_s']:>9.3f}s")  # fmt: skip
+        if s["short_completions"]:
+            print(f"  warning: {s['short_completions']} completions had fewer than max_tokens tokens")
+    for n, r in summary["ratios"].items():
+        print(f"ratio server/bare, {n} client(s): {r:.2f}")
+    print_verdict(summary, server)
+
+
+def print_verdict(summary: dict, server: list[dict]) -> None:
+    v = summary["verdict"]
+    if "pass" not in v:
+        print(f"targets: not judged (needs {TARGET_CLIENTS} in --clients)")
+        return
+    ratio = summary["ratios"][str(TARGET_CLIENTS)]
+    ttft = max(s["ttft_max_s"] for s in server)
+    print(f"{'PASS' if v['pass'] else 'MISS'}: {TARGET_CLIENTS}-client throughput {ratio:.2f}x bare "
+          f"(target >= {TARGET_RATIO}) [{'ok' if v['ratio_ok'] else 'miss'}]; "
+          f"max TTFT {ttft:.3f} s (target < {TARGET_TTFT_S:.0f} s) [{'ok' if v['ttft_ok'] else 'miss'}]")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    folder = args.model or ensure_embedded(Config().cache_dir())
+    meta = {"model": folder.name, "max_tokens": args.max_tokens, "requests": args.requests,
+            "clients": args.clients, "threads": torch.get_num_threads()}  # fmt: skip
+    print(f"bare decode loop on {folder} ...", flush=True)
+    bare = run_bare(folder, args)
+    print("clawrl serve ...", flush=True)
+    server = run_server(folder, args)
+    summary = summarize(bare, server)
+    print_report(meta, bare, server, summary)
+    if args.json:
+        data = {"meta": meta, "bare": bare, "server": server, **summary}
+        args.json.write_text(json.dumps(data, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""The real embedded model (SmolLM2-135M-Instruct) end to end through the server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import RemoteServer
+
+pytestmark = pytest.mark.slow
+
+WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+FORCE = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.fixture(scope="module")
+def smol_server(tmp_path_factory, embedded_model_dir):
+    # No --model: the server finds the embedded model itself, as `./scripts/serve` does.
+    server = RemoteServer(tmp_path_factory.mktemp("smol") / "run", [])
+    yield server
+    server.stop()
+
+
+def test_embedded_model_answers_a_question(smol_server):
+    r = smol_server.client().chat.completions.create(
+        model="clawrl",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=40,
+        temperature=0,
+    )
+    answer = r.choices[0].message.content
+    assert "Paris" in answer
+    assert r.choices[0].finish_reason in {"stop", "length"}
+
+
+def test_tool_call_round_trip(smol_server):
+    client = smol_server.client()
+    messages = [{"role": "user", "content": "What's the weather in Paris?"}]
+    first = client.chat.completions.create(
+        model="clawrl", messages=messages, tools=WEATHER, tool_choice=FORCE, max_tokens=60, temperature=0
+    )
+    assert first.choices[0].finish_reason == "tool_calls"
+    call = first.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    assert isinstance(json.loads(call.function.arguments), dict)
+
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 21, "sky": "sunny"}'},
+    ]
+    second = client.chat.completions.create(
+        model="clawrl", messages=messages, tools=WEATHER, max_tokens=40, temperature=0
+    )
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens + 10  # the tool result is in the prompt
+    assert second.choices[0].message.content or second.choices[0].message.tool_calls
+
+
+def test_streamed_tool_call_matches_the_plain_one(smol_server):
+    client = smol_server.client()
+    kw = dict(
+        model="clawrl",
+        messages=[{"role": "user", "content": "What's the weather in Paris?"}],
+        tools=WEATHER,
+        tool_choice=FORCE,
+        max_tokens=60,
+        temperature=0,
+    )
+    plain = client.chat.completions.create(**kw).choices[0].message.tool_calls
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    calls = [
+        tc
+        for c in chunks
+        if c.choices and c.choices[0].delta.tool_calls
+        for tc in c.choices[0].delta.tool_calls
+    ]
+    assert [(c.index, c.function.name, c.function.arguments) for c in calls] == [
+        (i, c.function.name, c.function.arguments) for i, c in enumerate(plain)
+    ]
+    assert calls and calls[0].function.name == "get_weather"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+        "tool_calls"
+    ]
