@@ -43,12 +43,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", help="local Hugging Face model folder (default: embedded SmolLM2-135M-Instruct)"
     )
     serve.set_defaults(run=cmd_serve)
+    _records_parser(sub)
     return parser
+
+
+def _records_parser(sub: Any) -> None:
+    records = sub.add_parser(
+        "records",
+        help="export or show the recorded turns",
+        description="Read the run's store. Never writes it; safe while the server runs.",
+    )
+    actions = records.add_subparsers(dest="action", required=True, metavar="ACTION")
+    export = actions.add_parser("export", help="write one JSON line per turn")
+    export.add_argument("--out", type=Path, help="output file (default: standard output)")
+    export.add_argument("--session", help="only this session's turns")
+    show = actions.add_parser("show", help="print one session for a human")
+    show.add_argument("--session", required=True, help="the session id")
+    for p in (export, show):
+        p.add_argument("--run-dir", type=Path, default=Path("clawrl-run"), help="default ./clawrl-run")
+        p.set_defaults(direct=cmd_records)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    if getattr(args, "direct", None) is not None:  # commands that need no config
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return int(args.direct(args))
     from pydantic import ValidationError
 
     from clawrl.config import ConfigError, load_config, parse_overrides
@@ -111,6 +133,38 @@ def cmd_serve(config: Any) -> int:
     from clawrl.serve import run_server  # heavy imports (torch, transformers) start here
 
     return run_server(config)
+
+
+def cmd_records(args: argparse.Namespace) -> int:
+    """`clawrl records export|show`: read the store through a read-only connection."""
+    from clawrl.store.db import Store, StoreError
+
+    db = args.run_dir / "clawrl.db"
+    if not db.is_file():
+        return fail(f"no clawrl.db in {args.run_dir} (is it a clawrl run folder?)")
+    try:
+        with Store.open(db, readonly=True) as store:
+            if args.session is not None and not store.session_exists(args.session):
+                return fail(f"no session {args.session!r} in {db}")
+            _records_action(store, args)
+    except StoreError as exc:
+        return fail(str(exc))
+    except OSError as exc:  # the --out file
+        return fail(f"cannot write {args.out}: {exc}")
+    return 0
+
+
+def _records_action(store: Any, args: argparse.Namespace) -> None:
+    from clawrl.store.records import export, show
+
+    if args.action == "show":
+        show(store, args.session, sys.stdout)
+    elif args.out is None:
+        export(store, sys.stdout, args.session)
+    else:
+        with open(args.out, "w", encoding="utf-8") as out:
+            count = export(store, out, args.session)
+        print(f"clawrl: wrote {count} turns to {args.out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from clawrl.sessions.turn_type import DEFAULT_SIDE_PATTERNS
+
 API_KEY_ENV = "CLAWRL_API_KEY"
 CACHE_ENV = "CLAWRL_CACHE_DIR"
 
@@ -64,10 +66,27 @@ class ModelConfig(_Section):
 
 class EngineConfig(_Section):
     max_batch_size: int = Field(16, gt=0, description="Most sequences decoded together in one step.")
-    max_prefills_per_step: int = Field(
-        4, gt=0, description="Most waiting requests admitted between two decoding steps."
+    max_prefill_tokens: int = Field(
+        4096,
+        gt=0,
+        description="Most (padded) prompt tokens prefilled together between two decoding steps; "
+        "a longer prompt is prefilled alone.",
     )
     threads: int | None = Field(None, gt=0, description="torch CPU threads. None: torch's default.")
+
+
+class CollectConfig(_Section):
+    enabled: bool = Field(True, description="Record turns and sessions in the run folder's database.")
+    idle_timeout_s: float = Field(1800.0, gt=0, description="A session idle this long ends.")
+    max_open_sessions: int = Field(
+        10000, gt=0, description="Sessions tracked in memory; the least recently active end beyond this."
+    )
+    expire_every_s: float = Field(5.0, gt=0, description="How often idle sessions are looked for.")
+    side_patterns: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_SIDE_PATTERNS),
+        description="Regular expressions (case-insensitive) on the last user message that mark a side "
+        "turn (titles, summaries, compaction, heartbeats): served and logged, never trained on.",
+    )
 
 
 class Config(_Section):
@@ -75,6 +94,7 @@ class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    collect: CollectConfig = Field(default_factory=CollectConfig)
 
     def cache_dir(self) -> Path:
         """The folder holding converted models, resolved from config and environment."""

@@ -12,6 +12,7 @@ from clawrl.api.app import create_app
 from clawrl.config import Config
 from clawrl.engine.local import LocalEngine
 from clawrl.engine.models import ModelNotFound, ensure_embedded, load_model
+from clawrl.store.db import Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -34,23 +35,39 @@ def build_engine(config: Config) -> tuple[LocalEngine, object]:
         max_context=loaded.max_context,
         stop_token_ids=loaded.stop_token_ids,
         max_batch_size=config.engine.max_batch_size,
-        max_prefills_per_step=config.engine.max_prefills_per_step,
+        max_prefill_tokens=config.engine.max_prefill_tokens,
     )
     return engine, loaded.tokenizer
 
 
+def open_store(config: Config) -> Store | None:
+    """The run's database, opened (and proven writable) before anything is served."""
+    if not config.collect.enabled:
+        return None
+    return Store.open(config.run_dir / "clawrl.db")
+
+
 def run_server(config: Config) -> int:
+    try:
+        store = open_store(config)
+    except StoreError as exc:
+        log.error("cannot record conversations: %s", exc)
+        return 2
     try:
         engine, tokenizer = build_engine(config)
     except ModelNotFound as exc:
         log.error("%s", exc)
         return 2
-    app = create_app(config, engine, tokenizer)
-    uvicorn.run(
-        app,
-        host=config.server.host,
-        port=config.server.port,
-        log_level=config.server.log_level,
-        timeout_graceful_shutdown=5,
-    )
+    app = create_app(config, engine, tokenizer, store)
+    try:
+        uvicorn.run(
+            app,
+            host=config.server.host,
+            port=config.server.port,
+            log_level=config.server.log_level,
+            timeout_graceful_shutdown=5,
+        )
+    finally:
+        if store is not None:
+            store.close()
     return 0

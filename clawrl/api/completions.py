@@ -9,16 +9,18 @@ engine's generator, stop decoding), and tool calls are parsed from the text.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import aclosing
-from dataclasses import dataclass
+from contextlib import aclosing, asynccontextmanager
+from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
+from clawrl.api.collect import Collector, build_turn
 from clawrl.api.errors import BadRequest, EngineUnavailable, NotFound, error_body
 from clawrl.api.responses import Completion, TokenText, chunk_json, completion_json, tool_call_json
 from clawrl.api.schemas import ChatCompletionRequest
@@ -26,6 +28,8 @@ from clawrl.engine.base import Engine, EngineError, SamplingParams, TokenEvent
 from clawrl.engine.chat import ChatRenderer, ChatRenderError, RenderedPrompt
 from clawrl.engine.text import IncrementalDetokenizer, StopStrings
 from clawrl.engine.tools import ContentDelta, ToolCallStream, parse_tool_calls
+from clawrl.sessions.tracker import Hints, Resolution
+from clawrl.types import Message
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +37,15 @@ log = logging.getLogger(__name__)
 @dataclass
 class Prepared:
     request: ChatCompletionRequest
+    messages: list[Message]
+    tools: list[dict] | None
     prompt: RenderedPrompt
     params: SamplingParams
     completion: Completion
+    created_at: float = field(default_factory=time.time)
+    first_token_at: float | None = None
+    resolution: Resolution | None = None
+    recorded: bool = False
 
 
 @dataclass
@@ -52,8 +62,10 @@ class ChatService:
         tokenizer: PreTrainedTokenizerBase,
         served_model_name: str,
         default_max_tokens: int,
+        collector: Collector | None = None,
     ) -> None:
         self.engine = engine
+        self.collector = collector
         self.tokenizer = tokenizer
         self.renderer = ChatRenderer(tokenizer)
         self.model_name = served_model_name
@@ -69,7 +81,9 @@ class ChatService:
             )
         if req.unknown_fields():
             log.info("ignoring unknown request fields: %s", ", ".join(req.unknown_fields()))
-        prompt = self._render(req)
+        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        prompt = self._render(req, messages, tools)
         params = SamplingParams(
             max_tokens=self._max_tokens(req, len(prompt.prompt_ids)),
             temperature=req.temperature,
@@ -85,11 +99,16 @@ class ChatService:
             model=self.model_name,
             prompt_ids=prompt.prompt_ids,
         )
-        return Prepared(req, prompt, params, completion)
+        return Prepared(req, messages, tools, prompt, params, completion)
 
-    def _render(self, req: ChatCompletionRequest) -> RenderedPrompt:
-        messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+    async def begin(self, prep: Prepared, hints: Hints) -> None:
+        """Resolve the session (and record the previous turn's next state) before decoding."""
+        if self.collector is not None:
+            prep.resolution = await self.collector.begin(prep.messages, hints)
+
+    def _render(
+        self, req: ChatCompletionRequest, messages: list[Message], tools: list[dict] | None
+    ) -> RenderedPrompt:
         choice = req.tool_choice
         tool_choice = choice.model_dump() if choice is not None and not isinstance(choice, str) else choice
         try:
@@ -119,35 +138,38 @@ class ChatService:
 
     async def complete(self, prep: Prepared) -> dict:
         c = prep.completion
-        async for _ in self._pieces(prep):
-            pass
+        async with self._recording(prep):
+            async for _ in self._pieces(prep):
+                pass
         tool_names = prep.prompt.tool_names
         if tool_names:
             c.text, c.tool_calls = parse_tool_calls(prep.prompt.forced_prefix + c.text, tool_names)
             if c.tool_calls:
                 c.finish_reason = "tool_calls"
-        logprobs = self._logprobs(prep, c.tokens)
-        return completion_json(c, logprobs)
+        await self._record(prep)
+        return completion_json(c, self._logprobs(prep, c.tokens))
 
     async def stream(self, prep: Prepared) -> AsyncIterator[str]:
         c, req = prep.completion, prep.request
         tools = ToolCallStream(prep.prompt.tool_names, prefix=prep.prompt.forced_prefix)
         yield chunk_json(c, {"role": "assistant", "content": ""})
         try:
-            async for piece in self._pieces(prep):
-                events = tools.feed(piece.text) if prep.prompt.tool_names else [ContentDelta(piece.text)]
-                if piece.finish_reason is not None and prep.prompt.tool_names:
-                    events += tools.finish()
-                for i, event in enumerate(events):
-                    lp = self._logprobs(prep, piece.tokens) if i == 0 else None
-                    yield self._delta_chunk(c, event, lp)
-                if not events and req.logprobs:
-                    yield chunk_json(c, {}, logprobs=self._logprobs(prep, piece.tokens))
+            async with self._recording(prep):
+                async for piece in self._pieces(prep):
+                    events = tools.feed(piece.text) if prep.prompt.tool_names else [ContentDelta(piece.text)]
+                    if piece.finish_reason is not None and prep.prompt.tool_names:
+                        events += tools.finish()
+                    for i, event in enumerate(events):
+                        lp = self._logprobs(prep, piece.tokens) if i == 0 else None
+                        yield self._delta_chunk(c, event, lp)
+                    if not events and req.logprobs:
+                        yield chunk_json(c, {}, logprobs=self._logprobs(prep, piece.tokens))
         except EngineUnavailable as exc:  # headers are sent: report it in the stream
             yield f"data: {json.dumps(error_body(exc.message, exc.type))}\n\n"
             return
         if c.tool_calls:
             c.finish_reason = "tool_calls"
+        await self._record(prep)
         yield chunk_json(c, {}, finish_reason=c.finish_reason)
         if req.stream_options is not None and req.stream_options.include_usage:
             yield chunk_json(c, None, usage=True)
@@ -173,6 +195,8 @@ class ChatService:
         try:
             async with aclosing(self.engine.generate(c.prompt_ids, prep.params)) as tokens:
                 async for event in tokens:
+                    if prep.first_token_at is None:
+                        prep.first_token_at = time.time()
                     c.tokens.append(event)
                     pending.append(event)
                     text, stopped = stops.feed(detok.add(event.token_id))
@@ -189,3 +213,39 @@ class ChatService:
                         return  # leaving the `async with` cancels decoding (stop strings)
         except EngineError as exc:
             raise EngineUnavailable(f"the model failed: {exc}") from exc
+
+    @asynccontextmanager
+    async def _recording(self, prep: Prepared) -> AsyncIterator[None]:
+        """Record a turn its client cut off; hand a failed one's session back untouched."""
+        try:
+            yield
+        except EngineUnavailable:
+            if self.collector is not None and prep.resolution is not None:
+                self.collector.fail(prep.resolution)
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            if self.collector is not None and prep.resolution is not None and not prep.recorded:
+                prep.recorded = True
+                self.collector.finish_later(prep.resolution, self._turn(prep, "abort"))
+            raise
+
+    async def _record(self, prep: Prepared) -> None:
+        if self.collector is None or prep.resolution is None or prep.recorded:
+            return
+        prep.recorded = True
+        await self.collector.finish(
+            prep.resolution, self._turn(prep, prep.completion.finish_reason or "stop")
+        )
+
+    def _turn(self, prep: Prepared, finish_reason: str):
+        assert prep.resolution is not None
+        return build_turn(
+            prep.resolution,
+            prep.completion,
+            prep.messages,
+            prep.tools,
+            prep.params.temperature,
+            prep.created_at,
+            prep.first_token_at,
+            finish_reason,
+        )

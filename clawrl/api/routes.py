@@ -13,7 +13,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from clawrl.api.auth import bearer_guard
 from clawrl.api.completions import ChatService
 from clawrl.api.errors import NotFound
-from clawrl.api.schemas import ChatCompletionRequest
+from clawrl.api.schemas import ChatCompletionRequest, FeedbackRequest
+from clawrl.api.session_hints import hints_from
 
 STARTED = int(time.time())
 
@@ -24,12 +25,31 @@ def v1_router(api_key: str | None) -> APIRouter:
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         chat: ChatService = request.app.state.chat
+        hints = hints_from(request.headers, body)
         prep = chat.prepare(body)
+        await chat.begin(prep, hints)
+        headers = {"X-Session-Id": prep.resolution.session_id} if prep.resolution else {}
         if body.stream:
-            headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
             return StreamingResponse(chat.stream(prep), media_type="text/event-stream", headers=headers)
         result = await until_disconnected(request, chat.complete(prep))
-        return JSONResponse(result) if result is not None else Response(status_code=499)
+        if result is None:
+            return Response(status_code=499)
+        return JSONResponse(result, headers=headers)
+
+    @router.post("/feedback")
+    async def feedback(body: FeedbackRequest, request: Request) -> dict[str, Any]:
+        collector = request.app.state.chat.collector
+        if collector is None:
+            raise NotFound("feedback needs collection on (collect.enabled = true)", code="collect_disabled")
+        turn, fid = await collector.feedback(body.response_id, body.session_id, body.rating, body.comment)
+        return {
+            "object": "feedback",
+            "id": fid,
+            "response_id": turn.id,
+            "session_id": turn.session_id,
+            "rating": body.rating,
+        }
 
     @router.get("/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -50,12 +70,13 @@ def health_router() -> APIRouter:
 
     @router.get("/healthz")
     async def healthz(request: Request) -> dict[str, Any]:
-        engine = request.app.state.chat.engine
+        chat = request.app.state.chat
         return {
             "status": "ok",
-            "model": request.app.state.chat.model_name,
-            "version": engine.version,
-            "engine": asdict(engine.stats()),
+            "model": chat.model_name,
+            "version": chat.engine.version,
+            "engine": asdict(chat.engine.stats()),
+            "open_sessions": len(chat.collector.tracker) if chat.collector else None,
         }
 
     return router

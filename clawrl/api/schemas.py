@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+SESSION_ID_PATTERN = r"^[A-Za-z0-9._:@/+=-]{1,128}$"
+
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -84,8 +86,8 @@ class ChatCompletionRequest(_Open):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     user: str | None = None
     ignore_eos: bool = False
-    session_id: str | None = None
-    turn_type: str | None = None
+    session_id: str | None = Field(None, pattern=SESSION_ID_PATTERN)
+    turn_type: Literal["main", "side"] | None = None
     session_done: bool | None = None
 
     @field_validator("n")
@@ -111,3 +113,20 @@ class ChatCompletionRequest(_Open):
 
     def unknown_fields(self) -> list[str]:
         return sorted(self.model_extra or {})
+
+
+class FeedbackRequest(BaseModel):
+    """POST /v1/feedback: rate one answer (by its completion id) or a session's latest answer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    response_id: str | None = Field(None, min_length=1, max_length=200)
+    session_id: str | None = Field(None, pattern=SESSION_ID_PATTERN)
+    rating: Literal[1, -1]
+    comment: str | None = Field(None, max_length=8000)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> FeedbackRequest:
+        if (self.response_id is None) == (self.session_id is None):
+            raise ValueError("give exactly one of response_id or session_id")
+        return self

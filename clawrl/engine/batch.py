@@ -2,8 +2,8 @@
 
 Continuous batching on a plain Hugging Face causal LM. Row i of the cache holds
 `pad_i` padding positions and then its `lengths[i]` real positions; `mask` [B, L]
-is 1 on real positions. A new sequence is prefilled alone and then joins (both
-sides left-padded to the same width); finished rows leave by index selection,
+is 1 on real positions. New sequences are prefilled together (left-padded), then
+join (both sides left-padded to one width); finished rows leave by index selection,
 and columns that became padding for every row are trimmed. Joining and leaving
 copy the cache; a decoding step only appends one column.
 
@@ -39,26 +39,36 @@ class DecodeBatch:
         return len(self.lengths)
 
     @torch.inference_mode()
-    def prefill(self, prompt_ids: list[int]) -> tuple[torch.Tensor, DynamicCache]:
-        """Run a prompt alone. Returns the last position's logits [V] and its cache."""
-        ids = torch.tensor([prompt_ids], device=self.device)
+    def prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
+        """Run prompts together, left-padded. Returns last-position logits [n, V], their cache and mask."""
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return out.logits[0, -1], out.past_key_values
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1], out.past_key_values, mask
 
-    def join(self, cache: DynamicCache, length: int) -> None:
-        """Append a prefilled sequence of `length` positions as the last row."""
-        ones = torch.ones(1, length, dtype=torch.long, device=self.device)
+    def join(self, cache: DynamicCache, mask: torch.Tensor) -> None:
+        """Append prefilled rows (their cache and [n, L] mask) at the end of the batch."""
+        lengths = mask.sum(-1).tolist()
         if self.cache is None or self.mask is None:
-            self.cache, self.mask, self.lengths = cache, ones, [length]
+            self.cache, self.mask, self.lengths = cache, mask, lengths
             return
         width = self.mask.shape[1]
-        grow, pad = max(0, length - width), max(0, width - length)
+        grow, pad = max(0, mask.shape[1] - width), max(0, width - mask.shape[1])
         for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
             mine.keys = torch.cat([_left_pad(mine.keys, grow, 2), _left_pad(theirs.keys, pad, 2)], 0)
             mine.values = torch.cat([_left_pad(mine.values, grow, 2), _left_pad(theirs.values, pad, 2)], 0)
-        self.mask = torch.cat([_left_pad(self.mask, grow, 1), _left_pad(ones, pad, 1)], 0)
-        self.lengths.append(length)
+        self.mask = torch.cat([_left_pad(self.mask, grow, 1), _left_pad(mask, pad, 1)], 0)
+        self.lengths += lengths
 
     def keep(self, rows: list[int]) -> None:
         """Keep only the given rows, in that order; trim all-padding columns."""

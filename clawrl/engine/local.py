@@ -5,10 +5,14 @@ requests and queued jobs (scoring, weight swaps), then runs one *iteration* in a
 worker thread (`asyncio.to_thread`), so the event loop keeps serving HTTP while
 torch computes:
 
-    jobs (score / swap weights)  ->  prefill admitted requests  ->  one decode step
+    jobs (score / swap weights)  ->  either: prefill admitted requests together
+                                     or:     one decode step of the running batch
 
-New requests therefore join the running batch between two decoding steps, and
-finished or cancelled ones leave before the next. A weight swap runs at the
+New requests therefore join the running batch between two decoding steps (their
+first token goes out right after the prefill, without waiting for a step), and
+finished or cancelled ones leave before the next. Admission takes waiting
+requests in order while their padded prompts fit `max_prefill_tokens`; a longer
+prompt is prefilled alone. A weight swap runs at the
 same point, so in-flight requests carry on and the tokens after it come from
 the new weights; each token records the version that produced it. (The KV cache
 of in-flight requests was computed by the old weights; like PipelineRL, we keep
@@ -64,7 +68,7 @@ class LocalEngine:
         max_context: int,
         stop_token_ids: frozenset[int],
         max_batch_size: int = 16,
-        max_prefills_per_step: int = 4,
+        max_prefill_tokens: int = 4096,
         version: str = "v0",
     ) -> None:
         self.model = model.eval()
@@ -74,11 +78,12 @@ class LocalEngine:
         self.version = version
         self.device = next(model.parameters()).device
         self._max_batch = max_batch_size
-        self._max_prefills = max_prefills_per_step
+        self._prefill_budget = max_prefill_tokens
         self._batch = DecodeBatch(model, self.device)
         self._rows: list[_Request] = []
         self._waiting: deque[_Request] = deque()
         self._jobs: list[_Job] = []
+        self._prefilled_last = False  # after a prefill the running rows get a step before the next one
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stats = EngineStats()
@@ -142,7 +147,8 @@ class LocalEngine:
     async def _loop(self) -> None:
         while True:
             await self._wake.wait()
-            admitted = self._admit()
+            admitted = [] if self._prefilled_last and self._rows else self._admit()
+            self._prefilled_last = bool(admitted)
             jobs, self._jobs = self._jobs, []
             try:
                 events = await asyncio.to_thread(self._iterate, admitted, jobs)
@@ -157,12 +163,18 @@ class LocalEngine:
                 self._wake.clear()
 
     def _admit(self) -> list[_Request]:
-        room = min(self._max_prefills, self._max_batch - len(self._rows))
+        """Waiting requests in order, while the batch has room and padded prompts fit the budget."""
         admitted: list[_Request] = []
-        while self._waiting and len(admitted) < room:
-            req = self._waiting.popleft()
+        width = 0
+        while self._waiting and len(self._rows) + len(admitted) < self._max_batch:
+            req = self._waiting[0]
+            grown = max(width, len(req.prompt_ids))
+            if admitted and grown * (len(admitted) + 1) > self._prefill_budget:
+                break
+            self._waiting.popleft()
             if not req.cancelled:
                 admitted.append(req)
+                width = grown
         return admitted
 
     def _fail_all(self, admitted: list[_Request], exc: Exception) -> list[tuple[_Request, BaseException]]:
@@ -182,20 +194,26 @@ class LocalEngine:
                 job.result = job.run()
             except Exception as exc:  # handed to the caller awaiting the job
                 job.error = exc
-        events: list[tuple[_Request, TokenEvent]] = []
-        for req in admitted:
-            logits, cache = self._batch.prefill(req.prompt_ids)
-            events.append((req, self._emit(req, sample_rows(logits[None], [req.sampler])[0])))
-            if not req.done:
-                self._batch.join(cache, len(req.prompt_ids))
-                self._rows.append(req)
+        if admitted:
+            return self._prefill(admitted)
         self._retire()
+        events: list[tuple[_Request, TokenEvent]] = []
         if self._rows:
             logits = self._batch.step([r.last_token for r in self._rows])
             sampled = sample_rows(logits, [r.sampler for r in self._rows])
             events += [(req, self._emit(req, s)) for req, s in zip(self._rows, sampled, strict=True)]
             self._stats.steps += 1
             self._retire()
+        return events
+
+    def _prefill(self, admitted: list[_Request]) -> list[tuple[_Request, TokenEvent]]:
+        self._retire()
+        logits, cache, mask = self._batch.prefill([r.prompt_ids for r in admitted])
+        sampled = sample_rows(logits, [r.sampler for r in admitted])
+        events = [(req, self._emit(req, s)) for req, s in zip(admitted, sampled, strict=True)]
+        self._batch.join(cache, mask)
+        self._rows += admitted
+        self._retire()  # a request finished by its first token leaves at once
         return events
 
     def _emit(self, req: _Request, s: Sampled) -> TokenEvent:

@@ -1,0 +1,175 @@
+"""The collect loop at the gateway: sessions resolved in memory, turns written to the store.
+
+Every request is resolved by the pure `SessionTracker` (microseconds, on the
+event loop). Store writes run on one dedicated writer thread, so the event loop
+never waits on SQLite. A turn is written *before* the client receives the end
+of its answer; an answer a client holds is therefore on disk. A request cut off
+by its client is still recorded (finish reason `abort`) but does not become
+the session's tip.
+
+On start the tracker is rebuilt from the store (sessions active within the
+idle timeout), so a conversation that goes on after a restart, even after a
+SIGKILL, keeps its session and attaches its next state to the turn before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from clawrl.api.errors import NotFound
+from clawrl.api.responses import Completion, tool_call_json
+from clawrl.sessions.tracker import Hints, Resolution, Restored, SessionTracker
+from clawrl.store.db import Store
+from clawrl.types import Feedback, Message, Turn
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Collector:
+    def __init__(
+        self,
+        store: Store,
+        tracker: SessionTracker,
+        idle_timeout: float,
+        expire_every: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.tracker = tracker
+        self._idle = idle_timeout
+        self._every = expire_every
+        self._clock = clock
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clawrl-store")
+        self._expiry: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+
+    async def _db(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
+
+    async def start(self) -> None:
+        since = self._clock() - self._idle
+        for s in await self._db(self.store.open_sessions, since):
+            last = s.last_turn
+            self.tracker.restore(
+                Restored(
+                    s.id,
+                    s.source,
+                    s.turn_count,
+                    s.updated_at,
+                    last.id if last else None,
+                    last.messages if last else [],
+                    last.answer_message() if last else None,
+                )
+            )
+        log.info("tracking %d open sessions from the store", len(self.tracker))
+        self._expiry = asyncio.create_task(self._expire_forever(), name="clawrl-session-expiry")
+
+    async def stop(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            await asyncio.gather(self._expiry, return_exceptions=True)
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        # Sessions still open end as `shutdown`: a restart within the idle timeout reopens them.
+        ended = self.tracker.expire(self._clock()) + [(sid, "shutdown") for sid in self.tracker.close_all()]
+        await self._db(self._write_ended, ended, self._clock())
+        self._writer.shutdown(wait=True)
+
+    async def begin(self, messages: list[Message], hints: Hints) -> Resolution:
+        now = self._clock()
+        r = self.tracker.resolve(messages, hints, now)
+        await self._db(self._write_begin, r, now)
+        return r
+
+    def _write_begin(self, r: Resolution, now: float) -> None:
+        self.store.upsert_session(r.session_id, r.source, now)
+        if r.previous_turn_id is not None and r.next_state:
+            self.store.set_next_state(r.previous_turn_id, r.next_state, now)
+
+    async def finish(self, r: Resolution, turn: Turn) -> None:
+        """Record a finished turn (awaited before the client gets the end of the answer)."""
+        await self._db(self.store.insert_turn, turn)
+        if turn.finish_reason == "abort":
+            self.tracker.abandon(r)
+        else:
+            self.tracker.answered(r, turn.id, turn.answer_message(), turn.finished_at)
+        if r.done and self.tracker.end(r.session_id):
+            await self._db(self.store.end_session, r.session_id, "done", self._clock())
+
+    def finish_later(self, r: Resolution, turn: Turn) -> None:
+        """Record a cut-off turn from a cancelled task, which can no longer await anything."""
+        task = asyncio.get_running_loop().create_task(self.finish(r, turn))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def fail(self, r: Resolution) -> None:
+        """The engine failed: nothing was answered, so the session keeps its tip."""
+        self.tracker.abandon(r)
+
+    async def feedback(
+        self, response_id: str | None, session_id: str | None, rating: int, comment: str | None
+    ) -> tuple[Turn, int]:
+        return await self._db(self._write_feedback, response_id, session_id, rating, comment)
+
+    def _write_feedback(
+        self, response_id: str | None, session_id: str | None, rating: int, comment: str | None
+    ) -> tuple[Turn, int]:
+        if response_id is not None:
+            turn = self.store.get_turn(response_id)
+            if turn is None:
+                raise NotFound(f"no answer with id {response_id!r} was recorded", param="response_id")
+        else:
+            assert session_id is not None
+            turn = self.store.latest_main_turn(session_id)
+            if turn is None:
+                raise NotFound(f"no session {session_id!r} with a main turn was recorded", param="session_id")
+        fid = self.store.add_feedback(Feedback(turn.id, rating, comment, self._clock()))
+        return turn, fid
+
+    async def _expire_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._every)
+            ended = self.tracker.expire(self._clock())
+            if ended:
+                await self._db(self._write_ended, ended, self._clock())
+
+    def _write_ended(self, ended: list[tuple[str, str]], now: float) -> None:
+        for session_id, reason in ended:
+            self.store.end_session(session_id, reason, now)
+
+
+def build_turn(
+    r: Resolution,
+    c: Completion,
+    messages: list[Message],
+    tools: list[dict] | None,
+    temperature: float,
+    created_at: float,
+    first_token_at: float | None,
+    finish_reason: str,
+) -> Turn:
+    return Turn(
+        id=c.id,
+        session_id=r.session_id,
+        index=r.turn_index,
+        turn_type=r.turn_type,
+        messages=messages,
+        tools=tools,
+        prompt_ids=c.prompt_ids,
+        response_ids=[t.token_id for t in c.tokens],
+        logprobs=[t.logprob for t in c.tokens],
+        response_text=c.text,
+        tool_calls=[tool_call_json(call) for call in c.tool_calls],
+        finish_reason=finish_reason,
+        versions=c.versions,
+        temperature=temperature,
+        created_at=created_at,
+        first_token_at=first_token_at,
+        finished_at=time.time(),
+    )

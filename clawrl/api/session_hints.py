@@ -1,0 +1,55 @@
+"""Reading what a request says about its session: headers first, then body fields.
+
+`X-Session-Id` / `session_id` name the session, `X-Turn-Type` / `turn_type`
+(main | side) type the turn, `X-Session-Done` / `session_done` end the session
+after this answer. Malformed headers are a 400, not silently ignored.
+"""
+
+from __future__ import annotations
+
+import re
+
+from starlette.datastructures import Headers
+
+from clawrl.api.errors import BadRequest
+from clawrl.api.schemas import SESSION_ID_PATTERN, ChatCompletionRequest
+from clawrl.sessions.tracker import Hints
+
+_SESSION_ID = re.compile(SESSION_ID_PATTERN)
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
+
+
+def hints_from(headers: Headers, body: ChatCompletionRequest) -> Hints:
+    session_id, source = body.session_id, "body"
+    header_id = headers.get("x-session-id")
+    if header_id is not None:
+        if not _SESSION_ID.match(header_id):
+            raise BadRequest(
+                "X-Session-Id must be 1-128 characters of letters, digits and ._:@/+=-", param="X-Session-Id"
+            )
+        session_id, source = header_id, "header"
+    turn_type = _turn_type(headers.get("x-turn-type")) or body.turn_type
+    done = _flag(headers.get("x-session-done"))
+    return Hints(
+        session_id=session_id,
+        source=source if session_id else "inferred",
+        turn_type=turn_type,
+        done=done if done is not None else bool(body.session_done),
+    )
+
+
+def _turn_type(value: str | None):
+    if value is None:
+        return None
+    if value.strip().lower() not in ("main", "side"):
+        raise BadRequest("X-Turn-Type must be 'main' or 'side'", param="X-Turn-Type")
+    return value.strip().lower()
+
+
+def _flag(value: str | None) -> bool | None:
+    if value is None:
+        return None
+    v = value.strip().lower()
+    if v not in _TRUE | _FALSE:
+        raise BadRequest("X-Session-Done must be true or false", param="X-Session-Done")
+    return v in _TRUE

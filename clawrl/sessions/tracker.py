@@ -1,0 +1,245 @@
+"""Which session a request belongs to, and which earlier turn it gives the next state of.
+
+A pure state machine (the caller passes the clock). Resolution, in order:
+
+1. `X-Session-Id` header, then the `session_id` body field.
+2. Otherwise inference from the history: a request whose messages begin with a
+   known session's last main request *plus the answer we gave* continues that
+   session. The longest such history wins; everything after it is the next
+   state of that answer. Anything else opens a new session, so a client that
+   edits or truncates its history (memory compaction) starts afresh, and two
+   clients never share a session unless their histories are identical.
+
+Each session's last answer (its *tip*) can be continued once. When several
+sessions share a tip (two clients sent the same messages and got the same
+greedy answer), continuations take them oldest first: their (state, answer)
+pairs are identical, so each next state is still attached to a turn with
+exactly that context.
+
+Side turns (see `turn_type`) join the session they continue, but neither take
+its tip nor become anyone's next state.
+
+Decision (differs from DESIGN.md's first sketch): a request that repeats a
+known prefix without continuing it is *not* classified side, because two
+unrelated clients opening with the same system prompt and "hi" would then lose
+the second conversation's training data. It opens a new session instead.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from clawrl.sessions.messages import extend_hash, prefix_hashes
+from clawrl.sessions.turn_type import SidePatterns, infer_turn_type
+from clawrl.types import Message, TurnType
+
+Source = Literal["header", "body", "inferred"]
+
+
+@dataclass(frozen=True)
+class Hints:
+    """What the request says about its session (headers or body fields)."""
+
+    session_id: str | None = None
+    source: Source = "inferred"
+    turn_type: TurnType | None = None
+    done: bool = False
+
+
+@dataclass(frozen=True)
+class Resolution:
+    session_id: str
+    source: Source
+    is_new: bool
+    turn_type: TurnType
+    turn_index: int
+    previous_turn_id: str | None  # the answer this request is the next state of
+    next_state: list[Message] | None
+    done: bool
+    history: str  # hash of the request's messages
+    history_len: int  # how many messages the request had
+    taken_tip: tuple[str, int, str] | None = None  # (tip, length, turn id) consumed, for `abandon`
+
+
+@dataclass
+class _Session:
+    id: str
+    source: Source
+    turn_count: int = 0
+    last_turn_id: str | None = None
+    tip: str | None = None
+    tip_len: int = 0
+    last_active: float = 0.0
+
+
+@dataclass(frozen=True)
+class Restored:
+    """A session read back from the store after a restart."""
+
+    session_id: str
+    source: Source
+    turn_count: int
+    last_active: float
+    last_turn_id: str | None = None
+    messages: list[Message] = field(default_factory=list)  # the last main turn's request
+    answer: Message | None = None  # and the answer it got
+
+
+def _new_id() -> str:
+    return f"sess-{uuid.uuid4().hex}"
+
+
+class SessionTracker:
+    def __init__(
+        self,
+        side_patterns: SidePatterns,
+        idle_timeout: float,
+        max_sessions: int,
+        new_id: Callable[[], str] = _new_id,
+    ) -> None:
+        self._patterns = side_patterns
+        self._idle = idle_timeout
+        self._max = max_sessions
+        self._new_id = new_id
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently active first
+        self._by_tip: dict[str, list[str]] = {}
+        self._evicted: list[tuple[str, str]] = []  # ended by the cap, reported by the next `expire`
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def resolve(self, messages: list[Message], hints: Hints, now: float) -> Resolution:
+        turn_type = infer_turn_type(hints.turn_type, messages, self._patterns)
+        hashes = prefix_hashes(messages)
+        session, cut = self._find(hints, hashes)
+        is_new = session is None
+        if session is None:
+            session = _Session(hints.session_id or self._new_id(), hints.source)
+            if hints.session_id or turn_type == "main":  # an unnamed side request has no future
+                self._sessions[session.id] = session
+                self._enforce_cap()
+        next_state, taken = None, None
+        if turn_type == "main" and session.last_turn_id is not None:
+            next_state = messages[cut:] if cut is not None else _after_last_answer(messages)
+            if next_state:
+                taken = self._take_tip(session)
+        index = session.turn_count
+        session.turn_count += 1
+        self._touch(session, now)
+        previous = taken[2] if taken else None
+        return Resolution(
+            session.id,
+            session.source,
+            is_new,
+            turn_type,
+            index,
+            previous,
+            next_state or None,
+            hints.done,
+            hashes[-1],
+            len(messages),
+            taken,
+        )
+
+    def answered(self, resolution: Resolution, turn_id: str, answer: Message, now: float) -> None:
+        """A main turn was answered in full: its history plus answer becomes the session's tip."""
+        session = self._sessions.get(resolution.session_id)
+        if session is None or resolution.turn_type != "main":
+            return
+        self._drop_tip(session)
+        session.tip = extend_hash(resolution.history, answer)
+        session.tip_len = resolution.history_len + 1
+        session.last_turn_id = turn_id
+        self._by_tip.setdefault(session.tip, []).append(session.id)
+        self._touch(session, now)
+
+    def abandon(self, resolution: Resolution) -> None:
+        """The request failed or was cancelled: give back the tip it took, if nothing replaced it."""
+        session = self._sessions.get(resolution.session_id)
+        if session is None or resolution.taken_tip is None or session.tip is not None:
+            return
+        session.tip, session.tip_len, session.last_turn_id = resolution.taken_tip
+        self._by_tip.setdefault(session.tip, []).insert(0, session.id)
+
+    def end(self, session_id: str) -> bool:
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            self._drop_tip(session)
+        return session is not None
+
+    def expire(self, now: float) -> list[tuple[str, str]]:
+        """End sessions idle past the timeout, then the least recently active over the cap."""
+        ended, self._evicted = self._evicted, []
+        while self._sessions:
+            oldest = next(iter(self._sessions.values()))
+            if oldest.last_active >= now - self._idle:
+                break
+            ended.append((oldest.id, "idle"))
+            self.end(oldest.id)
+        return ended
+
+    def close_all(self) -> list[str]:
+        """Forget every session (at shutdown); returns their ids."""
+        ids = list(self._sessions)
+        self._sessions.clear()
+        self._by_tip.clear()
+        return ids
+
+    def _enforce_cap(self) -> None:
+        while len(self._sessions) > self._max:
+            oldest = next(iter(self._sessions))
+            self._evicted.append((oldest, "evicted"))
+            self.end(oldest)
+
+    def restore(self, item: Restored) -> None:
+        session = _Session(item.session_id, item.source, item.turn_count, last_active=item.last_active)
+        self._sessions[session.id] = session
+        self._sessions.move_to_end(session.id)
+        if item.last_turn_id and item.answer is not None and item.messages:
+            history = prefix_hashes(item.messages)[-1]
+            session.tip = extend_hash(history, item.answer)
+            session.tip_len = len(item.messages) + 1
+            session.last_turn_id = item.last_turn_id
+            self._by_tip.setdefault(session.tip, []).append(session.id)
+
+    def _find(self, hints: Hints, hashes: list[str]) -> tuple[_Session | None, int | None]:
+        if hints.session_id:
+            session = self._sessions.get(hints.session_id)
+            if session and session.tip and 0 < session.tip_len < len(hashes):
+                return session, session.tip_len if hashes[session.tip_len - 1] == session.tip else None
+            return session, None
+        for k in range(len(hashes) - 1, 0, -1):  # the longest known history, shorter than the request
+            waiting = self._by_tip.get(hashes[k - 1])
+            if waiting:
+                return self._sessions[waiting[0]], k
+        return None, None
+
+    def _take_tip(self, session: _Session) -> tuple[str, int, str] | None:
+        if session.tip is None or session.last_turn_id is None:
+            return None
+        taken = (session.tip, session.tip_len, session.last_turn_id)
+        self._drop_tip(session)
+        session.tip, session.tip_len, session.last_turn_id = None, 0, None
+        return taken
+
+    def _drop_tip(self, session: _Session) -> None:
+        waiting = self._by_tip.get(session.tip or "")
+        if waiting and session.id in waiting:
+            waiting.remove(session.id)
+            if not waiting:
+                del self._by_tip[session.tip or ""]
+
+    def _touch(self, session: _Session, now: float) -> None:
+        session.last_active = now
+        if session.id in self._sessions:
+            self._sessions.move_to_end(session.id)
+
+
+def _after_last_answer(messages: list[Message]) -> list[Message]:
+    """For a named session whose history we cannot match: the messages after the last assistant one."""
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+    return [m for m in messages[last + 1 :] if m.get("role") in ("user", "tool")]

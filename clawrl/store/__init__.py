@@ -1,0 +1,11 @@
+"""The run's durable store: SQLite schema and migrations, queries, and the JSONL export.
+
+db.py          Store: sessions, turns, feedback over one WAL-mode SQLite file
+migrations.py  append-only, named schema migrations
+rows.py        Turn <-> row mapping and the longer SQL statements
+records.py     one JSON line per turn (`clawrl records export`) and a readable view (`show`)
+"""
+
+from clawrl.store.db import OpenSession, Store, StoreError, StoreUnwritable, UnknownTurn
+
+__all__ = ["OpenSession", "Store", "StoreError", "StoreUnwritable", "UnknownTurn"]

@@ -1,0 +1,324 @@
+"""The durable store: one SQLite file per run (`<run_dir>/clawrl.db`).
+
+Errors:
+
+    StoreError           base (a RuntimeError): no clawrl database there, schema too old, ...
+    ├── StoreUnwritable  the file or its folder cannot be written (read-only, disk full)
+    └── UnknownTurn      feedback for a turn that was never recorded
+
+The methods are synchronous. The server calls them from one dedicated writer
+thread; the connection is shared (`check_same_thread=False`) and guarded by a
+lock, so another thread may read safely too. Other processes (`clawrl records`,
+later a judge) open their own connection: WAL mode lets them read while the
+server writes. Nothing is ever deleted: the API only inserts and updates.
+
+`Store.open` fails loudly: after migrating it commits a real write, so a
+read-only folder or a full disk is found at start, not on the first turn.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from clawrl.store import migrations
+from clawrl.store.rows import (
+    INSERT_TURN,
+    OPEN_SESSIONS,
+    TOUCH_SESSION,
+    TURN_COLUMNS,
+    UPSERT_SESSION,
+    dumps,
+    feedback_from_row,
+    loads,
+    turn_from_row,
+    turn_row,
+)
+from clawrl.types import Feedback, Message, Turn
+
+BUSY_TIMEOUT_S = 10.0
+PAGE = 256  # turns read per query by `Store.turns`, so the lock is never held across a yield
+_UNWRITABLE = ("SQLITE_READONLY", "SQLITE_FULL", "SQLITE_CANTOPEN", "SQLITE_IOERR", "SQLITE_PERM")
+
+
+class StoreError(RuntimeError):
+    """A store operation failed."""
+
+
+class StoreUnwritable(StoreError):
+    """The database file or its folder cannot be written."""
+
+
+class UnknownTurn(StoreError):
+    """A row referred to a turn id that the store never recorded."""
+
+
+@dataclass(frozen=True)
+class OpenSession:
+    """A session that had not ended (or ended only because the server stopped)."""
+
+    id: str
+    source: str  # header | body | inferred
+    last_turn: Turn | None  # the latest main turn that was not aborted
+    turn_count: int  # main and side turns alike
+    updated_at: float
+
+
+def _error(exc: sqlite3.Error, path: Path) -> StoreError:
+    """Name the failure: unwritable storage is its own kind, the rest are StoreError."""
+    if (getattr(exc, "sqlite_errorname", None) or "").startswith(_UNWRITABLE):
+        return StoreUnwritable(f"cannot write the store {path}: {exc}")
+    return StoreError(f"store {path}: {exc}")
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:  # SQLite may have rolled back already (e.g. on SQLITE_FULL)
+        conn.execute("ROLLBACK")
+
+
+def _connect(target: Path | str, uri: bool = False) -> sqlite3.Connection:
+    conn = sqlite3.connect(target, uri=uri, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+    conn.isolation_level = None  # autocommit: writes open their own BEGIN IMMEDIATE
+    conn.row_factory = sqlite3.Row
+    conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+    conn.execute("PRAGMA foreign_keys = ON")
+    return conn
+
+
+def _connect_readonly(path: Path) -> sqlite3.Connection:
+    """A `mode=ro` connection: it never creates or writes the file, and reads while a server writes.
+
+    Reading a WAL database needs its `-shm` file. In a folder we cannot write,
+    with no server running (so no `-shm` left behind), SQLite cannot create it;
+    then, with no `-wal` content either, the file alone is the whole database
+    and `immutable=1` reads it safely.
+    """
+    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
+    try:
+        conn = _connect(uri, uri=True)
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn
+    except sqlite3.OperationalError:
+        wal = path.with_name(path.name + "-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise
+        return _connect(uri + "&immutable=1", uri=True)
+
+
+class Store:
+    """Sessions, turns and feedback of one run (judgments, samples and versions come later)."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path, readonly: bool = False) -> None:
+        self._conn = conn
+        self._lock = threading.RLock()
+        self.path = path
+        self.readonly = readonly
+
+    @classmethod
+    def open(cls, path: str | Path, readonly: bool = False) -> Store:
+        """Open the database at `path`, creating and migrating it unless `readonly`.
+
+        Raises StoreUnwritable, naming the path, when a writable store cannot be
+        written; StoreError when a read-only open finds no clawrl database.
+        """
+        path = Path(path)
+        try:
+            return cls._open_readonly(path) if readonly else cls._open_writable(path)
+        except sqlite3.Error as exc:
+            if readonly:
+                raise StoreError(f"cannot read the store {path}: {exc}") from exc
+            raise _error(exc, path) from exc
+
+    @classmethod
+    def _open_writable(cls, path: Path) -> Store:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreUnwritable(f"cannot write the store {path}: {exc}") from exc
+        store = cls(_connect(path), path)
+        try:
+            store._setup()
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def _setup(self) -> None:
+        mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode != "wal":
+            raise StoreUnwritable(f"cannot write the store {self.path}: WAL mode refused ({mode})")
+        self._conn.execute("PRAGMA synchronous = NORMAL")
+        migrations.migrate(self._conn)
+        with self._write() as conn:  # prove that a commit reaches the disk now, not on the first turn
+            conn.execute("CREATE TABLE IF NOT EXISTS _write_probe (at REAL)")
+            conn.execute("INSERT INTO _write_probe (at) VALUES (julianday('now'))")
+            conn.execute("DELETE FROM _write_probe")
+
+    @classmethod
+    def _open_readonly(cls, path: Path) -> Store:
+        if not path.is_file():
+            raise StoreError(f"no clawrl database at {path}")
+        conn = _connect_readonly(path)
+        missing = migrations.pending(conn)
+        if missing:
+            conn.close()
+            raise StoreError(
+                f"{path} is not an up-to-date clawrl database (missing migrations: "
+                f"{', '.join(missing)}); open it once with `clawrl serve` to upgrade it"
+            )
+        return cls(conn, path, readonly=True)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction under the lock: BEGIN IMMEDIATE, then COMMIT or ROLLBACK."""
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._conn
+                except BaseException:
+                    _rollback(self._conn)
+                    raise
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                _rollback(self._conn)
+                raise _error(exc, self.path) from exc
+
+    def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            try:
+                return self._conn.execute(sql, args).fetchall()
+            except sqlite3.Error as exc:
+                raise _error(exc, self.path) from exc
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    def upsert_session(self, id: str, source: str, now: float) -> None:
+        """Insert a new session, or bump its updated_at; one ended by `shutdown` is reopened."""
+        with self._write() as conn:
+            conn.execute(UPSERT_SESSION, (id, now, now, source))
+
+    def end_session(self, id: str, reason: str, now: float) -> bool:
+        """Mark a session ended (done, idle, shutdown, ...); False if unknown or already ended."""
+        with self._write() as conn:
+            cur = conn.execute(
+                "UPDATE sessions SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL",
+                (now, reason, id),
+            )
+        return cur.rowcount == 1
+
+    def session_exists(self, id: str) -> bool:
+        return bool(self._read("SELECT 1 FROM sessions WHERE id = ?", (id,)))
+
+    def open_sessions(self, since: float) -> list[OpenSession]:
+        """Sessions not ended (or ended by `shutdown`) and updated at or after `since`, oldest first."""
+        return [
+            OpenSession(
+                id=row["id"],
+                source=row["source"],
+                last_turn=self.get_turn(row["last_id"]) if row["last_id"] else None,
+                turn_count=row["turn_count"],
+                updated_at=row["updated_at"],
+            )
+            for row in self._read(OPEN_SESSIONS, (since,))
+        ]
+
+    # -- turns ---------------------------------------------------------------------------------
+
+    def insert_turn(self, turn: Turn) -> None:
+        """Record a turn; its session's updated_at moves to the turn's finish.
+
+        A session the store does not know yet is created with source `unknown`
+        rather than losing the turn (the caller should have upserted it first).
+        """
+        with self._write() as conn:
+            conn.execute(TOUCH_SESSION, (turn.session_id, turn.created_at, turn.finished_at))
+            conn.execute(INSERT_TURN, turn_row(turn))
+
+    def set_next_state(self, turn_id: str, messages: list[Message], now: float) -> bool:
+        """Attach the messages that followed a turn; only the first call sets them (returns whether)."""
+        with self._write() as conn:
+            cur = conn.execute(
+                "UPDATE turns SET next_state = ?, next_state_at = ? WHERE id = ? AND next_state IS NULL",
+                (dumps(messages), now, turn_id),
+            )
+        return cur.rowcount == 1
+
+    def get_turn(self, turn_id: str) -> Turn | None:
+        rows = self._read(f"SELECT {TURN_COLUMNS} FROM turns WHERE id = ?", (turn_id,))
+        return turn_from_row(rows[0]) if rows else None
+
+    def latest_main_turn(self, session_id: str) -> Turn | None:
+        """The session's main turn with the highest index (an aborted one included)."""
+        rows = self._read(
+            f"SELECT {TURN_COLUMNS} FROM turns WHERE session_id = ? AND turn_type = 'main' "
+            "ORDER BY idx DESC, rowid DESC LIMIT 1",
+            (session_id,),
+        )
+        return turn_from_row(rows[0]) if rows else None
+
+    def turns(self, session_id: str | None = None) -> Iterator[Turn]:
+        """All turns by created_at, or one session's by index, read in pages of `PAGE`."""
+        where, order = ("session_id = ? AND ", "idx") if session_id is not None else ("", "created_at")
+        prefix = (session_id,) if session_id is not None else ()
+        after: tuple[Any, ...] = (float("-inf"), -1)
+        while True:
+            rows = self._read(
+                f"SELECT rowid AS _rowid, {TURN_COLUMNS} FROM turns WHERE {where}({order}, rowid) > (?, ?) "
+                f"ORDER BY {order}, rowid LIMIT {PAGE}",
+                (*prefix, *after),
+            )
+            yield from map(turn_from_row, rows)
+            if len(rows) < PAGE:
+                return
+            after = (rows[-1][order], rows[-1]["_rowid"])
+
+    # -- feedback and judgments ----------------------------------------------------------------
+
+    def add_feedback(self, fb: Feedback) -> int:
+        """Record a rating; returns its id (also set on `fb`). UnknownTurn if the turn is unknown."""
+        with self._write() as conn:
+            if conn.execute("SELECT 1 FROM turns WHERE id = ?", (fb.turn_id,)).fetchone() is None:
+                raise UnknownTurn(f"no turn {fb.turn_id!r} in the store")
+            cur = conn.execute(
+                "INSERT INTO feedback (turn_id, rating, comment, created_at) VALUES (?, ?, ?, ?)",
+                (fb.turn_id, fb.rating, fb.comment, fb.created_at),
+            )
+        fb.id = int(cur.lastrowid or 0)
+        return fb.id
+
+    def feedback_for(self, turn_id: str) -> list[Feedback]:
+        rows = self._read(
+            "SELECT id, turn_id, rating, comment, created_at FROM feedback WHERE turn_id = ? ORDER BY id",
+            (turn_id,),
+        )
+        return [feedback_from_row(row) for row in rows]
+
+    def judgment_for(self, turn_id: str) -> dict[str, Any] | None:
+        """The latest judgment of a turn: {id, score, votes (parsed), hint, judge, created_at}."""
+        rows = self._read(
+            "SELECT id, score, votes, hint, judge, created_at FROM judgments WHERE turn_id = ? "
+            "ORDER BY id DESC LIMIT 1",
+            (turn_id,),
+        )
+        if not rows:
+            return None
+        judgment = dict(rows[0])
+        judgment["votes"] = loads(judgment["votes"])
+        return judgment

@@ -1,0 +1,161 @@
+"""Append-only, named schema migrations for the run's SQLite database.
+
+`MIGRATIONS` is an ordered list of `(name, sql)`. The table
+`_migrations(name, applied_at)` remembers which ones a database has had;
+`migrate(conn)` applies the missing ones in order, each in its own
+`BEGIN IMMEDIATE` transaction together with its ledger row, so a crash leaves a database either before or
+after a migration, never half-way. Two processes opening the same new file at
+once are safe: the second waits for the first's lock and then finds the
+migration applied.
+
+Never edit or reorder a migration that has shipped: a database in the field
+has already run it. Change the schema by appending a new one, named
+`mNNN_what_it_does`.
+
+JSON text is stored for every list or dict (messages, token IDs, logprobs, ...);
+timestamps are unix seconds as REAL.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+
+M001_INITIAL = """
+CREATE TABLE sessions (
+    id TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    ended_at REAL NULL,
+    end_reason TEXT NULL,
+    source TEXT NOT NULL  -- header | body | inferred
+);
+
+CREATE TABLE turns (
+    id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL REFERENCES sessions(id),
+    idx INTEGER NOT NULL,
+    turn_type TEXT NOT NULL,
+    messages TEXT NOT NULL,
+    tools TEXT NULL,
+    prompt_ids TEXT NOT NULL,
+    response_ids TEXT NOT NULL,
+    logprobs TEXT NOT NULL,
+    response_text TEXT NOT NULL,
+    tool_calls TEXT NOT NULL,
+    finish_reason TEXT NOT NULL,
+    versions TEXT NOT NULL,
+    temperature REAL NOT NULL,
+    created_at REAL NOT NULL,
+    first_token_at REAL NULL,
+    finished_at REAL NOT NULL,
+    next_state TEXT NULL,
+    next_state_at REAL NULL
+);
+CREATE INDEX turns_session_idx ON turns(session_id, idx);
+CREATE INDEX turns_created_at ON turns(created_at);
+
+CREATE TABLE feedback (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    turn_id TEXT NOT NULL REFERENCES turns(id),
+    rating INTEGER NOT NULL,
+    comment TEXT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX feedback_turn ON feedback(turn_id);
+
+CREATE TABLE judgments (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    turn_id TEXT NOT NULL REFERENCES turns(id),
+    created_at REAL NOT NULL,
+    score INTEGER NULL,
+    hint TEXT NULL,
+    votes TEXT NOT NULL,
+    judge TEXT NOT NULL
+);
+CREATE INDEX judgments_turn ON judgments(turn_id);
+
+CREATE TABLE samples (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    turn_id TEXT NOT NULL REFERENCES turns(id),
+    kind TEXT NOT NULL,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    version TEXT NOT NULL,
+    payload TEXT NOT NULL
+);
+CREATE INDEX samples_turn ON samples(turn_id);
+
+CREATE TABLE versions (
+    name TEXT PRIMARY KEY,
+    step INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    path TEXT NULL,
+    metrics TEXT NULL
+);
+-- v0 is the base model; julianday arithmetic gives unix seconds with a fraction.
+INSERT INTO versions (name, step, created_at, path, metrics)
+VALUES ('v0', 0, (julianday('now') - 2440587.5) * 86400.0, NULL, NULL);
+"""
+
+# Append only. Never edit a shipped entry.
+MIGRATIONS: list[tuple[str, str]] = [
+    ("m001_initial", M001_INITIAL),
+]
+
+_NAME = re.compile(r"m[0-9]{3}_[a-z0-9_]+")
+_LEDGER_ROW = (
+    "INSERT INTO _migrations (name, applied_at) VALUES ('{name}', (julianday('now') - 2440587.5) * 86400.0);"
+)
+_CREATE_LEDGER = "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL)"
+
+
+def applied(conn: sqlite3.Connection) -> set[str]:
+    """Names of the migrations this database has had (empty for a new file)."""
+    exists = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '_migrations'"
+    ).fetchone()
+    if exists is None:
+        return set()
+    return {name for (name,) in conn.execute("SELECT name FROM _migrations")}
+
+
+def pending(conn: sqlite3.Connection) -> list[str]:
+    """Names of the known migrations not yet applied, in order."""
+    done = applied(conn)
+    return [name for name, _ in MIGRATIONS if name not in done]
+
+
+def migrate(conn: sqlite3.Connection) -> list[str]:
+    """Apply the missing migrations in order; return the names applied now."""
+    conn.execute(_CREATE_LEDGER)
+    return [name for name, sql in MIGRATIONS if name not in applied(conn) and _apply(conn, name, sql)]
+
+
+def _apply(conn: sqlite3.Connection, name: str, sql: str) -> bool:
+    """Run one migration as a single script transaction; False if another process won the race.
+
+    The whole transaction lives inside one `executescript` because Python 3.11's
+    `executescript` commits any transaction already open. The ledger row goes in
+    first, under the write lock: if another process applied the migration
+    meanwhile, its primary key fails before any schema change runs.
+    """
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"bad migration name {name!r}")
+    script = f"BEGIN IMMEDIATE;\n{_LEDGER_ROW.format(name=name)}\n{sql}\nCOMMIT;"
+    try:
+        conn.executescript(script)
+    except sqlite3.IntegrityError:
+        _rollback(conn)
+        if name in applied(conn):
+            return False
+        raise
+    except BaseException:
+        _rollback(conn)
+        raise
+    return True
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")

@@ -1,0 +1,128 @@
+"""The store seen from outside: one JSON line per turn, and one session shown for a human.
+
+`export` writes what a training or analysis script needs for each turn: the
+exact token IDs and logprobs, the messages and tools, the next state, explicit
+feedback and the latest judgment (`reward` is its score). Lines are UTF-8
+(`ensure_ascii=False`) and in store order: by creation time, or by index
+within one session. `show` prints one session turn by turn, text clipped.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TextIO
+
+from clawrl.store.db import Store, StoreError
+from clawrl.types import Message, Turn
+
+JUDGMENT_KEYS = ("score", "votes", "hint", "judge")
+CLIP = 300  # characters of a prompt or next-state message that `show` prints
+
+
+def record(store: Store, turn: Turn) -> dict[str, Any]:
+    """One export line: the turn, its feedback and its latest judgment."""
+    judgment = store.judgment_for(turn.id)
+    return {
+        "id": turn.id,
+        "session_id": turn.session_id,
+        "turn": turn.index,
+        "turn_type": turn.turn_type,
+        "messages": turn.messages,
+        "tools": turn.tools,
+        "response": turn.response_text,
+        "tool_calls": turn.tool_calls,
+        "prompt_ids": turn.prompt_ids,
+        "response_ids": turn.response_ids,
+        "logprobs": turn.logprobs,
+        "policy_version": turn.policy_version,
+        "versions": turn.versions,
+        "temperature": turn.temperature,
+        "finish_reason": turn.finish_reason,
+        "next_state": turn.next_state,
+        "next_state_at": turn.next_state_at,
+        "feedback": [
+            {"rating": fb.rating, "comment": fb.comment, "created_at": fb.created_at}
+            for fb in store.feedback_for(turn.id)
+        ],
+        "judgment": None
+        if judgment is None
+        else {k: judgment[k] for k in ("score", "votes", "hint", "judge")},
+        "reward": None if judgment is None else judgment["score"],
+        "created_at": turn.created_at,
+        "first_token_at": turn.first_token_at,
+        "finished_at": turn.finished_at,
+    }
+
+
+def export(store: Store, out: TextIO, session_id: str | None = None) -> int:
+    """Write one JSON line per turn (all, or one session's) to `out`; return how many."""
+    count = 0
+    for turn in store.turns(session_id):
+        out.write(json.dumps(record(store, turn), ensure_ascii=False) + "\n")
+        count += 1
+    return count
+
+
+def show(store: Store, session_id: str, out: TextIO) -> None:
+    """Print one session for a human. StoreError if the store has no such session."""
+    if not store.session_exists(session_id):
+        raise StoreError(f"no session {session_id!r} in {store.path}")
+    turns = list(store.turns(session_id))
+    out.write(f"session {session_id}: {len(turns)} turn{'' if len(turns) == 1 else 's'}\n")
+    for turn in turns:
+        out.write("\n" + "\n".join(_turn_lines(store, turn)) + "\n")
+
+
+def _turn_lines(store: Store, turn: Turn) -> list[str]:
+    lines = [
+        f"[{turn.index}] {turn.turn_type}  {turn.policy_version}  finish: {turn.finish_reason}  id: {turn.id}"
+    ]
+    prompt = _last_input(turn.messages)
+    if prompt is not None:
+        lines.append(f"  prompt ({prompt['role']}): {_clip(_text(prompt.get('content')))}")
+    lines.append("  answer: " + (turn.response_text or "(none)").replace("\n", "\n          "))
+    lines += [f"  tool call: {_call(call)}" for call in turn.tool_calls]
+    if turn.next_state is None:
+        lines.append("  next state: (none)")
+    else:
+        lines.append("  next state:")
+        lines += [f"    {m.get('role', '?')}: {_clip(_text(m.get('content')))}" for m in turn.next_state]
+    lines += [_feedback_line(fb.rating, fb.comment) for fb in store.feedback_for(turn.id)]
+    judgment = store.judgment_for(turn.id)
+    if judgment is not None:
+        lines.append(f"  judgment: score {judgment['score']}  votes {json.dumps(judgment['votes'])}")
+        if judgment["hint"]:
+            lines.append(f"  hint: {_clip(judgment['hint'])}")
+    return lines
+
+
+def _last_input(messages: list[Message]) -> Message | None:
+    """The user or tool message the answer replies to."""
+    return next((m for m in reversed(messages) if m.get("role") in ("user", "tool")), None)
+
+
+def _text(content: Any) -> str:
+    """Message content as text: a string, or the text parts of a content-part list."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = content if isinstance(content, list) else [content]
+    return " ".join(
+        p.get("text", f"[{p.get('type', '?')}]") if isinstance(p, dict) else str(p) for p in parts
+    )
+
+
+def _clip(text: str, limit: int = CLIP) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _call(call: dict[str, Any]) -> str:
+    fn = call.get("function") or {}
+    return f"{fn.get('name', '?')}({_clip(str(fn.get('arguments', '')), 200)})"
+
+
+def _feedback_line(rating: int, comment: str | None) -> str:
+    sign = f"{rating:+d}"
+    return f"  feedback: {sign}" + (f"  {_clip(comment)}" if comment else "")

@@ -1,0 +1,63 @@
+"""Typed values that move between the loops (serve, collect, judge, train).
+
+Messages are kept in the OpenAI shape (plain dicts: role, content, tool_calls,
+tool_call_id, name) exactly as the request gave them after validation; token
+IDs are exactly what the engine saw and produced.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+TurnType = Literal["main", "side"]
+Message = dict[str, Any]
+
+
+@dataclass
+class Turn:
+    """One answer the server gave, with everything training needs to reuse it."""
+
+    id: str  # the completion id the client saw (chatcmpl-...)
+    session_id: str
+    index: int  # 0-based position among the session's turns, main and side alike
+    turn_type: TurnType
+    messages: list[Message]  # the request's messages
+    tools: list[dict[str, Any]] | None
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]  # per response token, under softmax(logits / temperature)
+    response_text: str
+    tool_calls: list[dict[str, Any]]  # OpenAI shape, as returned to the client
+    finish_reason: str  # stop | length | tool_calls | abort
+    versions: list[str]  # policy versions that produced the tokens, in order of first use
+    temperature: float
+    created_at: float  # request arrival, unix seconds
+    finished_at: float
+    first_token_at: float | None = None
+    next_state: list[Message] | None = None
+    next_state_at: float | None = None
+
+    @property
+    def policy_version(self) -> str:
+        """The version that started the turn."""
+        return self.versions[0] if self.versions else "v0"
+
+    def answer_message(self) -> Message:
+        """The assistant message as the client received it (and will echo back)."""
+        message: Message = {"role": "assistant", "content": self.response_text or None}
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+        return message
+
+
+@dataclass
+class Feedback:
+    """An explicit rating of one turn, from POST /v1/feedback."""
+
+    turn_id: str
+    rating: int  # +1 or -1
+    comment: str | None = None
+    created_at: float = field(default_factory=time.time)
+    id: int | None = None  # assigned by the store
