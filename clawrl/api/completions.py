@@ -197,7 +197,7 @@ class ChatService:
                 async for event in tokens:
                     if prep.first_token_at is None:
                         prep.first_token_at = time.time()
-                    c.tokens.append(event)
+                    c.add(event)
                     pending.append(event)
                     text, stopped = stops.feed(detok.add(event.token_id))
                     finish = "stop" if stopped else event.finish_reason

@@ -26,10 +26,14 @@ class Completion:
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None
 
-    @property
-    def versions(self) -> list[str]:
-        """The policy versions that produced the tokens, in order of first use."""
-        return list(dict.fromkeys(t.version for t in self.tokens))
+    versions: list[str] = field(
+        default_factory=list
+    )  # versions that made the tokens, a new entry at each swap
+
+    def add(self, token: TokenEvent) -> None:
+        self.tokens.append(token)
+        if not self.versions or self.versions[-1] != token.version:
+            self.versions.append(token.version)
 
     def usage(self) -> dict[str, int]:
         prompt, completion = len(self.prompt_ids), len(self.tokens)
