@@ -17,11 +17,12 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from clawrl.sessions.turn_type import DEFAULT_SIDE_PATTERNS
 
 API_KEY_ENV = "CLAWRL_API_KEY"
+JUDGE_KEY_ENV = "CLAWRL_JUDGE_API_KEY"
 CACHE_ENV = "CLAWRL_CACHE_DIR"
 
 
@@ -72,6 +73,9 @@ class EngineConfig(_Section):
         description="Most (padded) prompt tokens prefilled together between two decoding steps; "
         "a longer prompt is prefilled alone.",
     )
+    max_background_rows: int = Field(
+        2, ge=1, description="Most background sequences (local judge calls) decoded at once."
+    )
     threads: int | None = Field(None, gt=0, description="torch CPU threads. None: torch's default.")
 
 
@@ -89,12 +93,44 @@ class CollectConfig(_Section):
     )
 
 
+class JudgeConfig(_Section):
+    enabled: bool = Field(True, description="Judge turns in the background (needs collect.enabled).")
+    backend: Literal["local", "openai", "feedback"] = Field(
+        "local",
+        description="'local': the server's own engine (the base model); 'openai': any OpenAI-compatible "
+        "endpoint (vLLM, llama.cpp, Ollama) at base_url; 'feedback': explicit ratings from "
+        "POST /v1/feedback only. Explicit ratings decide the reward with every backend.",
+    )
+    votes: int = Field(3, ge=1, le=15, description="m: independent votes per turn (PRM and hint each).")
+    temperature: float = Field(0.6, ge=0.0, le=2.0, description="Sampling temperature of judge calls.")
+    max_tokens: int = Field(384, gt=0, description="Longest judge reply.")
+    base_url: str | None = Field(None, description="openai backend: e.g. http://host:8000/v1.")
+    model: str | None = Field(None, description="openai backend: the model name to ask for.")
+    api_key: SecretStr | None = Field(
+        None, description=f"openai backend key. Also read from ${JUDGE_KEY_ENV}."
+    )
+    timeout_s: float = Field(120.0, gt=0, description="One judge call's time limit.")
+    concurrency: int = Field(4, ge=1, description="Judge calls in flight at once.")
+    retries: int = Field(2, ge=0, description="Retries of a failed call, with exponential backoff.")
+    backoff_s: float = Field(1.0, ge=0, description="First retry delay; doubles each retry.")
+
+    @model_validator(mode="after")
+    def _endpoint(self) -> JudgeConfig:
+        if self.backend == "openai" and not (self.base_url and self.model):
+            raise ValueError("judge.backend 'openai' needs judge.base_url and judge.model")
+        return self
+
+
 class Config(_Section):
     run_dir: Path = Field(Path("clawrl-run"), description="Folder for everything clawrl writes.")
     server: ServerConfig = Field(default_factory=ServerConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     collect: CollectConfig = Field(default_factory=CollectConfig)
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
+    method: Literal["rl", "opd", "combine"] = Field(
+        "combine", description="How judged turns become samples: binary RL, on-policy distillation, or both."
+    )
 
     def cache_dir(self) -> Path:
         """The folder holding converted models, resolved from config and environment."""
@@ -108,8 +144,9 @@ class Config(_Section):
     def dump(self) -> dict[str, Any]:
         """The resolved config as plain JSON data, the API key masked."""
         data = self.model_dump(mode="json")
-        if self.server.api_key is not None:
-            data["server"]["api_key"] = "***"
+        for section in ("server", "judge"):
+            if data[section]["api_key"] is not None:
+                data[section]["api_key"] = "***"
         return data
 
     def write(self) -> Path:
@@ -183,4 +220,6 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
             raise ConfigError(f"cannot read config file {path}: {exc}") from exc
     if os.environ.get(API_KEY_ENV):
         data = _merge(data, {"server": {"api_key": os.environ[API_KEY_ENV]}})
+    if os.environ.get(JUDGE_KEY_ENV):
+        data = _merge(data, {"judge": {"api_key": os.environ[JUDGE_KEY_ENV]}})
     return Config.model_validate(_merge(data, overrides or {}))

@@ -36,6 +36,7 @@ def build_engine(config: Config) -> tuple[LocalEngine, object]:
         stop_token_ids=loaded.stop_token_ids,
         max_batch_size=config.engine.max_batch_size,
         max_prefill_tokens=config.engine.max_prefill_tokens,
+        max_background_rows=config.engine.max_background_rows,
     )
     return engine, loaded.tokenizer
 

@@ -61,3 +61,56 @@ class Feedback:
     comment: str | None = None
     created_at: float = field(default_factory=time.time)
     id: int | None = None  # assigned by the store
+
+
+@dataclass
+class Vote:
+    """One judge call: its raw text, what it parsed to, how long it took, why it failed."""
+
+    kind: Literal["prm", "hint"]
+    value: int | None  # prm: +1 / 0 / -1; hint: +1 (useful hindsight) / -1 (none); None: failed
+    raw: str | None = None  # the judge's text (None when the call itself failed)
+    hint: str | None = None  # hint votes with value +1: the text between the markers
+    latency_s: float = 0.0
+    error: str | None = None  # timeout, http status, unparseable, ... (None when it worked)
+
+
+@dataclass
+class Judgment:
+    """What the judge made of one turn. The latest judgment of a turn is the one that counts."""
+
+    turn_id: str
+    judge: str  # which judge: "openai:<model>", "local:<version>", "feedback"
+    votes: list[Vote]
+    score: int | None  # PRM majority in {-1, 0, +1} (ties and all-failed give 0); None if not scored
+    hint: str | None  # the accepted hint, if any
+    created_at: float = field(default_factory=time.time)
+    id: int | None = None
+
+
+SampleKind = Literal["rl", "opd"]
+
+
+@dataclass
+class Sample:
+    """One training example made from a turn and its judgment.
+
+    The trainer scores `response_ids` after `prompt_ids` with the live policy, and
+    for `opd` also after `teacher_prompt_ids` (the prompt with the hint added).
+    """
+
+    turn_id: str
+    kind: SampleKind
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]  # behaviour logprobs recorded at serving (logp_old)
+    version: str  # the policy version that produced the response
+    temperature: float
+    reward: float = 0.0  # rl: r in {-1, 0, +1}; the advantage weight of the sample
+    hint: str | None = None
+    teacher_prompt_ids: list[int] | None = None  # opd: the enhanced prompt's IDs
+    loss_mask: list[int] | None = None  # per response token; None means all ones
+    judgment_id: int | None = None
+    status: str = "ready"  # ready | trained | stale | skipped | superseded
+    created_at: float = field(default_factory=time.time)
+    id: int | None = None

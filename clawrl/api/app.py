@@ -9,12 +9,17 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from transformers import PreTrainedTokenizerBase
 
+from clawrl.algo import get_method
+from clawrl.algo.teacher import teacher_prompt
 from clawrl.api.collect import Collector
 from clawrl.api.completions import ChatService
 from clawrl.api.errors import install_error_handlers
 from clawrl.api.routes import health_router, v1_router
 from clawrl.config import Config
 from clawrl.engine.base import Engine
+from clawrl.engine.chat import ChatRenderer
+from clawrl.judge.backends import JudgeBackend, LocalJudge, OpenAIJudge
+from clawrl.judge.worker import JudgeLoop
 from clawrl.sessions.tracker import SessionTracker
 from clawrl.sessions.turn_type import SidePatterns
 from clawrl.store.db import Store
@@ -28,12 +33,16 @@ def create_app(
     """The app. With a store, every turn is collected; without one, the server only serves."""
     server = config.server
     collector = _collector(config, store) if store is not None else None
+    if collector is not None and config.judge.enabled:
+        collector.judge = _judge(config, collector, engine, tokenizer)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         if collector is not None:
             await collector.start()
+            if collector.judge is not None:
+                await collector.judge.start()
         log.info(
             "serving %r (%s) on http://%s:%s/v1",
             server.served_model_name,
@@ -45,6 +54,8 @@ def create_app(
             yield
         finally:
             if collector is not None:
+                if collector.judge is not None:
+                    await collector.judge.stop()
                 await collector.stop()
             await engine.stop()
 
@@ -63,3 +74,19 @@ def _collector(config: Config, store: Store) -> Collector:
     c = config.collect
     tracker = SessionTracker(SidePatterns(c.side_patterns), c.idle_timeout_s, c.max_open_sessions)
     return Collector(store, tracker, c.idle_timeout_s, c.expire_every_s)
+
+
+def _judge(
+    config: Config, collector: Collector, engine: Engine, tokenizer: PreTrainedTokenizerBase
+) -> JudgeLoop:
+    j = config.judge
+    renderer = ChatRenderer(tokenizer)
+    backend: JudgeBackend | None = None
+    if j.backend == "local":
+        backend = LocalJudge(engine, renderer)
+    elif j.backend == "openai":
+        assert j.base_url and j.model  # checked by the config
+        key = j.api_key.get_secret_value() if j.api_key else None
+        backend = OpenAIJudge(j.base_url, j.model, key, j.timeout_s)
+    method = get_method(config.method)
+    return JudgeLoop(collector.store, collector.db, backend, method, teacher_prompt(renderer), j)

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from clawrl.api.errors import NotFound
 from clawrl.api.responses import Completion, tool_call_json
+from clawrl.judge.worker import JudgeLoop
 from clawrl.sessions.tracker import Hints, Resolution, Restored, SessionTracker
 from clawrl.store.db import Store
 from clawrl.types import Feedback, Message, Turn
@@ -48,13 +49,14 @@ class Collector:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clawrl-store")
         self._expiry: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        self.judge: JudgeLoop | None = None  # set by the app when judging is on
 
-    async def _db(self, fn: Callable[..., T], *args: Any) -> T:
+    async def db(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
 
     async def start(self) -> None:
         since = self._clock() - self._idle
-        for s in await self._db(self.store.open_sessions, since):
+        for s in await self.db(self.store.open_sessions, since):
             last = s.last_turn
             self.tracker.restore(
                 Restored(
@@ -78,13 +80,15 @@ class Collector:
             await asyncio.gather(*self._background, return_exceptions=True)
         # Sessions still open end as `shutdown`: a restart within the idle timeout reopens them.
         ended = self.tracker.expire(self._clock()) + [(sid, "shutdown") for sid in self.tracker.close_all()]
-        await self._db(self._write_ended, ended, self._clock())
+        await self.db(self._write_ended, ended, self._clock())
         self._writer.shutdown(wait=True)
 
     async def begin(self, messages: list[Message], hints: Hints) -> Resolution:
         now = self._clock()
         r = self.tracker.resolve(messages, hints, now)
-        await self._db(self._write_begin, r, now)
+        await self.db(self._write_begin, r, now)
+        if r.previous_turn_id is not None and self.judge is not None:
+            self.judge.submit(r.previous_turn_id, r.session_id)
         return r
 
     def _write_begin(self, r: Resolution, now: float) -> None:
@@ -94,13 +98,18 @@ class Collector:
 
     async def finish(self, r: Resolution, turn: Turn) -> None:
         """Record a finished turn (awaited before the client gets the end of the answer)."""
-        await self._db(self.store.insert_turn, turn)
+        await self.db(self.store.insert_turn, turn)
         if turn.finish_reason == "abort":
             self.tracker.abandon(r)
         else:
             self.tracker.answered(r, turn.id, turn.answer_message(), turn.finished_at)
         if r.done and self.tracker.end(r.session_id):
-            await self._db(self.store.end_session, r.session_id, "done", self._clock())
+            await self.db(self.store.end_session, r.session_id, "done", self._clock())
+            self._ended(r.session_id)
+
+    def _ended(self, session_id: str) -> None:
+        if self.judge is not None:
+            self.judge.session_ended(session_id)
 
     def finish_later(self, r: Resolution, turn: Turn) -> None:
         """Record a cut-off turn from a cancelled task, which can no longer await anything."""
@@ -115,7 +124,10 @@ class Collector:
     async def feedback(
         self, response_id: str | None, session_id: str | None, rating: int, comment: str | None
     ) -> tuple[Turn, int]:
-        return await self._db(self._write_feedback, response_id, session_id, rating, comment)
+        turn, fid = await self.db(self._write_feedback, response_id, session_id, rating, comment)
+        if self.judge is not None:
+            self.judge.submit(turn.id, turn.session_id)  # an explicit rating decides the reward
+        return turn, fid
 
     def _write_feedback(
         self, response_id: str | None, session_id: str | None, rating: int, comment: str | None
@@ -137,7 +149,9 @@ class Collector:
             await asyncio.sleep(self._every)
             ended = self.tracker.expire(self._clock())
             if ended:
-                await self._db(self._write_ended, ended, self._clock())
+                await self.db(self._write_ended, ended, self._clock())
+                for session_id, _ in ended:
+                    self._ended(session_id)
 
     def _write_ended(self, ended: list[tuple[str, str]], now: float) -> None:
         for session_id, reason in ended:

@@ -77,6 +77,9 @@ def health_router() -> APIRouter:
             "version": chat.engine.version,
             "engine": asdict(chat.engine.stats()),
             "open_sessions": len(chat.collector.tracker) if chat.collector else None,
+            "judge": chat.collector.judge.health()
+            if chat.collector and chat.collector.judge
+            else {"status": "off"},
         }
 
     return router
@@ -112,3 +115,8 @@ async def until_disconnected(request: Request, work: Any) -> Any:
 async def _disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def _judge_health(chat: ChatService) -> dict[str, Any]:
+    judge = chat.collector.judge if chat.collector is not None else None
+    return judge.health() if judge is not None else {"status": "off"}

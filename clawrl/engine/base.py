@@ -43,6 +43,7 @@ class SamplingParams:
     top_logprobs: int = 0
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
+    background: bool = False  # judge calls and the like: admitted only when no served request waits
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,10 @@ class ChatRenderer:
         self._chat_template = chat_template
 
     @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
     def supports_tools(self) -> bool:
         """Whether the chat template mentions `tools` (native tool support)."""
         template = self._chat_template or getattr(self._tokenizer, "chat_template", None)

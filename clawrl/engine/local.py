@@ -70,6 +70,7 @@ class LocalEngine:
         stop_token_ids: frozenset[int],
         max_batch_size: int = 16,
         max_prefill_tokens: int = 4096,
+        max_background_rows: int = 2,
         version: str = "v0",
     ) -> None:
         self.model = model.eval()
@@ -80,6 +81,7 @@ class LocalEngine:
         self.device = next(model.parameters()).device
         self._max_batch = max_batch_size
         self._prefill_budget = max_prefill_tokens
+        self._max_background = max_background_rows
         self._batch = DecodeBatch(model, self.device)
         self._rows: list[_Request] = []
         self._waiting: deque[_Request] = deque()
@@ -173,19 +175,35 @@ class LocalEngine:
                 self._wake.clear()
 
     def _admit(self) -> list[_Request]:
-        """Waiting requests in order, while the batch has room and padded prompts fit the budget."""
+        """Waiting requests in order, while the batch has room and padded prompts fit the budget.
+
+        Background requests (judge calls) come only after every served request, and at most
+        `max_background_rows` of them decode at once, so serving keeps its batch slots.
+        """
         admitted: list[_Request] = []
         width = 0
+        background = sum(r.params.background for r in self._rows)
         while self._waiting and len(self._rows) + len(admitted) < self._max_batch:
-            req = self._waiting[0]
+            req = self._next_waiting(background)
+            if req is None:
+                break
             grown = max(width, len(req.prompt_ids))
             if admitted and grown * (len(admitted) + 1) > self._prefill_budget:
                 break
-            self._waiting.popleft()
+            self._waiting.remove(req)
             if not req.cancelled:
                 admitted.append(req)
                 width = grown
+                background += req.params.background
         return admitted
+
+    def _next_waiting(self, background: int) -> _Request | None:
+        for req in self._waiting:
+            if not req.params.background or req.cancelled:
+                return req
+        if background < self._max_background:
+            return self._waiting[0]
+        return None
 
     def _fail_all(self, admitted: list[_Request], exc: Exception) -> list[tuple[_Request, BaseException]]:
         failed = [*self._rows, *admitted]

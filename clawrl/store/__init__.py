@@ -1,8 +1,10 @@
 """The run's durable store: SQLite schema and migrations, queries, and the JSONL export.
 
 db.py          Store: sessions, turns, feedback over one WAL-mode SQLite file
+training.py    judgments and training samples (mixed into Store)
+errors.py      StoreError and its subclasses
 migrations.py  append-only, named schema migrations
-rows.py        Turn <-> row mapping and the longer SQL statements
+rows.py        Turn, Judgment, Sample <-> row mapping and the longer SQL statements
 records.py     one JSON line per turn (`clawrl records export`) and a readable view (`show`)
 """
 

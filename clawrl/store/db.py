@@ -1,10 +1,12 @@
 """The durable store: one SQLite file per run (`<run_dir>/clawrl.db`).
 
-Errors:
+Errors (clawrl.store.errors, re-exported here):
 
     StoreError           base (a RuntimeError): no clawrl database there, schema too old, ...
     ├── StoreUnwritable  the file or its folder cannot be written (read-only, disk full)
-    └── UnknownTurn      feedback for a turn that was never recorded
+    └── UnknownTurn      feedback, a judgment or a sample for a turn that was never recorded
+
+Judgments and samples live in `clawrl.store.training` (`TrainingStore`, mixed in).
 
 The methods are synchronous. The server calls them from one dedicated writer
 thread; the connection is shared (`check_same_thread=False`) and guarded by a
@@ -28,6 +30,7 @@ from typing import Any
 from urllib.parse import quote
 
 from clawrl.store import migrations
+from clawrl.store.errors import StoreError, StoreUnwritable, UnknownTurn
 from clawrl.store.rows import (
     INSERT_TURN,
     OPEN_SESSIONS,
@@ -36,27 +39,17 @@ from clawrl.store.rows import (
     UPSERT_SESSION,
     dumps,
     feedback_from_row,
-    loads,
     turn_from_row,
     turn_row,
 )
+from clawrl.store.training import TrainingStore
 from clawrl.types import Feedback, Message, Turn
+
+__all__ = ["OpenSession", "Store", "StoreError", "StoreUnwritable", "UnknownTurn"]
 
 BUSY_TIMEOUT_S = 10.0
 PAGE = 256  # turns read per query by `Store.turns`, so the lock is never held across a yield
 _UNWRITABLE = ("SQLITE_READONLY", "SQLITE_FULL", "SQLITE_CANTOPEN", "SQLITE_IOERR", "SQLITE_PERM")
-
-
-class StoreError(RuntimeError):
-    """A store operation failed."""
-
-
-class StoreUnwritable(StoreError):
-    """The database file or its folder cannot be written."""
-
-
-class UnknownTurn(StoreError):
-    """A row referred to a turn id that the store never recorded."""
 
 
 @dataclass(frozen=True)
@@ -111,8 +104,8 @@ def _connect_readonly(path: Path) -> sqlite3.Connection:
         return _connect(uri + "&immutable=1", uri=True)
 
 
-class Store:
-    """Sessions, turns and feedback of one run (judgments, samples and versions come later)."""
+class Store(TrainingStore):
+    """Sessions, turns and feedback of one run; judgments and samples come from `TrainingStore`."""
 
     def __init__(self, conn: sqlite3.Connection, path: Path, readonly: bool = False) -> None:
         self._conn = conn
@@ -289,7 +282,7 @@ class Store:
                 return
             after = (rows[-1][order], rows[-1]["_rowid"])
 
-    # -- feedback and judgments ----------------------------------------------------------------
+    # -- feedback ------------------------------------------------------------------------------
 
     def add_feedback(self, fb: Feedback) -> int:
         """Record a rating; returns its id (also set on `fb`). UnknownTurn if the turn is unknown."""
@@ -310,15 +303,11 @@ class Store:
         )
         return [feedback_from_row(row) for row in rows]
 
-    def judgment_for(self, turn_id: str) -> dict[str, Any] | None:
-        """The latest judgment of a turn: {id, score, votes (parsed), hint, judge, created_at}."""
+    def latest_feedback(self, turn_id: str) -> Feedback | None:
+        """The turn's most recent rating (the highest id), or None."""
         rows = self._read(
-            "SELECT id, score, votes, hint, judge, created_at FROM judgments WHERE turn_id = ? "
+            "SELECT id, turn_id, rating, comment, created_at FROM feedback WHERE turn_id = ? "
             "ORDER BY id DESC LIMIT 1",
             (turn_id,),
         )
-        if not rows:
-            return None
-        judgment = dict(rows[0])
-        judgment["votes"] = loads(judgment["votes"])
-        return judgment
+        return feedback_from_row(rows[0]) if rows else None

@@ -98,9 +98,20 @@ INSERT INTO versions (name, step, created_at, path, metrics)
 VALUES ('v0', 0, (julianday('now') - 2440587.5) * 86400.0, NULL, NULL);
 """
 
+# A sample names the judgment it was made from (a newer judgment supersedes it) and
+# carries its turn's session, so a session's samples are counted without a join.
+M002_SAMPLE_JUDGMENT_SESSION = """
+ALTER TABLE samples ADD COLUMN judgment_id INTEGER NULL REFERENCES judgments(id);
+ALTER TABLE samples ADD COLUMN session_id TEXT NULL;
+UPDATE samples SET session_id = (SELECT t.session_id FROM turns t WHERE t.id = samples.turn_id);
+CREATE INDEX samples_status ON samples(status, id);
+CREATE INDEX samples_session_kind ON samples(session_id, kind);
+"""
+
 # Append only. Never edit a shipped entry.
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
+    ("m002_sample_judgment_session", M002_SAMPLE_JUDGMENT_SESSION),
 ]
 
 _NAME = re.compile(r"m[0-9]{3}_[a-z0-9_]+")

@@ -2,7 +2,8 @@
 
 `export` writes what a training or analysis script needs for each turn: the
 exact token IDs and logprobs, the messages and tools, the next state, explicit
-feedback and the latest judgment (`reward` is its score). Lines are UTF-8
+feedback and the latest judgment: its score, hint, judge and every vote (kind,
+value, raw text, hint, latency, error); `reward` is the score. Lines are UTF-8
 (`ensure_ascii=False`) and in store order: by creation time, or by index
 within one session. `show` prints one session turn by turn, text clipped.
 """
@@ -13,7 +14,7 @@ import json
 from typing import Any, TextIO
 
 from clawrl.store.db import Store, StoreError
-from clawrl.types import Message, Turn
+from clawrl.types import Judgment, Message, Turn, Vote
 
 JUDGMENT_KEYS = ("score", "votes", "hint", "judge")
 CLIP = 300  # characters of a prompt or next-state message that `show` prints
@@ -44,9 +45,7 @@ def record(store: Store, turn: Turn) -> dict[str, Any]:
             {"rating": fb.rating, "comment": fb.comment, "created_at": fb.created_at}
             for fb in store.feedback_for(turn.id)
         ],
-        "judgment": None
-        if judgment is None
-        else {k: judgment[k] for k in ("score", "votes", "hint", "judge")},
+        "judgment": None if judgment is None else {k: judgment[k] for k in JUDGMENT_KEYS},
         "reward": None if judgment is None else judgment["score"],
         "created_at": turn.created_at,
         "first_token_at": turn.first_token_at,
@@ -88,12 +87,25 @@ def _turn_lines(store: Store, turn: Turn) -> list[str]:
         lines.append("  next state:")
         lines += [f"    {m.get('role', '?')}: {_clip(_text(m.get('content')))}" for m in turn.next_state]
     lines += [_feedback_line(fb.rating, fb.comment) for fb in store.feedback_for(turn.id)]
-    judgment = store.judgment_for(turn.id)
+    judgment = store.latest_judgment(turn.id)
     if judgment is not None:
-        lines.append(f"  judgment: score {judgment['score']}  votes {json.dumps(judgment['votes'])}")
-        if judgment["hint"]:
-            lines.append(f"  hint: {_clip(judgment['hint'])}")
+        lines += _judgment_lines(judgment)
     return lines
+
+
+def _judgment_lines(j: Judgment) -> list[str]:
+    votes = ", ".join(map(_vote, j.votes)) or "none"
+    lines = [f"  judgment: score {j.score}  votes {votes}  by {j.judge}"]
+    if j.hint:
+        lines.append(f"  hint: {_clip(j.hint)}")
+    return lines
+
+
+def _vote(vote: Vote) -> str:
+    """`prm +1`, or `hint failed (timeout)` for a vote that failed."""
+    if vote.value is None:
+        return f"{vote.kind} failed ({_clip(vote.error or 'no reason', 60)})"
+    return f"{vote.kind} {vote.value:+d}"
 
 
 def _last_input(messages: list[Message]) -> Message | None:

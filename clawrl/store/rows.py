@@ -4,6 +4,11 @@ A `Turn` field is stored in the column of the same name (`index` in `idx`, a
 reserved word); lists and dicts are JSON text (`ensure_ascii=False`, so text
 stays readable in the file), floats are REAL. Python's `json` writes floats
 with `repr`, so logprobs and timestamps read back bit-for-bit equal.
+
+A `Judgment`'s votes are one JSON list of objects with the `Vote` fields. A
+`Sample` keeps the fields it is selected or counted by in columns (turn_id,
+kind, status, created_at, version, judgment_id) and every other field in the
+JSON object `payload`, so a field added to `Sample` later needs no migration.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import json
 import sqlite3
 from typing import Any
 
-from clawrl.types import Feedback, Turn
+from clawrl.types import Feedback, Judgment, Sample, Turn, Vote
 
 _TURN_FIELDS = tuple(f.name for f in dataclasses.fields(Turn))
 _COLUMN = {"index": "idx"}
@@ -50,6 +55,55 @@ def feedback_from_row(row: sqlite3.Row) -> Feedback:
     return Feedback(row["turn_id"], row["rating"], row["comment"], row["created_at"], row["id"])
 
 
+JUDGMENT_COLUMNS = "id, turn_id, created_at, score, hint, votes, judge"
+INSERT_JUDGMENT = (
+    "INSERT INTO judgments (turn_id, created_at, score, hint, votes, judge) VALUES (?, ?, ?, ?, ?, ?)"
+)
+
+
+def judgment_row(j: Judgment) -> tuple[Any, ...]:
+    """The values of `INSERT_JUDGMENT`."""
+    votes = [dataclasses.asdict(vote) for vote in j.votes]
+    return (j.turn_id, j.created_at, j.score, j.hint, dumps(votes), j.judge)
+
+
+def judgment_from_row(row: sqlite3.Row, prefix: str = "") -> Judgment:
+    """A `Judgment` from `JUDGMENT_COLUMNS`, each named `prefix + column` (a join aliases them)."""
+    return Judgment(
+        turn_id=row[prefix + "turn_id"],
+        judge=row[prefix + "judge"],
+        votes=[Vote(**vote) for vote in loads(row[prefix + "votes"])],
+        score=row[prefix + "score"],
+        hint=row[prefix + "hint"],
+        created_at=row[prefix + "created_at"],
+        id=row[prefix + "id"],
+    )
+
+
+_SAMPLE_COLUMNS = ("turn_id", "kind", "status", "created_at", "version", "judgment_id")
+_SAMPLE_PAYLOAD = tuple(
+    f.name for f in dataclasses.fields(Sample) if f.name not in _SAMPLE_COLUMNS and f.name != "id"
+)
+SAMPLE_COLUMNS = f"id, {', '.join(_SAMPLE_COLUMNS)}, payload"
+# session_id is copied from the turn (?1 is turn_id), so per-session counts need no join.
+INSERT_SAMPLE = (
+    f"INSERT INTO samples ({', '.join(_SAMPLE_COLUMNS)}, payload, session_id) "
+    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, (SELECT session_id FROM turns WHERE id = ?1))"
+)
+
+
+def sample_row(sample: Sample) -> tuple[Any, ...]:
+    """The values of `INSERT_SAMPLE`: the column fields, then the payload."""
+    payload = {name: getattr(sample, name) for name in _SAMPLE_PAYLOAD}
+    return (*(getattr(sample, name) for name in _SAMPLE_COLUMNS), dumps(payload))
+
+
+def sample_from_row(row: sqlite3.Row) -> Sample:
+    """A `Sample` from `SAMPLE_COLUMNS`."""
+    values = {name: row[name] for name in _SAMPLE_COLUMNS}
+    return Sample(**values, **loads(row["payload"]), id=row["id"])
+
+
 # A known session is touched; one that ended only because the server stopped is reopened.
 UPSERT_SESSION = """
 INSERT INTO sessions (id, created_at, updated_at, source) VALUES (?, ?, ?, ?)
@@ -74,4 +128,24 @@ SELECT s.id, s.source, s.updated_at,
 FROM sessions s
 WHERE (s.ended_at IS NULL OR s.end_reason = 'shutdown') AND s.updated_at >= ?
 ORDER BY s.updated_at
+"""
+
+_TURN_COLUMNS_T = ", ".join(f"t.{column}" for column in TURN_COLUMNS.split(", "))
+_LATEST_JUDGMENT_J = ", ".join(f"j.{column} AS j_{column}" for column in JUDGMENT_COLUMNS.split(", "))
+
+# The session's judged turns, each joined to its latest judgment (the highest id).
+SCORED_TURNS = f"""
+SELECT {_TURN_COLUMNS_T}, {_LATEST_JUDGMENT_J}
+FROM turns t JOIN judgments j ON j.id = (SELECT max(id) FROM judgments WHERE turn_id = t.id)
+WHERE t.session_id = ?
+ORDER BY t.idx, t.rowid
+"""
+
+# What the judge had queued when the server stopped: main turns with something to judge on.
+AWAITING_JUDGMENT = f"""
+SELECT {_TURN_COLUMNS_T} FROM turns t
+WHERE t.turn_type = 'main' AND t.finish_reason != 'abort'
+    AND (t.next_state IS NOT NULL OR EXISTS (SELECT 1 FROM feedback f WHERE f.turn_id = t.id))
+    AND NOT EXISTS (SELECT 1 FROM judgments j WHERE j.turn_id = t.id)
+ORDER BY t.created_at, t.rowid
 """

@@ -94,3 +94,26 @@ def test_streamed_tool_call_matches_the_plain_one(smol_server):
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
         "tool_calls"
     ]
+
+
+def test_local_judge_on_the_embedded_model(tmp_path):
+    """The `local` backend judges with the server's own engine, end to end."""
+    from tests.service.test_judge import converse, judged
+
+    server = RemoteServer(
+        tmp_path / "run",
+        ["--judge.backend", "local", "--judge.votes", "1", "--judge.max-tokens", "48", "--method", "combine"],
+    )
+    try:
+        turn_id, _ = converse(server, "What is 2+2?", "No, that's wrong, redo it.")
+        j, samples = judged(server, turn_id, timeout=240)
+        assert j.judge == "local"
+        assert [v.kind for v in j.votes] == ["prm", "hint"]
+        for vote in j.votes:  # a 135M judge may not follow the format: then the vote is a recorded failure
+            assert vote.raw  # the engine answered
+            assert (vote.value is None) == (vote.error is not None)
+        assert j.score in (-1, 0, 1)
+        assert all(s.turn_id == turn_id for s in samples)
+        assert server.health()["judge"]["judged"] >= 1
+    finally:
+        server.stop()

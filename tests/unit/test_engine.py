@@ -159,3 +159,25 @@ def test_sampler_greedy_top_p_and_seed():
     hot = sample_rows(logits[:1], [RowSampler.create(2.0, 1.0, 0, 3)])[0]
     expected = torch.log_softmax(logits[0] / 2.0, -1)[hot.token_id].item()
     assert hot.logprob == pytest.approx(expected, abs=1e-6)
+
+
+def test_background_requests_wait_for_served_ones(tiny_model):
+    """Judge calls (background) never take a batch slot a served request is waiting for."""
+    served = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    judge = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, background=True)
+    order: list[str] = []
+
+    async def body(engine):
+        async def one(name, params):
+            async for _ in engine.generate(PROMPTS[0], params):
+                pass
+            order.append(name)
+
+        tasks = [asyncio.create_task(one(f"judge{i}", judge)) for i in range(3)]
+        tasks += [asyncio.create_task(one(f"user{i}", served)) for i in range(2)]
+        await asyncio.gather(*tasks)
+
+    # One row at a time: whoever is admitted first finishes first.
+    run(_with_engine(tiny_model, body, max_batch_size=1, max_background_rows=1))
+    assert order[:2] == ["user0", "user1"]
+    assert sorted(order[2:]) == ["judge0", "judge1", "judge2"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from clawrl.cli import main
 from clawrl.store.db import Store, StoreError
 from clawrl.store.records import export, record, show
-from clawrl.types import Feedback
+from clawrl.types import Feedback, Judgment, Vote
 from tests.unit.test_store import make_turn
 
 LONG = "Voici un très long message. " * 40  # ~1,100 characters
@@ -21,6 +20,11 @@ KEYS = {
     "response_ids", "logprobs", "policy_version", "versions", "temperature", "finish_reason", "next_state",
     "next_state_at", "feedback", "judgment", "reward", "created_at", "first_token_at", "finished_at",
 }  # fmt: skip
+VOTES = [
+    Vote("prm", 1, "Correct. \\boxed{1}", None, 1.5),
+    Vote("prm", None, None, None, 30.0, "timeout after 30s"),
+    Vote("hint", 1, "[HINT_START]Give the unit.[HINT_END]", "Give the unit.", 2.25),
+]
 
 
 @pytest.fixture
@@ -37,11 +41,7 @@ def run_dir(tmp_path: Path) -> Path:
         store.add_feedback(Feedback("t0", 1, "parfait", 16.0))
         store.upsert_session("s2", "inferred", 1.0)
         store.insert_turn(make_turn("u0", "s2", 0, created_at=15.0, turn_type="side", versions=[]))
-    with sqlite3.connect(run / "clawrl.db") as conn:  # what the judge will write
-        conn.execute(
-            "INSERT INTO judgments (turn_id, created_at, score, hint, votes, judge) VALUES (?,?,?,?,?,?)",
-            ("t0", 17.0, 1, "Give the unit.", "[1, 1, -1]", "prm"),
-        )
+        store.insert_judgment(Judgment("t0", "openai:judge", VOTES, 1, "Give the unit.", 17.0))
     return run
 
 
@@ -61,8 +61,19 @@ def test_record_has_every_key_and_the_turns_values(store):
     assert line["policy_version"] == "v2"
     assert line["next_state"] == [{"role": "tool", "tool_call_id": "call_0", "content": "12 °C"}]
     assert line["feedback"] == [{"rating": 1, "comment": "parfait", "created_at": 16.0}]
-    assert line["judgment"] == {"score": 1, "votes": [1, 1, -1], "hint": "Give the unit.", "judge": "prm"}
+    judgment = dict(line["judgment"])
+    votes = judgment.pop("votes")
+    assert judgment == {"score": 1, "hint": "Give the unit.", "judge": "openai:judge"}
+    failed = {"kind": "prm", "value": None, "raw": None, "hint": None, "latency_s": 30.0}
+    assert votes[1] == {**failed, "error": "timeout after 30s"}
+    assert [(v["kind"], v["value"], v["hint"], v["latency_s"]) for v in votes] == [
+        ("prm", 1, None, 1.5),
+        ("prm", None, None, 30.0),
+        ("hint", 1, "Give the unit.", 2.25),
+    ]
+    assert votes[0]["raw"] == "Correct. \\boxed{1}" and votes[2]["raw"].startswith("[HINT_START]")
     assert line["reward"] == 1
+    assert json.loads(json.dumps(line)) == line  # what export writes reads back the same
     assert (line["created_at"], line["finished_at"]) == (10.0, turn.finished_at)
 
 
@@ -94,7 +105,8 @@ def test_show_prints_a_session_for_a_human(store):
     assert "answer: Il fait « beau » — 晴れ." in text
     assert 'tool call: weather({"q": "Zürich"})' in text
     assert "tool: 12 °C" in text and "feedback: +1  parfait" in text
-    assert "judgment: score 1  votes [1, 1, -1]" in text and "hint: Give the unit." in text
+    assert "judgment: score 1  votes prm +1, prm failed (timeout after 30s), hint +1  by openai:judge" in text
+    assert "hint: Give the unit." in text
     assert "next state: (none)" in text
     assert LONG.strip() not in text and "Voici un très long message." in text  # clipped
     assert max(len(line) for line in text.splitlines()) < 350

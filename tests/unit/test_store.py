@@ -68,11 +68,16 @@ def test_migrations_apply_once_and_reopening_is_idempotent(db):
     Store.open(db).close()
     conn = sqlite3.connect(db)
     rows = conn.execute("SELECT name, applied_at FROM _migrations").fetchall()
-    assert [name for name, _ in rows] == [name for name, _ in migrations.MIGRATIONS] == ["m001_initial"]
+    names = [name for name, _ in rows]
+    assert (
+        names
+        == [name for name, _ in migrations.MIGRATIONS]
+        == ["m001_initial", "m002_sample_judgment_session"]
+    )
     assert conn.execute("SELECT name, step, path FROM versions").fetchall() == [("v0", 0, None)]
     conn.isolation_level = None
     assert migrations.migrate(conn) == []
-    assert conn.execute("SELECT applied_at FROM _migrations").fetchall() == [(rows[0][1],)]
+    assert conn.execute("SELECT name, applied_at FROM _migrations").fetchall() == rows
 
 
 def test_a_failing_migration_leaves_no_trace(tmp_path, monkeypatch):
@@ -124,24 +129,15 @@ def test_feedback_is_appended_and_read_back(store):
     assert store.feedback_for("chatcmpl-unknown") == []
 
 
-def test_judgment_for_reads_the_latest_row(store, db):
+def test_latest_feedback_is_the_last_rating(store):
     store.upsert_session("s1", "header", 1.0)
     store.insert_turn(make_turn())
-    assert store.judgment_for("chatcmpl-1") is None
-    with sqlite3.connect(db) as other:  # the judge will write from its own connection
-        sql = (
-            "INSERT INTO judgments (turn_id, created_at, score, hint, votes, judge) VALUES (?, ?, ?, ?, ?, ?)"
-        )
-        other.execute(sql, ("chatcmpl-1", 2.0, -1, None, "[-1, -1, 1]", "prm"))
-        other.execute(sql, ("chatcmpl-1", 3.0, 1, "check units", '[1, 1, "fail"]', "prm"))
-    judgment = store.judgment_for("chatcmpl-1")
-    assert judgment is not None
-    assert {k: judgment[k] for k in ("score", "votes", "hint", "judge")} == {
-        "score": 1,
-        "votes": [1, 1, "fail"],
-        "hint": "check units",
-        "judge": "prm",
-    }
+    assert store.latest_feedback("chatcmpl-1") is None
+    store.add_feedback(Feedback("chatcmpl-1", -1, "non", 12.0))
+    last = Feedback("chatcmpl-1", 1, "finalement oui ✓", 11.0)  # written last, though stamped earlier
+    store.add_feedback(last)
+    assert store.latest_feedback("chatcmpl-1") == last
+    assert store.latest_feedback("chatcmpl-unknown") is None
 
 
 def test_turns_are_ordered_and_paged(store):

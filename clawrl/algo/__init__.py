@@ -1,0 +1,39 @@
+"""Training methods: how a judged turn becomes training samples.
+
+All methods share one PPO-style clipped surrogate (clawrl.train) and differ in
+the per-token advantage A_t and in which turns they keep:
+
+| name      | class                | advantage A_t                                  | samples            |
+| --------- | -------------------- | ---------------------------------------------- | ------------------ |
+| `rl`      | BinaryRL             | r, the PRM vote in {-1, 0, +1}                 | `rl` if r != 0 (*) |
+| `opd`     | OnPolicyDistillation | logp_teacher - logp_old                        | `opd` if hinted    |
+| `combine` | Combine              | w_rl * r + w_opd * (logp_teacher - logp_old)   | both (*)           |
+
+logp_teacher = log pi(a_t | s + hint), the response token under the enhanced
+prompt (clawrl.algo.teacher); logp_old = the behaviour logprob recorded at
+serving. (*) At-least-one guarantee: a session that gave no `rl` sample
+contributes its first scored turn (reward 0) when it ends.
+
+Side turns, aborted turns and turns without response tokens never give
+samples. A new method is one small module here, added to `METHODS`.
+"""
+
+from __future__ import annotations
+
+from clawrl.algo.base import Method, TeacherPrompt, eligible, make_sample
+from clawrl.algo.combine import Combine
+from clawrl.algo.opd import OnPolicyDistillation
+from clawrl.algo.rl import BinaryRL
+
+METHODS: dict[str, Method] = {m.name: m for m in (BinaryRL(), OnPolicyDistillation(), Combine())}
+
+
+def get_method(name: str) -> Method:
+    """The registered method called `name`; KeyError naming the known ones otherwise."""
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise KeyError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}") from None
+
+
+__all__ = ["METHODS", "Method", "TeacherPrompt", "eligible", "get_method", "make_sample"]

@@ -1,0 +1,55 @@
+"""The teacher's view of a turn: the same conversation with the hindsight hint added.
+
+On-policy distillation scores the turn's own response token IDs under two
+prompts: the original one (the student, logp_old) and this enhanced one (the
+teacher). The enhanced prompt is the original messages with the hint appended
+to the last user message, rendered by the same chat template with the same
+tools, so the two prompts differ only inside that message.
+
+Placement:
+* string content: `content + "\\n\\n" + HINT_PREFIX + hint` (just
+  `HINT_PREFIX + hint` when the content is empty or None);
+* a list of text parts: a new text part `"\\n" + HINT_PREFIX + hint` is
+  appended; the renderer joins parts with "\\n", so this renders exactly as the
+  string case does;
+* no user message at all (e.g. a system prompt and tool results only): a new
+  user message with just `HINT_PREFIX + hint` is appended at the end, so the
+  hint still comes right before the assistant's generation prompt.
+
+Deviation from the original: the tool_choice of the request is not kept on a
+`Turn`, so the enhanced prompt is rendered with tool_choice None; a turn made
+under "none", "required" or a named function gets a teacher prompt with the
+tools offered and without the forced prefix.
+"""
+
+from __future__ import annotations
+
+from clawrl.algo.base import TeacherPrompt
+from clawrl.engine.chat import ChatRenderer
+from clawrl.types import Message, Turn
+
+HINT_PREFIX = "[Hindsight hint] "
+
+
+def enhanced_messages(messages: list[Message], hint: str) -> list[Message]:
+    """A copy of `messages` with the hint appended to the last user message (inputs untouched)."""
+    enhanced = [dict(message) for message in messages]
+    users = [i for i, message in enumerate(enhanced) if message.get("role") == "user"]
+    if not users:
+        return [*enhanced, {"role": "user", "content": HINT_PREFIX + hint}]
+    last = enhanced[users[-1]]
+    content = last.get("content")
+    if isinstance(content, list):
+        last["content"] = [*content, {"type": "text", "text": "\n" + HINT_PREFIX + hint}]
+    else:
+        last["content"] = (content + "\n\n" if content else "") + HINT_PREFIX + hint
+    return enhanced
+
+
+def teacher_prompt(renderer: ChatRenderer) -> TeacherPrompt:
+    """The function rendering a turn's enhanced prompt to IDs with the turn's tools."""
+
+    def render(turn: Turn, hint: str) -> list[int]:
+        return renderer.render(enhanced_messages(turn.messages, hint), turn.tools).prompt_ids
+
+    return render

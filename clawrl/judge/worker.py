@@ -1,0 +1,189 @@
+"""The judge loop: turns with a next state (or explicit feedback) become judgments and samples.
+
+It runs beside serving, never on its path: the collector only hands it turn ids.
+A few worker tasks take them from a queue; for each turn they cast `m` PRM votes
+and/or `m` hint votes (as the method wants) through the backend, with at most
+`judge.concurrency` calls in flight, a time limit per call and retries with
+exponential backoff. A call that still fails is a *failed vote* (value None, the
+reason kept), never a silent 0. The judgment and the method's samples are
+written to the store in one transaction; a newer judgment of a turn (explicit
+feedback arriving later) supersedes the samples of the older one that were not
+trained yet.
+
+When a session ends, the method's session rule runs (rl's at-least-one
+guarantee) once every judgment of that session queued so far is written.
+On start, turns that were waiting for a judgment when the server stopped are
+queued again, so a restart loses no judging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from clawrl.algo.base import Method, TeacherPrompt
+from clawrl.config import JudgeConfig
+from clawrl.judge.backends import JudgeBackend, JudgeCallFailed
+from clawrl.judge.prompts import judge_messages
+from clawrl.judge.votes import hint_vote, judgment, prm_vote
+from clawrl.store.db import Store
+from clawrl.types import Judgment, Turn, Vote
+
+log = logging.getLogger(__name__)
+DB = Callable[..., Awaitable[Any]]  # runs a Store method on the store's writer thread
+
+
+class JudgeLoop:
+    def __init__(
+        self,
+        store: Store,
+        db: DB,
+        backend: JudgeBackend | None,
+        method: Method,
+        teacher: TeacherPrompt,
+        config: JudgeConfig,
+    ) -> None:
+        self.store, self.db, self.backend, self.method = store, db, backend, method
+        self.teacher, self.config = teacher, config
+        self.name = backend.name if backend is not None else "feedback"
+        self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        self._calls = asyncio.Semaphore(config.concurrency)
+        self._pending: Counter[str] = Counter()  # session -> turns queued or being judged
+        self._ending: set[str] = set()  # sessions that ended while judgments were pending
+        self._workers: list[asyncio.Task[None]] = []
+        self._recent: deque[bool] = deque(maxlen=5)  # last vote outcomes, True = failed
+        self.judged = 0
+        self.failed_votes = 0
+        self.last_error: str | None = None
+
+    async def start(self) -> None:
+        if self.backend is not None:
+            await self.backend.start()
+        for turn in await self.db(self.store.turns_awaiting_judgment):
+            self.submit(turn.id, turn.session_id)
+        # Each worker judges one turn at a time; the semaphore bounds the calls in flight.
+        self._workers = [
+            asyncio.create_task(self._work(), name=f"clawrl-judge-{i}")
+            for i in range(self.config.concurrency)
+        ]
+
+    async def stop(self) -> None:
+        for task in self._workers:
+            task.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        if self.backend is not None:
+            await self.backend.stop()
+
+    def submit(self, turn_id: str, session_id: str) -> None:
+        self._pending[session_id] += 1
+        self._queue.put_nowait((turn_id, session_id))
+
+    def session_ended(self, session_id: str) -> None:
+        if self._pending[session_id]:
+            self._ending.add(session_id)
+        else:
+            self._pending.pop(session_id, None)
+            task = asyncio.get_running_loop().create_task(self._end_session(session_id))
+            self._workers.append(task)
+            task.add_done_callback(lambda t: self._workers.remove(t) if t in self._workers else None)
+
+    def health(self) -> dict[str, Any]:
+        failing = sum(self._recent) >= 3  # 3 of the last 5 votes failed: the judge is in trouble now
+        return {
+            "status": "degraded" if failing else "ok",
+            "judge": self.name,
+            "method": self.method.name,
+            "queued": self._queue.qsize(),
+            "judged": self.judged,
+            "failed_votes": self.failed_votes,
+            "last_error": self.last_error,
+        }
+
+    async def _work(self) -> None:
+        while True:
+            turn_id, session_id = await self._queue.get()
+            try:
+                await self.judge(turn_id)
+            except Exception as exc:  # one bad turn must not stop judging; the error is shown on /healthz
+                log.exception("judging %s failed", turn_id)
+                self.last_error = f"{type(exc).__name__}: {exc}"
+            finally:
+                self._pending[session_id] -= 1
+                if self._pending[session_id] <= 0:
+                    del self._pending[session_id]
+                    if session_id in self._ending:
+                        self._ending.discard(session_id)
+                        await self._end_session(session_id)
+
+    async def judge(self, turn_id: str) -> Judgment | None:
+        """Judge one turn now: votes (reused if it was judged before), feedback, samples, all stored."""
+        turn = await self.db(self.store.get_turn, turn_id)
+        if turn is None:
+            return None
+        feedback = await self.db(self.store.latest_feedback, turn_id)
+        earlier = await self.db(self.store.latest_judgment, turn_id)
+        votes = earlier.votes if earlier is not None else await self._votes(turn)
+        if not votes and feedback is None:
+            return None  # nothing to judge on yet (the feedback judge waits for a rating)
+        j = judgment(
+            turn.id,
+            self.name,
+            votes,
+            feedback.rating if feedback else None,
+            feedback.comment if feedback else None,
+        )
+        samples = self.method.samples(turn, j, self.teacher)
+        await self.db(self.store.insert_judgment, j, samples)  # one transaction; supersedes older
+        self.judged += 1
+        return j
+
+    async def _votes(self, turn: Turn) -> list[Vote]:
+        if self.backend is None or not turn.next_state:
+            return []
+        kinds = [
+            k for k, wanted in (("prm", self.method.wants_prm), ("hint", self.method.wants_hint)) if wanted
+        ]
+        calls = [
+            self._vote(kind, judge_messages(kind, turn, turn.next_state))
+            for kind in kinds
+            for _ in range(self.config.votes)
+        ]
+        return list(await asyncio.gather(*calls))
+
+    async def _vote(self, kind: str, messages: list[dict[str, Any]]) -> Vote:
+        build = prm_vote if kind == "prm" else hint_vote
+        assert self.backend is not None
+        start, error = time.perf_counter(), "no attempt"
+        for attempt in range(self.config.retries + 1):
+            try:
+                async with self._calls:
+                    raw = await asyncio.wait_for(
+                        self.backend.complete(messages, self.config.temperature, self.config.max_tokens),
+                        self.config.timeout_s,
+                    )
+                return self._count(build(raw, time.perf_counter() - start, None))
+            except (JudgeCallFailed, TimeoutError) as exc:
+                error = str(exc) or f"timeout after {self.config.timeout_s:g}s"
+                if attempt < self.config.retries:
+                    await asyncio.sleep(self.config.backoff_s * 2**attempt)
+        return self._count(build(None, time.perf_counter() - start, error))
+
+    def _count(self, vote: Vote) -> Vote:
+        failed = vote.value is None  # the call failed, or its reply could not be parsed
+        self._recent.append(failed)
+        if failed:
+            self.failed_votes += 1
+            self.last_error = vote.error
+        return vote
+
+    async def _end_session(self, session_id: str) -> None:
+        scored = await self.db(self.store.scored_turns, session_id)
+        emitted = await self.db(self.store.session_rl_count, session_id)
+        samples = self.method.session_end(scored, emitted)
+        if samples:
+            await self.db(self.store.insert_samples, samples)
+            log.info("session %s: %d sample(s) by the at-least-one rule", session_id, len(samples))

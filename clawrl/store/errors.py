@@ -1,0 +1,22 @@
+"""The store's exceptions, in one place so every store module can raise them.
+
+    StoreError           base (a RuntimeError): no clawrl database there, schema too old, ...
+    ├── StoreUnwritable  the file or its folder cannot be written (read-only, disk full)
+    └── UnknownTurn      feedback, a judgment or a sample for a turn that was never recorded
+
+`clawrl.store` and `clawrl.store.db` re-export them.
+"""
+
+from __future__ import annotations
+
+
+class StoreError(RuntimeError):
+    """A store operation failed."""
+
+
+class StoreUnwritable(StoreError):
+    """The database file or its folder cannot be written."""
+
+
+class UnknownTurn(StoreError):
+    """A row referred to a turn id that the store never recorded."""

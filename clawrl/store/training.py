@@ -1,0 +1,199 @@
+"""Judgments and training samples: the judge's and the trainer's half of the store.
+
+`TrainingStore` is mixed into `Store` and uses its lock-guarded `_write` and
+`_read`. The rules it keeps:
+
+- A turn may be judged many times (explicit feedback arriving later, a
+  re-judge); rows are appended, and the latest judgment, the highest id, is
+  the one that counts.
+- Inserting a judgment marks the turn's samples still `ready` from earlier
+  judgments (or from none) `superseded`, in the same transaction, so the
+  trainer never takes a sample whose judgment has been replaced.
+- A sample's status moves from `ready` to `trained`, `stale`, `skipped` or
+  `superseded`; no row is ever deleted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from clawrl.store.errors import StoreError, UnknownTurn
+from clawrl.store.rows import (
+    AWAITING_JUDGMENT,
+    INSERT_JUDGMENT,
+    INSERT_SAMPLE,
+    JUDGMENT_COLUMNS,
+    SAMPLE_COLUMNS,
+    SCORED_TURNS,
+    judgment_from_row,
+    judgment_row,
+    sample_from_row,
+    sample_row,
+    turn_from_row,
+)
+from clawrl.types import Judgment, Sample, Turn
+
+STATUSES = frozenset({"ready", "trained", "stale", "skipped", "superseded"})
+KINDS = frozenset({"rl", "opd"})
+
+# Ready samples of the turn ?1 from a judgment older than ?2, or from none.
+_SUPERSEDE = (
+    "UPDATE samples SET status = 'superseded' "
+    "WHERE turn_id = ?1 AND status = 'ready' AND (judgment_id IS NULL OR judgment_id < ?2)"
+)
+
+
+class TrainingStore:
+    """Judgments and samples of one run (mixed into `Store`)."""
+
+    if TYPE_CHECKING:  # provided by Store
+
+        def _write(self) -> AbstractContextManager[sqlite3.Connection]: ...
+
+        def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]: ...
+
+    # -- judgments -----------------------------------------------------------------------------
+
+    def insert_judgment(self, j: Judgment, samples: list[Sample] | None = None) -> int:
+        """Record a judgment; returns its id (also set on `j`). UnknownTurn if the turn is unknown.
+
+        The turn's earlier `ready` samples become `superseded`. `samples` made
+        from this judgment (of its turn), if given, are written in the same
+        transaction and get their `judgment_id` and `id`: a crash never leaves
+        a judged turn without its samples, and a judged turn is not judged again.
+        """
+        samples = samples or []
+        _check_samples(samples)
+        if any(sample.turn_id != j.turn_id for sample in samples):
+            raise ValueError(f"samples given with a judgment of {j.turn_id!r} must be of that turn")
+        with self._write() as conn:
+            _require_turns(conn, [j.turn_id])
+            jid = int(conn.execute(INSERT_JUDGMENT, judgment_row(j)).lastrowid or 0)
+            conn.execute(_SUPERSEDE, (j.turn_id, jid))
+            ids = _insert_samples(conn, [dataclasses.replace(s, judgment_id=jid) for s in samples])
+        j.id = jid
+        for sample in samples:
+            sample.judgment_id = jid
+        _set_ids(samples, ids)
+        return jid
+
+    def latest_judgment(self, turn_id: str) -> Judgment | None:
+        """The judgment that counts for a turn (the latest one), or None."""
+        rows = self._read(
+            f"SELECT {JUDGMENT_COLUMNS} FROM judgments WHERE turn_id = ? ORDER BY id DESC LIMIT 1",
+            (turn_id,),
+        )
+        return judgment_from_row(rows[0]) if rows else None
+
+    def judgment_for(self, turn_id: str) -> dict[str, Any] | None:
+        """The latest judgment as plain JSON-ready values (votes as dicts), or None."""
+        judgment = self.latest_judgment(turn_id)
+        return None if judgment is None else dataclasses.asdict(judgment)
+
+    def scored_turns(self, session_id: str) -> list[tuple[Turn, Judgment]]:
+        """The session's judged turns by index, each with its latest judgment."""
+        rows = self._read(SCORED_TURNS, (session_id,))
+        return [(turn_from_row(row), judgment_from_row(row, prefix="j_")) for row in rows]
+
+    def turns_awaiting_judgment(self) -> list[Turn]:
+        """Main turns, not aborted, with a next state or feedback but no judgment yet; oldest first."""
+        return [turn_from_row(row) for row in self._read(AWAITING_JUDGMENT)]
+
+    # -- samples -------------------------------------------------------------------------------
+
+    def insert_samples(self, samples: list[Sample]) -> list[int]:
+        """Record samples in one transaction; returns their ids (also set on each).
+
+        UnknownTurn if a sample's turn is unknown (then none is written);
+        ValueError for an unknown kind or status.
+        """
+        _check_samples(samples)
+        if not samples:
+            return []
+        with self._write() as conn:
+            _require_turns(conn, [s.turn_id for s in samples])
+            ids = _insert_samples(conn, samples)
+        _set_ids(samples, ids)
+        return ids
+
+    def supersede_samples(self, turn_id: str, keep_judgment_id: int) -> int:
+        """Mark the turn's `ready` samples from judgments older than `keep_judgment_id` (or from
+        none) `superseded`; returns how many. `insert_judgment` already does this."""
+        with self._write() as conn:
+            return conn.execute(_SUPERSEDE, (turn_id, keep_judgment_id)).rowcount
+
+    def ready_samples(self, limit: int | None = None) -> list[Sample]:
+        """Samples with status `ready`, oldest (first inserted) first, at most `limit`."""
+        rows = self._read(
+            f"SELECT {SAMPLE_COLUMNS} FROM samples WHERE status = 'ready' ORDER BY id LIMIT ?",
+            (-1 if limit is None else limit,),
+        )
+        return [sample_from_row(row) for row in rows]
+
+    def set_sample_status(self, ids: list[int], status: str) -> None:
+        """Set the status of samples; StoreError (and no change) if an id is unknown."""
+        _check(status, STATUSES, "status")
+        wanted = set(ids)
+        with self._write() as conn:
+            cur = conn.execute(
+                "UPDATE samples SET status = ? WHERE id IN (SELECT value FROM json_each(?))",
+                (status, json.dumps(sorted(wanted))),
+            )
+            if cur.rowcount != len(wanted):
+                raise StoreError(f"{len(wanted) - cur.rowcount} of {len(wanted)} sample ids are unknown")
+
+    def count_samples(self, status: str | None = None, kind: str | None = None) -> int:
+        """How many samples there are, of one status and/or kind if given."""
+        filters = {"status": status, "kind": kind}
+        where = " AND ".join(f"{name} = ?" for name, value in filters.items() if value is not None)
+        args = tuple(value for value in filters.values() if value is not None)
+        rows = self._read(f"SELECT count(*) FROM samples{' WHERE ' + where if where else ''}", args)
+        return int(rows[0][0])
+
+    def session_rl_count(self, session_id: str) -> int:
+        """How many `rl` samples the session's turns gave, in any status but `superseded`."""
+        rows = self._read(
+            "SELECT count(*) FROM samples WHERE session_id = ? AND kind = 'rl' AND status != 'superseded'",
+            (session_id,),
+        )
+        return int(rows[0][0])
+
+
+def _check(value: str, allowed: frozenset[str], what: str) -> None:
+    if value not in allowed:
+        raise ValueError(f"unknown sample {what} {value!r} (one of {', '.join(sorted(allowed))})")
+
+
+def _check_samples(samples: Iterable[Sample]) -> None:
+    for sample in samples:
+        _check(sample.kind, KINDS, "kind")
+        _check(sample.status, STATUSES, "status")
+
+
+def _require_turns(conn: sqlite3.Connection, turn_ids: list[str]) -> None:
+    """UnknownTurn naming the first of `turn_ids` that the store does not hold."""
+    wanted = set(turn_ids)
+    found = {
+        row[0]
+        for row in conn.execute(
+            "SELECT id FROM turns WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(sorted(wanted)),)
+        )
+    }
+    missing = [turn_id for turn_id in turn_ids if turn_id not in found]
+    if missing:
+        raise UnknownTurn(f"no turn {missing[0]!r} in the store")
+
+
+def _insert_samples(conn: sqlite3.Connection, samples: list[Sample]) -> list[int]:
+    return [int(conn.execute(INSERT_SAMPLE, sample_row(sample)).lastrowid or 0) for sample in samples]
+
+
+def _set_ids(samples: list[Sample], ids: list[int]) -> None:
+    """Set ids only once the transaction committed, so a failed write leaves the objects as they were."""
+    for sample, sample_id in zip(samples, ids, strict=True):
+        sample.id = sample_id
