@@ -20,53 +20,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.conftest import RemoteServer  # noqa: E402  (the same launcher the tests use)
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
-
-
-async def conversation(client, i: int, turns: int, max_tokens: int) -> list[float]:
-    messages = [{"role": "user", "content": f"Client {i}: tell me something about the number {i}."}]
-    latencies = []
-    for t in range(turns):
-        start = time.perf_counter()
-        r = await client.chat.completions.create(
-            model="clawrl",
-            messages=messages,
-            max_tokens=max_tokens,
-            temperature=1.0,
-            extra_body={"ignore_eos": True},
-        )
-        latencies.append(time.perf_counter() - start)
-        messages += [
-            {"role": "assistant", "content": r.choices[0].message.content},
-            {"role": "user", "content": f"Go on ({t})."},
-        ]
-    return latencies
-
-
-async def burst(server: RemoteServer, clients: int, turns: int, max_tokens: int) -> list[float]:
-    client = server.async_client()
-    results = await asyncio.gather(*[conversation(client, i, turns, max_tokens) for i in range(clients)])
-    await client.close()
-    return [x for r in results for x in r]
-
-
-def p95(xs: list[float]) -> float:
-    return sorted(xs)[int(0.95 * (len(xs) - 1))]
+from common import RemoteServer, burst, p95, rss_mb, tiny_model
 
 
 def latency(model_args: list[str], rounds: int, max_tokens: int, tmp: Path) -> dict:
@@ -126,34 +84,6 @@ def memory(tiny: Path, sessions: int, cap: int | None, tmp: Path) -> dict:
         "db_mb": db,
         "requests_per_s": sessions / took,
     }
-
-
-def tiny_model(tmp: Path) -> Path:
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from clawrl.config import Config
-    from clawrl.engine.models import ensure_embedded
-
-    tok = AutoTokenizer.from_pretrained(ensure_embedded(Config().cache_dir()))
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-    )
-    torch.manual_seed(0)
-    out = tmp / "tiny"
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 def main() -> None:

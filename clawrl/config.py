@@ -121,6 +121,37 @@ class JudgeConfig(_Section):
         return self
 
 
+class LoraConfig(_Section):
+    rank: int = Field(16, gt=0, description="LoRA rank r.")
+    alpha: float = Field(32.0, gt=0, description="LoRA alpha (the update is scaled by alpha / r).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
+    targets: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Names of the Linear modules that get adapters.",
+    )
+
+
+class TrainConfig(_Section):
+    batch_size: int = Field(16, gt=0, description="Ready samples per training step.")
+    max_staleness: int = Field(
+        2, ge=0, description="Samples more versions behind than this are marked stale."
+    )
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
+    eps: float = Field(0.2, gt=0, description="PPO clip, low side: ratio >= 1 - eps.")
+    eps_high: float = Field(0.28, gt=0, description="PPO clip, high side: ratio <= 1 + eps_high.")
+    kl_coef: float = Field(0.02, ge=0, description="KL(policy || reference) weight (k3 estimator).")
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
+    w_rl: float = Field(1.0, ge=0, description="combine: weight of the reward advantage.")
+    w_opd: float = Field(1.0, ge=0, description="combine: weight of the distillation advantage.")
+    opd_teacher: Literal["policy", "reference"] = Field(
+        "policy", description="Who scores the response under the hinted prompt: the live policy or the base."
+    )
+    max_seq_len: int = Field(4096, gt=0, description="Longer samples (prompt + response) are skipped.")
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+
+
 class Config(_Section):
     run_dir: Path = Field(Path("clawrl-run"), description="Folder for everything clawrl writes.")
     server: ServerConfig = Field(default_factory=ServerConfig)
@@ -128,6 +159,7 @@ class Config(_Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     collect: CollectConfig = Field(default_factory=CollectConfig)
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
     method: Literal["rl", "opd", "combine"] = Field(
         "combine", description="How judged turns become samples: binary RL, on-policy distillation, or both."
     )

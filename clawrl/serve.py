@@ -66,6 +66,7 @@ def run_server(config: Config) -> int:
             host=config.server.host,
             port=config.server.port,
             log_level=config.server.log_level,
+            log_config=None,  # uvicorn's loggers go through ours: console and logs/server.log
             timeout_graceful_shutdown=5,
         )
     finally:

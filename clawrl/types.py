@@ -114,3 +114,23 @@ class Sample:
     status: str = "ready"  # ready | trained | stale | skipped | superseded
     created_at: float = field(default_factory=time.time)
     id: int | None = None
+
+
+@dataclass
+class Version:
+    """One published set of policy weights; `v0` is the base model.
+
+    `path` is the checkpoint folder (None for v0). A rollback publishes a new
+    version whose `path` is an earlier version's folder, so versions only grow.
+    """
+
+    name: str
+    step: int
+    path: str | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    parent: str | None = None
+    created_at: float = field(default_factory=time.time)
+
+    @property
+    def number(self) -> int:
+        return int(self.name.removeprefix("v"))

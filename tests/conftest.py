@@ -102,13 +102,12 @@ def embedded_model_dir() -> Path:
     return ensure_embedded(Config().cache_dir())
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, embedded_model_dir: Path) -> Path:
-    """A 2-layer random Llama with SmolLM2's real tokenizer and chat template (512-token context)."""
+def make_tiny_model(out: Path, tokenizer_dir: Path) -> Path:
+    """A 2-layer random Llama with a real tokenizer and chat template (512-token context), saved in `out`."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=64,
@@ -123,11 +122,15 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, embedded_model_dir:
         pad_token_id=2,
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    out = tmp_path_factory.mktemp("tiny-model")
-    model.save_pretrained(out)
+    LlamaForCausalLM(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, embedded_model_dir: Path) -> Path:
+    """SmolLM2's real tokenizer on a tiny random model: fast tests that still tokenise for real."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-model"), embedded_model_dir)
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,9 @@ def parse_prm(text: str) -> int:
     return _last_box(text, allowed=(-1, 0, 1))
 
 
+MAX_HINT_CHARS = 600
+
+
 def parse_hint(text: str) -> tuple[int, str | None]:
     """(+1, hint) when the judge found hindsight, (-1, None) when it found none.
 
@@ -41,6 +44,8 @@ def parse_hint(text: str) -> tuple[int, str | None]:
     hint = _last_hint(text)
     if not hint:
         raise Unparseable(f"decision \\boxed{{1}} without a hint between {HINT_START} and {HINT_END}")
+    if len(hint) > MAX_HINT_CHARS:  # a rambling, cut-off judge; "longest wins" must not pick it
+        raise Unparseable(f"hint of {len(hint)} characters (at most {MAX_HINT_CHARS}: 1-3 sentences)")
     return 1, hint
 
 

@@ -43,6 +43,7 @@ from clawrl.store.rows import (
     turn_row,
 )
 from clawrl.store.training import TrainingStore
+from clawrl.store.versions import VersionStore
 from clawrl.types import Feedback, Message, Turn
 
 __all__ = ["OpenSession", "Store", "StoreError", "StoreUnwritable", "UnknownTurn"]
@@ -104,7 +105,7 @@ def _connect_readonly(path: Path) -> sqlite3.Connection:
         return _connect(uri + "&immutable=1", uri=True)
 
 
-class Store(TrainingStore):
+class Store(TrainingStore, VersionStore):
     """Sessions, turns and feedback of one run; judgments and samples come from `TrainingStore`."""
 
     def __init__(self, conn: sqlite3.Connection, path: Path, readonly: bool = False) -> None:

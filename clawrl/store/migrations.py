@@ -109,9 +109,14 @@ CREATE INDEX samples_session_kind ON samples(session_id, kind);
 """
 
 # Append only. Never edit a shipped entry.
+M003_VERSION_PARENT = """
+ALTER TABLE versions ADD COLUMN parent TEXT NULL;
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_sample_judgment_session", M002_SAMPLE_JUDGMENT_SESSION),
+    ("m003_version_parent", M003_VERSION_PARENT),
 ]
 
 _NAME = re.compile(r"m[0-9]{3}_[a-z0-9_]+")

@@ -14,3 +14,9 @@ def smol_tokenizer(embedded_model_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(embedded_model_dir)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    """Where a run's database goes; the folder does not exist yet."""
+    return tmp_path / "run" / "clawrl.db"

@@ -404,3 +404,12 @@ def test_templates_ship_inside_the_package():
         body = (folder / name).read_text(encoding="utf-8")
         for field in ("$context", "$answer", "$next_state", "$next_role"):
             assert field in body
+
+
+def test_overlong_hint_is_unparseable():
+    from clawrl.judge.parse import MAX_HINT_CHARS, Unparseable, parse_hint
+
+    ok = "\\boxed{1}\n[HINT_START]" + "x" * MAX_HINT_CHARS + "[HINT_END]"
+    assert parse_hint(ok)[0] == 1
+    with pytest.raises(Unparseable, match="characters"):
+        parse_hint("\\boxed{1}\n[HINT_START]" + "y " * MAX_HINT_CHARS)

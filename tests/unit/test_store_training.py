@@ -49,11 +49,6 @@ def sample(turn_id: str = "t0", kind: str = "rl", **kw) -> Sample:
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "run" / "clawrl.db"
-
-
-@pytest.fixture
 def store(db: Path):
     """Session s1 with main turns t0..t2 and a side turn t3; session s2 with main turn u0."""
     with Store.open(db) as s:
@@ -223,5 +218,5 @@ def test_m002_upgrades_a_database_made_by_m001(db, monkeypatch):
     with sqlite3.connect(db) as conn:
         names = [r[0] for r in conn.execute("SELECT name FROM _migrations ORDER BY applied_at")]
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
-    assert names == ["m001_initial", "m002_sample_judgment_session"]
+    assert names == [name for name, _ in migrations.MIGRATIONS]
     assert {"samples_status", "samples_session_kind"} <= indexes

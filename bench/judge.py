@@ -1,0 +1,112 @@
+"""What judging costs serving, and how fast it judges.
+
+Run: .venv/bin/python bench/judge.py [--model DIR] [--rounds 3] [--backend local]
+
+Two servers on the same model run side by side: one judges every turn that gets
+a next state (`--judge.backend local` by default: the server's own engine, the
+judge that competes with serving), the other has `--judge.enabled false`.
+8 concurrent clients each hold a 3-turn conversation (every turn after the first
+gives the one before a next state, so judging starts during the load). The
+servers take turns, round after round, so machine noise hits both alike; the
+judging server is frozen (SIGSTOP) while the other one is measured, so its
+judge backlog cannot slow the baseline. Judging rate = judgments made during
+the judging server's own rounds.
+
+Printed: serving latency (mean, p95) with judging on and off and their ratio
+(target: p95 on/off <= 1.2), and judged turns per minute while the load ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from common import RemoteServer, burst, p95
+
+
+def judged(server: RemoteServer) -> int:
+    return server.health()["judge"]["judged"]
+
+
+def run(args: argparse.Namespace, tmp: Path) -> dict:
+    base = ["--model", args.model] if args.model else []
+    judge = [
+        "--judge.backend",
+        args.backend,
+        "--judge.votes",
+        str(args.votes),
+        "--judge.max-tokens",
+        str(args.judge_tokens),
+        "--method",
+        args.method,
+    ]
+    on = RemoteServer(tmp / "on", base + judge)
+    off = RemoteServer(tmp / "off", base + ["--judge.enabled", "false"])
+    lat: dict[str, list[float]] = {"on": [], "off": []}
+    busy = 0.0
+    try:
+        for server in (on, off):
+            asyncio.run(burst(server, 2, 1, 2))
+        start_judged = judged(on)
+        for r in range(args.rounds):
+            order = [("on", on), ("off", off)] if r % 2 == 0 else [("off", off), ("on", on)]
+            for name, server in order:
+                t0 = time.perf_counter()
+                if name == "off":  # freeze the judging server: its backlog must not load the other one
+                    os.kill(on.proc.pid, signal.SIGSTOP)
+                try:
+                    lat[name] += asyncio.run(burst(server, 8, 3, args.max_tokens))
+                finally:
+                    os.kill(on.proc.pid, signal.SIGCONT)
+                busy += (time.perf_counter() - t0) if name == "on" else 0.0
+        done = judged(on) - start_judged
+        queued = on.health()["judge"]["queued"]
+    finally:
+        on.stop()
+        off.stop()
+    stats = {k: {"mean_s": statistics.mean(v), "p95_s": p95(v), "n": len(v)} for k, v in lat.items()}
+    return {"latency": stats, "judged": done, "queued_at_end": queued, "judging_minutes": busy / 60}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="model folder (default: the embedded model)")
+    p.add_argument("--backend", default="local", choices=["local"], help="judge backend under test")
+    p.add_argument("--method", default="combine")
+    p.add_argument("--votes", type=int, default=3)
+    p.add_argument("--judge-tokens", type=int, default=96, help="judge.max_tokens")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=32, help="tokens per served answer")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        res = run(args, Path(d))
+    lat = res["latency"]
+    print(
+        f"judging: backend {args.backend}, method {args.method}, {args.votes} votes, "
+        f"{args.judge_tokens} tokens per judge reply; load: 8 clients x 3 turns x {args.rounds} rounds, "
+        f"{args.max_tokens} tokens per answer"
+    )
+    for k in ("off", "on"):
+        mean, high = lat[k]["mean_s"] * 1000, lat[k]["p95_s"] * 1000
+        print(f"  judge {k:3}: serving mean {mean:7.1f} ms   p95 {high:7.1f} ms   ({lat[k]['n']} requests)")
+    ratio = lat["on"]["p95_s"] / lat["off"]["p95_s"]
+    verdict = "PASS" if ratio <= 1.2 else "MISS"
+    print(
+        f"  serving p95 on/off: {ratio:.3f} (target <= 1.2): {verdict};  mean on/off: "
+        f"{lat['on']['mean_s'] / lat['off']['mean_s']:.3f}"
+    )
+    rate = res["judged"] / res["judging_minutes"] if res["judging_minutes"] else 0.0
+    print(
+        f"  judged {res['judged']} turns in {res['judging_minutes']:.1f} min of load: {rate:.1f} turns/min "
+        f"({res['queued_at_end']} still queued at the end)"
+    )
+
+
+if __name__ == "__main__":
+    main()

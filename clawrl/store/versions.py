@@ -1,0 +1,81 @@
+"""Published policy versions: the trainer's output and what the server serves.
+
+A version is published in one transaction together with marking the samples
+it was trained on `trained` (and the ones it skipped `stale`/`skipped`), so a
+crash between the two can neither lose a version nor train a sample twice.
+The server serves the latest version; a rollback is a new version pointing at
+an older checkpoint, so the list only grows.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from clawrl.store.errors import StoreError
+from clawrl.types import Version
+
+_COLUMNS = "name, step, created_at, path, metrics, parent"
+
+
+def _version(row: sqlite3.Row) -> Version:
+    return Version(
+        row["name"],
+        row["step"],
+        row["path"],
+        json.loads(row["metrics"] or "{}"),
+        row["parent"],
+        row["created_at"],
+    )
+
+
+class VersionStore:
+    if TYPE_CHECKING:
+
+        def _write(self) -> AbstractContextManager[sqlite3.Connection]: ...
+
+        def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]: ...
+
+    def publish_version(
+        self, version: Version, trained: list[int], stale: list[int] = (), skipped: list[int] = ()
+    ) -> None:
+        """Record a new version and the fate of the samples its step looked at, atomically."""
+        with self._write() as conn:
+            if conn.execute("SELECT 1 FROM versions WHERE name = ?", (version.name,)).fetchone():
+                raise StoreError(f"version {version.name} exists already")
+            conn.execute(
+                f"INSERT INTO versions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    version.name,
+                    version.step,
+                    version.created_at,
+                    version.path,
+                    json.dumps(version.metrics),
+                    version.parent,
+                ),
+            )
+            for status, ids in (("trained", trained), ("stale", stale), ("skipped", skipped)):
+                conn.executemany(
+                    "UPDATE samples SET status = ? WHERE id = ? AND status = 'ready'",
+                    [(status, i) for i in ids],
+                )
+
+    def mark_samples(self, ids: list[int], status: str) -> None:
+        """Set `ready` samples to `stale` or `skipped` outside a step (nothing else changes)."""
+        with self._write() as conn:
+            conn.executemany(
+                "UPDATE samples SET status = ? WHERE id = ? AND status = 'ready'", [(status, i) for i in ids]
+            )
+
+    def versions(self) -> list[Version]:
+        rows = self._read(f"SELECT {_COLUMNS} FROM versions")
+        return sorted((_version(r) for r in rows), key=lambda v: v.number)
+
+    def latest_version(self) -> Version:
+        return self.versions()[-1]  # v0 always exists (the initial migration inserts it)
+
+    def get_version(self, name: str) -> Version | None:
+        rows = self._read(f"SELECT {_COLUMNS} FROM versions WHERE name = ?", (name,))
+        return _version(rows[0]) if rows else None

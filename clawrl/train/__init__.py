@@ -1,0 +1,1 @@
+"""Training: the shared clipped-surrogate loss, per-method advantages, and the trainer loop."""
