@@ -13,7 +13,9 @@ judge backlog cannot slow the baseline. Judging rate = judgments made during
 the judging server's own rounds.
 
 Printed: serving latency (mean, p95) with judging on and off and their ratio
-(target: p95 on/off <= 1.2), and judged turns per minute while the load ran.
+(target: p95 on/off <= 1.2), the turns judged during the load, and the judging
+rate in `--idle-s` seconds of idle time after it. (The local judge decodes only
+while no served request is active, so on a CPU it judges in the idle gaps.)
 """
 
 from __future__ import annotations
@@ -65,13 +67,23 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
                 finally:
                     os.kill(on.proc.pid, signal.SIGCONT)
                 busy += (time.perf_counter() - t0) if name == "on" else 0.0
-        done = judged(on) - start_judged
+        during = judged(on) - start_judged
+        idle_start = judged(on)
+        time.sleep(args.idle_s)  # no load: the judge has the machine
+        idle = judged(on) - idle_start
         queued = on.health()["judge"]["queued"]
     finally:
         on.stop()
         off.stop()
     stats = {k: {"mean_s": statistics.mean(v), "p95_s": p95(v), "n": len(v)} for k, v in lat.items()}
-    return {"latency": stats, "judged": done, "queued_at_end": queued, "judging_minutes": busy / 60}
+    return {
+        "latency": stats,
+        "judged_under_load": during,
+        "load_minutes": busy / 60,
+        "judged_idle": idle,
+        "idle_minutes": args.idle_s / 60,
+        "queued_at_end": queued,
+    }
 
 
 def main() -> None:
@@ -83,6 +95,9 @@ def main() -> None:
     p.add_argument("--judge-tokens", type=int, default=96, help="judge.max_tokens")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=32, help="tokens per served answer")
+    p.add_argument(
+        "--idle-s", type=float, default=120.0, help="idle time after the load, for the judging rate"
+    )
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as d:
         res = run(args, Path(d))
@@ -101,10 +116,10 @@ def main() -> None:
         f"  serving p95 on/off: {ratio:.3f} (target <= 1.2): {verdict};  mean on/off: "
         f"{lat['on']['mean_s'] / lat['off']['mean_s']:.3f}"
     )
-    rate = res["judged"] / res["judging_minutes"] if res["judging_minutes"] else 0.0
     print(
-        f"  judged {res['judged']} turns in {res['judging_minutes']:.1f} min of load: {rate:.1f} turns/min "
-        f"({res['queued_at_end']} still queued at the end)"
+        f"  judged under load: {res['judged_under_load']} turns in {res['load_minutes']:.1f} min; "
+        f"then idle: {res['judged_idle']} turns in {res['idle_minutes']:.1f} min "
+        f"= {res['judged_idle'] / res['idle_minutes']:.1f} turns/min ({res['queued_at_end']} still queued)"
     )
 
 

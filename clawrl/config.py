@@ -73,8 +73,14 @@ class EngineConfig(_Section):
         description="Most (padded) prompt tokens prefilled together between two decoding steps; "
         "a longer prompt is prefilled alone.",
     )
+    prefill_chunk: int = Field(
+        256,
+        gt=0,
+        description="Prompts longer than this are prefilled in chunks of this many tokens, "
+        "one chunk between two decoding steps, so a long prompt never stalls the streams already running.",
+    )
     max_background_rows: int = Field(
-        2, ge=1, description="Most background sequences (local judge calls) decoded at once."
+        8, ge=1, description="Most background sequences (local judge calls) decoded at once, while idle."
     )
     threads: int | None = Field(None, gt=0, description="torch CPU threads. None: torch's default.")
 

@@ -37,6 +37,7 @@ def build_engine(config: Config) -> tuple[LocalEngine, object]:
         max_batch_size=config.engine.max_batch_size,
         max_prefill_tokens=config.engine.max_prefill_tokens,
         max_background_rows=config.engine.max_background_rows,
+        prefill_chunk=config.engine.prefill_chunk,
     )
     return engine, loaded.tokenizer
 

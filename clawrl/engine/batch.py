@@ -56,6 +56,19 @@ class DecodeBatch:
         )
         return out.logits[:, -1], out.past_key_values, mask
 
+    @torch.inference_mode()
+    def extend(
+        self, cache: DynamicCache | None, ids: list[int], past: int
+    ) -> tuple[torch.Tensor, DynamicCache]:
+        """Prefill the next chunk of one long prompt into its own cache; returns the last logits [V]."""
+        cache = cache if cache is not None else DynamicCache(config=self.model.config)
+        x = torch.tensor([ids], device=self.device)
+        positions = torch.arange(past, past + len(ids), device=self.device)[None]
+        out = self.model(
+            input_ids=x, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1
+        )
+        return out.logits[0, -1], out.past_key_values
+
     def join(self, cache: DynamicCache, mask: torch.Tensor) -> None:
         """Append prefilled rows (their cache and [n, L] mask) at the end of the batch."""
         lengths = mask.sum(-1).tolist()
@@ -85,6 +98,20 @@ class DecodeBatch:
             layer.keys = layer.keys.index_select(0, index)[:, :, start:]
             layer.values = layer.values.index_select(0, index)[:, :, start:]
         self.mask = self.mask.index_select(0, index)[:, start:]
+
+    def take(self, rows: list[int]) -> tuple[DynamicCache, torch.Tensor]:
+        """Lift rows out of the batch (to park them); returns their cache and mask, trimmed."""
+        assert self.cache is not None and self.mask is not None
+        index = torch.tensor(rows, device=self.device)
+        mask = self.mask.index_select(0, index)
+        start = int((mask.sum(0) == 0).long().cumprod(0).sum())  # leading all-padding columns
+        cache = DynamicCache(config=self.model.config)
+        for mine, layer in zip(self.cache.layers, cache.layers, strict=False):
+            layer.lazy_initialization(mine.keys, mine.values)
+            layer.keys = mine.keys.index_select(0, index)[:, :, start:]
+            layer.values = mine.values.index_select(0, index)[:, :, start:]
+        self.keep([r for r in range(len(self)) if r not in set(rows)])
+        return cache, mask[:, start:]
 
     @torch.inference_mode()
     def step(self, tokens: list[int]) -> torch.Tensor:

@@ -48,6 +48,8 @@ class _Request:
     last_token: int = -1
     done: bool = False
     cancelled: bool = False
+    cache: Any = None  # a long prompt's own KV cache while it is prefilled chunk by chunk
+    prefilled: int = 0
 
 
 @dataclass(eq=False)
@@ -70,7 +72,8 @@ class LocalEngine:
         stop_token_ids: frozenset[int],
         max_batch_size: int = 16,
         max_prefill_tokens: int = 4096,
-        max_background_rows: int = 2,
+        max_background_rows: int = 8,
+        prefill_chunk: int = 256,
         version: str = "v0",
     ) -> None:
         self.model = model.eval()
@@ -82,6 +85,9 @@ class LocalEngine:
         self._max_batch = max_batch_size
         self._prefill_budget = max_prefill_tokens
         self._max_background = max_background_rows
+        self._chunk = prefill_chunk
+        self._chunking: list[_Request] = []  # long prompts, prefilled one chunk per iteration
+        self._parked: tuple[list[_Request], Any, torch.Tensor] | None = None  # background rows set aside
         self._batch = DecodeBatch(model, self.device)
         self._rows: list[_Request] = []
         self._waiting: deque[_Request] = deque()
@@ -103,16 +109,19 @@ class LocalEngine:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        for req in [*self._rows, *self._waiting]:
+        parked = self._parked[0] if self._parked else []
+        for req in [*self._rows, *self._chunking, *parked, *self._waiting]:
             req.queue.put_nowait(EngineFailed("the server is shutting down"))
-        self._rows, self._waiting = [], deque()
+        self._rows, self._waiting, self._chunking, self._parked = [], deque(), [], None
         if self._thread is not None:
             self._thread.shutdown(wait=True)  # let a running step finish before the batch is cleared
         self._batch.keep([])
 
     def stats(self) -> EngineStats:
         self._stats.active = len(self._rows)
-        self._stats.waiting = len(self._waiting)
+        self._stats.waiting = (
+            len(self._waiting) + len(self._chunking) + (len(self._parked[0]) if self._parked else 0)
+        )
         return self._stats
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
@@ -159,54 +168,118 @@ class LocalEngine:
         loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
-            admitted = [] if self._prefilled_last and self._rows else self._admit()
-            self._prefilled_last = bool(admitted)
+            work = self._plan()
             jobs, self._jobs = self._jobs, []
             try:
-                events = await loop.run_in_executor(self._thread, self._iterate, admitted, jobs)
+                events = await loop.run_in_executor(self._thread, self._iterate, work, jobs)
             except Exception as exc:  # degrade on purpose: fail this batch, keep serving
                 log.exception("decoding step failed")
-                events = self._fail_all(admitted, exc)
+                events = self._fail_all(work, exc)
             for req, event in events:
                 req.queue.put_nowait(event)
             for job in jobs:
                 _settle(job)
-            if not (self._rows or self._waiting or self._jobs):
+            if not (self._rows or self._waiting or self._chunking or self._parked or self._jobs):
                 self._wake.clear()
+
+    def _plan(self) -> list[_Request] | _Request | str | None:
+        """The next iteration: prefill a group (a list), a chunk of one long prompt (a request),
+        "park" / "unpark" the background rows, or a decoding step (None).
+
+        After any prefill work the running rows get a step, so arrivals never starve decoding.
+        Background rows (judge calls) decode only while no served request is active: their long
+        prompts would otherwise widen every served row's attention in the shared cache.
+        """
+        self._chunking = [r for r in self._chunking if not r.cancelled]
+        served = self._serving()
+        if served and any(r.params.background for r in self._rows):
+            return "park"
+        if not served and self._parked is not None:
+            return "unpark"
+        work: list[_Request] | _Request | None = None
+        if not (self._rows and self._prefilled_last):
+            work = self._admit() or self._next_chunk()
+        self._prefilled_last = work is not None
+        return work
+
+    def _serving(self) -> bool:
+        """Whether any served (not background) request is decoding, prefilling or waiting."""
+        return any(
+            not r.params.background and not r.cancelled
+            for r in [*self._rows, *self._chunking, *self._waiting]
+        )
+
+    def _next_chunk(self) -> _Request | None:
+        """A served long prompt first; a background one (a judge prompt) only while no served
+        request is decoding, so its prefill, the costly part, uses idle time."""
+        serving = any(not r.params.background for r in self._rows)
+        for req in self._chunking:  # served requests sort first
+            if not req.params.background or not serving:
+                return req
+        return None
+
+    def _park(self) -> list[tuple[_Request, TokenEvent]]:
+        self._retire()
+        rows = [i for i, r in enumerate(self._rows) if r.params.background]
+        if rows:
+            cache, mask = self._batch.take(rows)
+            self._parked = ([self._rows[i] for i in rows], cache, mask)
+            self._rows = [r for i, r in enumerate(self._rows) if i not in set(rows)]
+        return []
+
+    def _unpark(self) -> list[tuple[_Request, TokenEvent]]:
+        assert self._parked is not None
+        reqs, cache, mask = self._parked
+        self._parked = None
+        self._batch.join(cache, mask)
+        self._rows += reqs
+        self._retire()  # some may have been cancelled while parked
+        return []
 
     def _admit(self) -> list[_Request]:
         """Waiting requests in order, while the batch has room and padded prompts fit the budget.
 
-        Background requests (judge calls) come only after every served request, and at most
-        `max_background_rows` of them decode at once, so serving keeps its batch slots.
+        Background requests (judge calls) are admitted only while no served request is active,
+        at most `max_background_rows` of them at once (parked ones included).
         """
         admitted: list[_Request] = []
         width = 0
-        background = sum(r.params.background for r in self._rows)
-        while self._waiting and len(self._rows) + len(admitted) < self._max_batch:
+        background = sum(r.params.background for r in [*self._rows, *self._chunking])
+        while self._waiting and len(self._rows) + len(self._chunking) + len(admitted) < self._max_batch:
             req = self._next_waiting(background)
             if req is None:
                 break
+            long = len(req.prompt_ids) > self._chunk
             grown = max(width, len(req.prompt_ids))
-            if admitted and grown * (len(admitted) + 1) > self._prefill_budget:
+            if not long and admitted and grown * (len(admitted) + 1) > self._prefill_budget:
                 break
             self._waiting.remove(req)
-            if not req.cancelled:
+            if req.cancelled:
+                continue
+            background += req.params.background
+            if long:  # prefilled chunk by chunk, between decoding steps; served prompts first
+                self._chunking.append(req)
+                self._chunking.sort(key=lambda r: r.params.background)
+            else:
                 admitted.append(req)
                 width = grown
-                background += req.params.background
         return admitted
 
     def _next_waiting(self, background: int) -> _Request | None:
         for req in self._waiting:
             if not req.params.background or req.cancelled:
                 return req
-        if background < self._max_background:
+        parked = len(self._parked[0]) if self._parked else 0
+        if background + parked < self._max_background and not self._serving():
             return self._waiting[0]
         return None
 
-    def _fail_all(self, admitted: list[_Request], exc: Exception) -> list[tuple[_Request, BaseException]]:
+    def _fail_all(
+        self, work: list[_Request] | _Request | str | None, exc: Exception
+    ) -> list[tuple[_Request, BaseException]]:
+        admitted = work if isinstance(work, list) else [work] if isinstance(work, _Request) else []
         failed = [*self._rows, *admitted]
+        self._chunking = [r for r in self._chunking if r not in admitted]
         for req in failed:
             req.done = True
         self._rows = []
@@ -216,14 +289,22 @@ class LocalEngine:
 
     # --- everything below runs in the worker thread -------------------------------
 
-    def _iterate(self, admitted: list[_Request], jobs: list[_Job]) -> list[tuple[_Request, TokenEvent]]:
+    def _iterate(
+        self, work: list[_Request] | _Request | str | None, jobs: list[_Job]
+    ) -> list[tuple[_Request, TokenEvent]]:
         for job in jobs:
             try:
                 job.result = job.run()
             except Exception as exc:  # handed to the caller awaiting the job
                 job.error = exc
-        if admitted:
-            return self._prefill(admitted)
+        if isinstance(work, list):
+            return self._prefill(work)
+        if work == "park":
+            return self._park()
+        if work == "unpark":
+            return self._unpark()
+        if work is not None:
+            return self._prefill_chunk(work)
         self._retire()
         events: list[tuple[_Request, TokenEvent]] = []
         if self._rows:
@@ -243,6 +324,24 @@ class LocalEngine:
         self._rows += admitted
         self._retire()  # a request finished by its first token leaves at once
         return events
+
+    def _prefill_chunk(self, req: _Request) -> list[tuple[_Request, TokenEvent]]:
+        start = req.prefilled
+        # Background prompts go in quarter-size chunks: a served request arriving meanwhile waits less.
+        size = max(16, self._chunk // 4) if req.params.background else self._chunk
+        logits, req.cache = self._batch.extend(req.cache, req.prompt_ids[start : start + size], start)
+        req.prefilled = min(len(req.prompt_ids), start + size)
+        if req.prefilled < len(req.prompt_ids):
+            return []
+        self._chunking.remove(req)
+        self._retire()
+        event = self._emit(req, sample_rows(logits[None], [req.sampler])[0])
+        if not req.done:
+            mask = torch.ones(1, len(req.prompt_ids), dtype=torch.long, device=self.device)
+            self._batch.join(req.cache, mask)
+            self._rows.append(req)
+        req.cache = None
+        return [(req, event)]
 
     def _emit(self, req: _Request, s: Sampled) -> TokenEvent:
         req.generated += 1

@@ -181,3 +181,52 @@ def test_background_requests_wait_for_served_ones(tiny_model):
     run(_with_engine(tiny_model, body, max_batch_size=1, max_background_rows=1))
     assert order[:2] == ["user0", "user1"]
     assert sorted(order[2:]) == ["judge0", "judge1", "judge2"]
+
+
+def test_long_prompts_are_prefilled_in_chunks_between_steps(tiny_model):
+    """A long prompt joins after several chunks; greedy output is unchanged, and short rows keep stepping."""
+    long_prompt = list(range(2000, 2090))  # 90 tokens: 12 chunks of 8
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+    async def body(engine):
+        async def one(prompt, delay):
+            await asyncio.sleep(delay)
+            return [e.token_id async for e in engine.generate(prompt, params)]
+
+        return await asyncio.gather(one(PROMPTS[0], 0), one(long_prompt, 0.02), one(PROMPTS[2], 0.04))
+
+    outs = run(_with_engine(tiny_model, body, prefill_chunk=8))
+    for prompt, out in zip([PROMPTS[0], long_prompt, PROMPTS[2]], outs, strict=True):
+        assert out == _greedy_reference(tiny_model, prompt, 12)
+
+
+def test_background_rows_step_aside_while_a_served_request_decodes(tiny_model):
+    """A judge call in progress is parked (its cache kept) while a served request runs, then resumes."""
+    judge = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, background=True)
+    served = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    finished: list[str] = []
+
+    async def body(engine):
+        async def background():
+            out = []
+            async for e in engine.generate(PROMPTS[1], judge):
+                out.append(e.token_id)
+                if len(out) == 3:
+                    user_task.append(asyncio.create_task(user()))
+            finished.append("judge")
+            return out
+
+        async def user():
+            out = [e.token_id async for e in engine.generate(PROMPTS[0], served)]
+            finished.append("user")
+            return out
+
+        user_task: list[asyncio.Task] = []
+        judged = await background()
+        return judged, await user_task[0], engine.stats()
+
+    judged, answered, stats = run(_with_engine(tiny_model, body))
+    assert finished == ["user", "judge"]  # the served request did not wait behind the judge call
+    assert judged == _greedy_reference(tiny_model, PROMPTS[1], 30)  # parking kept its cache intact
+    assert answered == _greedy_reference(tiny_model, PROMPTS[0], 5)
+    assert stats.active == 0 and stats.waiting == 0

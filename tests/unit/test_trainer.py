@@ -1,0 +1,109 @@
+"""A training step on a tiny model moves the measured behaviour, not just the weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from clawrl.config import LoraConfig, TrainConfig
+from clawrl.train.trainer import Trainer, triage
+from clawrl.train.weights import LoraSettings, attach_lora
+from clawrl.types import Sample
+
+PROMPT = [1, 9690, 198, 4093, 198, 1780, 314, 2, 198, 1, 520, 9531, 198]
+
+
+def _model(tiny_model_dir, lr):
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    lora = LoraConfig(rank=8, alpha=16)
+    model = attach_lora(base, LoraSettings(lora.rank, lora.alpha, lora.dropout, lora.targets))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    return model, optimizer
+
+
+@torch.no_grad()
+def _first_token_prob(model, token: int) -> float:
+    logits = model(input_ids=torch.tensor([PROMPT])).logits[0, -1]
+    return torch.softmax(logits, -1)[token].item()
+
+
+@torch.no_grad()
+def _behaviour(model, response: list[int]) -> list[float]:
+    ids = torch.tensor([PROMPT + response])
+    logits = model(input_ids=ids).logits[0, len(PROMPT) - 1 : -1]
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(response)[:, None])[:, 0].tolist()
+
+
+def _samples(model, target: int, n: int = 8) -> list[Sample]:
+    """Half the answers start with the target token (reward +1), half with another (-1)."""
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(n):
+        tail = torch.randint(100, 40000, (3,), generator=gen).tolist()
+        first = target if i % 2 == 0 else int(torch.randint(100, 40000, (1,), generator=gen))
+        response = [first, *tail]
+        out.append(
+            Sample(
+                turn_id=f"t{i}",
+                kind="rl",
+                prompt_ids=PROMPT,
+                response_ids=response,
+                logprobs=_behaviour(model, response),
+                version="v0",
+                temperature=1.0,
+                reward=1.0 if first == target else -1.0,
+                id=i,
+            )
+        )
+    return out
+
+
+def test_rl_steps_raise_the_rewarded_tokens_probability(tiny_model_dir):
+    model, optimizer = _model(tiny_model_dir, lr=5e-3)
+    trainer = Trainer(model, optimizer, TrainConfig(kl_coef=0.02))
+    target = 4093
+    before = _first_token_prob(model, target)
+    for _ in range(4):  # on-policy-ish: behaviour logprobs from the current policy each step
+        metrics = trainer.step(_samples(model, target))
+    after = _first_token_prob(model, target)
+    assert after > 3 * before, (before, after)
+    assert metrics["samples_rl"] == 8 and metrics["tokens"] == 32 and metrics["mean_reward"] == 0.0
+    assert metrics["kl"] >= 0 and 0 <= metrics["clip_frac"] <= 1 and metrics["tokens_per_s"] > 0
+
+
+def test_no_advantage_no_policy_gradient(tiny_model_dir):
+    model, optimizer = _model(tiny_model_dir, lr=5e-3)
+    trainer = Trainer(model, optimizer, TrainConfig(kl_coef=0.0))
+    samples = _samples(model, 4093)
+    for s in samples:
+        s.reward = 0.0
+    metrics = trainer.step(samples)
+    assert metrics["pg_loss"] == pytest.approx(0.0) and metrics["grad_norm"] == 0.0
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters() if p.requires_grad)
+
+
+def test_triage_skips_defects_and_marks_stale():
+    cfg = TrainConfig(max_staleness=1, max_seq_len=20)
+
+    def sample(**kw):
+        base = dict(
+            turn_id="t",
+            kind="rl",
+            prompt_ids=[1, 2],
+            response_ids=[3, 4],
+            logprobs=[-1.0, -2.0],
+            version="v3",
+            temperature=1.0,
+            reward=1.0,
+        )
+        return Sample(**{**base, **kw})
+
+    good, old = sample(), sample(version="v1")
+    empty, nan = sample(response_ids=[], logprobs=[]), sample(logprobs=[-1.0, float("nan")])
+    long, opd = sample(prompt_ids=list(range(30))), sample(kind="opd", teacher_prompt_ids=None)
+    t = triage([good, old, empty, nan, long, opd], current="v3", cfg=cfg)
+    assert t.usable == [good] and t.stale == [old]
+    reasons = [r for _, r in t.skipped]
+    assert reasons[0] == "empty response" and "non-finite" in reasons[1]
+    assert "max_seq_len" in reasons[2] and "teacher" in reasons[3]
