@@ -192,12 +192,12 @@ def test_stream_disconnect_stops_generation(tiny_server):
 
 def test_non_stream_disconnect_stops_generation(tiny_server):
     before = _wait_idle(tiny_server)
-    body = {"model": "clawrl", "messages": USER, "max_tokens": 450, "ignore_eos": True}
+    body = {"model": "clawrl", "messages": USER, "max_tokens": 470, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(tiny_server.url + "/v1/chat/completions", json=body, timeout=0.3)
+        httpx.post(tiny_server.url + "/v1/chat/completions", json=body, timeout=0.2)
     after = _wait_idle(tiny_server)
     assert after["requests_cancelled"] == before["requests_cancelled"] + 1
-    assert after["tokens_generated"] - before["tokens_generated"] < 400
+    assert after["tokens_generated"] - before["tokens_generated"] < 470
 
 
 BAD_BODIES = [
