@@ -62,6 +62,9 @@ def _records_parser(sub: Any) -> None:
     for p in (export, show):
         p.add_argument("--run-dir", type=Path, default=Path("clawrl-run"), help="default ./clawrl-run")
         p.set_defaults(direct=cmd_records)
+    versions = sub.add_parser("versions", help="list the published policy versions, one line each")
+    versions.add_argument("--run-dir", type=Path, default=Path("clawrl-run"), help="default ./clawrl-run")
+    versions.set_defaults(direct=cmd_versions)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,6 +155,33 @@ def cmd_records(args: argparse.Namespace) -> int:
     except OSError as exc:  # the --out file
         return fail(f"cannot write {args.out}: {exc}")
     return 0
+
+
+def cmd_versions(args: argparse.Namespace) -> int:
+    """`clawrl versions`: one line per version: name, step, samples, metrics, checkpoint."""
+    from clawrl.store.db import Store, StoreError
+
+    db = args.run_dir / "clawrl.db"
+    if not db.is_file():
+        return fail(f"no clawrl.db in {args.run_dir} (is it a clawrl run folder?)")
+    try:
+        with Store.open(db, readonly=True) as store:
+            for v in store.versions():
+                print(_version_line(v))
+    except StoreError as exc:
+        return fail(str(exc))
+    return 0
+
+
+def _version_line(v: Any) -> str:
+    m = v.metrics
+    shown = " ".join(
+        f"{k}={m[k]:.4g}"
+        for k in ("loss", "kl", "clip_frac", "mean_reward")
+        if isinstance(m.get(k), int | float)
+    )
+    where = v.path or "base model"
+    return f"{v.name:<5} step {v.step:<4} samples {m.get('samples', '-')!s:<4} {shown} {where}".rstrip()
 
 
 def _records_action(store: Any, args: argparse.Namespace) -> None:

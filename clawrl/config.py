@@ -155,6 +155,9 @@ class TrainConfig(_Section):
         "policy", description="Who scores the response under the hinted prompt: the live policy or the base."
     )
     max_seq_len: int = Field(4096, gt=0, description="Longer samples (prompt + response) are skipped.")
+    swap_poll_s: float = Field(
+        1.0, gt=0, description="How often the server looks for a newly published version."
+    )
     lora: LoraConfig = Field(default_factory=LoraConfig)
 
 

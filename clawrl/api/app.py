@@ -15,9 +15,11 @@ from clawrl.api.collect import Collector
 from clawrl.api.completions import ChatService
 from clawrl.api.errors import install_error_handlers
 from clawrl.api.routes import health_router, v1_router
+from clawrl.api.versions import VersionWatcher
 from clawrl.config import Config
 from clawrl.engine.base import Engine
 from clawrl.engine.chat import ChatRenderer
+from clawrl.engine.local import LocalEngine
 from clawrl.judge.backends import JudgeBackend, LocalJudge, OpenAIJudge
 from clawrl.judge.worker import JudgeLoop
 from clawrl.sessions.tracker import SessionTracker
@@ -33,6 +35,11 @@ def create_app(
     """The app. With a store, every turn is collected; without one, the server only serves."""
     server = config.server
     collector = _collector(config, store) if store is not None else None
+    watcher = None
+    if collector is not None and isinstance(engine, LocalEngine):
+        watcher = VersionWatcher(
+            engine, collector.store, collector.db, config.train.lora.targets, config.train.swap_poll_s
+        )
     if collector is not None and config.judge.enabled:
         collector.judge = _judge(config, collector, engine, tokenizer)
 
@@ -43,6 +50,8 @@ def create_app(
             await collector.start()
             if collector.judge is not None:
                 await collector.judge.start()
+        if watcher is not None:
+            await watcher.start()
         log.info(
             "serving %r (%s) on http://%s:%s/v1",
             server.served_model_name,
@@ -53,6 +62,8 @@ def create_app(
         try:
             yield
         finally:
+            if watcher is not None:
+                await watcher.stop()
             if collector is not None:
                 if collector.judge is not None:
                     await collector.judge.stop()

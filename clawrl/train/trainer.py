@@ -32,6 +32,7 @@ import torch
 
 from clawrl.config import TrainConfig
 from clawrl.train.advantages import advantages
+from clawrl.train.checkpoints import version_number
 from clawrl.train.loss import policy_loss, token_logprobs
 from clawrl.types import Sample
 
@@ -45,10 +46,6 @@ class Triage:
     usable: list[Sample] = field(default_factory=list)
     stale: list[Sample] = field(default_factory=list)
     skipped: list[tuple[Sample, str]] = field(default_factory=list)
-
-
-def version_number(name: str) -> int:
-    return int(name.removeprefix("v"))
 
 
 def triage(samples: list[Sample], current: str, cfg: TrainConfig) -> Triage:

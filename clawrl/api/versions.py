@@ -1,0 +1,67 @@
+"""Serving the latest published version: the server side of hot swaps.
+
+The trainer publishes a version by writing `checkpoints/vN/` (a PEFT adapter)
+and then a row in the store's `versions` table. A `VersionWatcher` in the
+server polls that table; when the latest version differs from what the engine
+serves, it reads the adapter (outside the engine's pause) and asks the engine to
+merge it into its weights between two decoding steps (`MergedLora`, built on
+the first swap, so a server that never trains pays no memory for base copies).
+Requests in flight carry on, and each token records the version that made it.
+A version whose adapter cannot be read is logged and skipped; serving goes on
+with the weights it has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from clawrl.engine.local import LocalEngine
+from clawrl.store.db import Store
+from clawrl.train.weights import MergedLora  # its AdapterError is a ValueError
+from clawrl.types import Version
+
+log = logging.getLogger(__name__)
+
+
+class VersionWatcher:
+    def __init__(self, engine: LocalEngine, store: Store, db: Any, targets: list[str], poll_s: float) -> None:
+        self.engine, self.store, self.db = engine, store, db
+        self._targets = targets
+        self._poll = poll_s
+        self._merged: MergedLora | None = None
+        self._failed: set[str] = set()  # versions that could not be loaded (logged once)
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._watch(), name="clawrl-version-watcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _watch(self) -> None:
+        while True:
+            latest: Version = await self.db(self.store.latest_version)
+            if latest.name != self.engine.version and latest.name not in self._failed:
+                await self.serve(latest)
+            await asyncio.sleep(self._poll)
+
+    async def serve(self, version: Version) -> None:
+        """Swap `version` in between two decoding steps."""
+        loop = asyncio.get_running_loop()
+        try:
+            load = await loop.run_in_executor(None, self._loader, version)
+        except (ValueError, KeyError, OSError) as exc:  # a broken checkpoint must not stop serving
+            log.error("cannot serve %s from %s: %s", version.name, version.path, exc)
+            self._failed.add(version.name)
+            return
+        await self.engine.swap_weights(load, version.name)
+
+    def _loader(self, version: Version):
+        if self._merged is None:
+            self._merged = MergedLora(self.engine.model, self._targets)
+        return self._merged.loader(Path(version.path) if version.path else None)
