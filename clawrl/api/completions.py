@@ -152,6 +152,7 @@ class ChatService:
     async def stream(self, prep: Prepared) -> AsyncIterator[str]:
         c, req = prep.completion, prep.request
         tools = ToolCallStream(prep.prompt.tool_names, prefix=prep.prompt.forced_prefix)
+        shown: list[str] = []  # the content the client receives (tool-call markup parsed out)
         yield chunk_json(c, {"role": "assistant", "content": ""})
         try:
             async with self._recording(prep):
@@ -161,12 +162,16 @@ class ChatService:
                         events += tools.finish()
                     for i, event in enumerate(events):
                         lp = self._logprobs(prep, piece.tokens) if i == 0 else None
+                        if isinstance(event, ContentDelta):
+                            shown.append(event.text)
                         yield self._delta_chunk(c, event, lp)
                     if not events and req.logprobs:
                         yield chunk_json(c, {}, logprobs=self._logprobs(prep, piece.tokens))
         except EngineUnavailable as exc:  # headers are sent: report it in the stream
             yield f"data: {json.dumps(error_body(exc.message, exc.type))}\n\n"
             return
+        if prep.prompt.tool_names:  # record what the client saw, so its echo continues the session
+            c.text = "".join(shown)
         if c.tool_calls:
             c.finish_reason = "tool_calls"
         await self._record(prep)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from clawrl.cli import main
 from tests.conftest import RemoteServer
 
 pytestmark = pytest.mark.slow
@@ -30,7 +31,8 @@ FORCE = {"type": "function", "function": {"name": "get_weather"}}
 @pytest.fixture(scope="module")
 def smol_server(tmp_path_factory, embedded_model_dir):
     # No --model: the server finds the embedded model itself, as `./scripts/serve` does.
-    server = RemoteServer(tmp_path_factory.mktemp("smol") / "run", [])
+    # The judge is off here: its background work would compete for the CPU with the judge test's server.
+    server = RemoteServer(tmp_path_factory.mktemp("smol") / "run", ["--judge.enabled", "false"])
     yield server
     server.stop()
 
@@ -91,6 +93,33 @@ def test_streamed_tool_call_matches_the_plain_one(smol_server):
         (i, c.function.name, c.function.arguments) for i, c in enumerate(plain)
     ]
     assert calls and calls[0].function.name == "get_weather"
+    # The agent echoes the streamed call back with the tool's result. Turns with the same history and
+    # answer are continued oldest first, so continuations go on until the streamed turn takes one:
+    # that happens only if its recorded answer is what the client saw and echoed.
+    echoed = {
+        "role": "assistant",
+        "content": "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) or None,
+        "tool_calls": [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.function.name, "arguments": c.function.arguments},
+            }
+            for c in calls
+        ],
+    }
+    result = {"role": "tool", "tool_call_id": calls[0].id, "content": '{"sky": "sunny"}'}
+    follow = {**kw, "messages": [*kw["messages"], echoed, result], "tool_choice": "auto", "max_tokens": 4}
+    out = smol_server.run_dir.parent / "turns.jsonl"
+    for _ in range(4):  # older turns with this very history (earlier tests) take their turn first
+        client.chat.completions.create(**follow)
+        assert main(["records", "export", "--run-dir", str(smol_server.run_dir), "--out", str(out)]) == 0
+        by_id = {line["id"]: line for line in (json.loads(x) for x in out.read_text().splitlines())}
+        streamed = by_id[chunks[0].id]
+        if streamed["next_state"] is not None:
+            break
+    assert streamed["next_state"] == [result]
+    assert "<tool_call>" not in streamed["response"]
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
         "tool_calls"
     ]
