@@ -138,39 +138,43 @@ def cmd_serve(config: Any) -> int:
     return run_server(config)
 
 
-def cmd_records(args: argparse.Namespace) -> int:
-    """`clawrl records export|show`: read the store through a read-only connection."""
+def _with_store(run_dir: Path, action: Any) -> int:
+    """Open the run's store read-only (safe while the server runs) and run `action(store)`."""
     from clawrl.store.db import Store, StoreError
 
-    db = args.run_dir / "clawrl.db"
+    db = run_dir / "clawrl.db"
     if not db.is_file():
-        return fail(f"no clawrl.db in {args.run_dir} (is it a clawrl run folder?)")
+        return fail(f"no clawrl.db in {run_dir} (is it a clawrl run folder?)")
     try:
         with Store.open(db, readonly=True) as store:
-            if args.session is not None and not store.session_exists(args.session):
-                return fail(f"no session {args.session!r} in {db}")
-            _records_action(store, args)
+            return int(action(store) or 0)
     except StoreError as exc:
         return fail(str(exc))
-    except OSError as exc:  # the --out file
-        return fail(f"cannot write {args.out}: {exc}")
-    return 0
+
+
+def cmd_records(args: argparse.Namespace) -> int:
+    """`clawrl records export|show`: one JSON line per turn, or one session for a human."""
+
+    def act(store: Any) -> int:
+        if args.session is not None and not store.session_exists(args.session):
+            return fail(f"no session {args.session!r} in {args.run_dir / 'clawrl.db'}")
+        try:
+            _records_action(store, args)
+        except OSError as exc:  # the --out file
+            return fail(f"cannot write {args.out}: {exc}")
+        return 0
+
+    return _with_store(args.run_dir, act)
 
 
 def cmd_versions(args: argparse.Namespace) -> int:
     """`clawrl versions`: one line per version: name, step, samples, metrics, checkpoint."""
-    from clawrl.store.db import Store, StoreError
 
-    db = args.run_dir / "clawrl.db"
-    if not db.is_file():
-        return fail(f"no clawrl.db in {args.run_dir} (is it a clawrl run folder?)")
-    try:
-        with Store.open(db, readonly=True) as store:
-            for v in store.versions():
-                print(_version_line(v))
-    except StoreError as exc:
-        return fail(str(exc))
-    return 0
+    def act(store: Any) -> None:
+        for v in store.versions():
+            print(_version_line(v))
+
+    return _with_store(args.run_dir, act)
 
 
 def _version_line(v: Any) -> str:
