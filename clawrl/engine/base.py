@@ -7,7 +7,6 @@ out are exactly what the model saw and produced; nobody re-tokenises text.
 
 Errors raised by engines:
     EngineError           the base class
-    ├── EngineOverloaded  the request cannot be admitted now
     └── EngineFailed      the model failed while decoding this request
 """
 
@@ -22,10 +21,6 @@ FinishReason = str  # "stop" (a stop token), "length" (max_tokens or context), "
 
 class EngineError(RuntimeError):
     """Base class of engine failures."""
-
-
-class EngineOverloaded(EngineError):
-    """The engine cannot take the request now."""
 
 
 class EngineFailed(EngineError):

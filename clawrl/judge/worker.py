@@ -55,6 +55,7 @@ class JudgeLoop:
         self._pending: Counter[str] = Counter()  # session -> turns queued or being judged
         self._ending: set[str] = set()  # sessions that ended while judgments were pending
         self._workers: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()  # session-end rules in flight
         self._recent: deque[bool] = deque(maxlen=5)  # last vote outcomes, True = failed
         self.judged = 0
         self.failed_votes = 0
@@ -72,9 +73,9 @@ class JudgeLoop:
         ]
 
     async def stop(self) -> None:
-        for task in self._workers:
+        for task in [*self._workers, *self._background]:
             task.cancel()
-        await asyncio.gather(*self._workers, return_exceptions=True)
+        await asyncio.gather(*self._workers, *self._background, return_exceptions=True)
         if self.backend is not None:
             await self.backend.stop()
 
@@ -88,8 +89,8 @@ class JudgeLoop:
         else:
             self._pending.pop(session_id, None)
             task = asyncio.get_running_loop().create_task(self._end_session(session_id))
-            self._workers.append(task)
-            task.add_done_callback(lambda t: self._workers.remove(t) if t in self._workers else None)
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     def health(self) -> dict[str, Any]:
         failing = sum(self._recent) >= 3  # 3 of the last 5 votes failed: the judge is in trouble now

@@ -62,20 +62,13 @@ class VersionStore:
                     [(status, i) for i in ids],
                 )
 
-    def mark_samples(self, ids: list[int], status: str) -> None:
-        """Set `ready` samples to `stale` or `skipped` outside a step (nothing else changes)."""
-        with self._write() as conn:
-            conn.executemany(
-                "UPDATE samples SET status = ? WHERE id = ? AND status = 'ready'", [(status, i) for i in ids]
-            )
-
     def versions(self) -> list[Version]:
         rows = self._read(f"SELECT {_COLUMNS} FROM versions")
         return sorted((_version(r) for r in rows), key=lambda v: v.number)
 
     def latest_version(self) -> Version:
-        return self.versions()[-1]  # v0 always exists (the initial migration inserts it)
-
-    def get_version(self, name: str) -> Version | None:
-        rows = self._read(f"SELECT {_COLUMNS} FROM versions WHERE name = ?", (name,))
-        return _version(rows[0]) if rows else None
+        """The newest version (v0 always exists: the initial migration inserts it). Polled by the server."""
+        rows = self._read(
+            f"SELECT {_COLUMNS} FROM versions ORDER BY CAST(substr(name, 2) AS INTEGER) DESC LIMIT 1"
+        )
+        return _version(rows[0])

@@ -340,3 +340,13 @@ def test_a_reader_thread_and_the_writer_thread_share_one_store(store):
         assert seen == list(range(len(seen)))
     writer.join()
     assert errors == [] and len(list(store.turns("s1"))) == 200
+
+
+def test_latest_version_orders_by_number_not_text(store):
+    from clawrl.types import Version
+
+    assert store.latest_version().name == "v0"
+    for n in range(1, 12):
+        store.publish_version(Version(f"v{n}", n, f"/ckpt/v{n}"), trained=[])
+    assert store.latest_version().name == "v11"
+    assert [v.name for v in store.versions()][-3:] == ["v9", "v10", "v11"]
