@@ -43,8 +43,40 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", help="local Hugging Face model folder (default: embedded SmolLM2-135M-Instruct)"
     )
     serve.set_defaults(run=cmd_serve)
+    _train_parsers(sub)
     _records_parser(sub)
     return parser
+
+
+def _train_parsers(sub: Any) -> None:
+    """`train`, `rollback` and `export`: they read the run folder's config.json unless --config is given."""
+    train = sub.add_parser(
+        "train",
+        help="run the trainer alone against a run folder",
+        description="Train on the run folder's ready samples and publish versions until stopped. "
+        "`clawrl serve` already runs one; only one trainer may hold a run folder.",
+    )
+    train.add_argument("--exit-with-parent", type=int, help=argparse.SUPPRESS)
+    train.set_defaults(run=cmd_train)
+    rollback = sub.add_parser(
+        "rollback",
+        help="serve and train from an earlier version again",
+        description="Publish a new version that is a copy of VERSION: the server swaps it in and the "
+        "trainer continues from it, optimizer state included. Nothing is deleted.",
+    )
+    rollback.add_argument("version", help="the version to go back to (v0 is the base model)")
+    rollback.set_defaults(run=cmd_rollback)
+    export = sub.add_parser(
+        "export",
+        help="write a version as a standalone Hugging Face model folder",
+        description="Write base model + adapter merged (or a full version) with the base's tokenizer.",
+    )
+    export.add_argument("--merged", type=Path, required=True, metavar="DIR", help="the folder to create")
+    export.add_argument("--version", help="which version (default: the latest)")
+    export.set_defaults(run=cmd_export)
+    for p in (train, rollback, export):
+        _common(p)
+        p.add_argument("--model", help="local Hugging Face model folder (default: the run's, else embedded)")
 
 
 def _records_parser(sub: Any) -> None:
@@ -81,10 +113,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         overrides = parse_overrides(extra)
         _shortcuts(args, overrides)
-        config = load_config(args.config, overrides)
+        config = load_config(_config_file(args), overrides)
     except (ConfigError, ValidationError) as exc:
         parser.error(str(exc))
-    return int(args.run(config) or 0)
+    return int(args.run(config, args) or 0)
+
+
+def _config_file(args: argparse.Namespace) -> Path | None:
+    """--config, else (for commands working on an existing run) the run folder's resolved config.json."""
+    if args.config is not None or args.command == "serve":
+        return args.config
+    resolved = (args.run_dir or Path("clawrl-run")) / "config.json"
+    return resolved if resolved.is_file() else None
 
 
 def _shortcuts(args: argparse.Namespace, overrides: dict[str, Any]) -> None:
@@ -115,13 +155,17 @@ def prepare_run_dir(config: Any) -> Path:
     return config.write()
 
 
-def setup_logging(level: str, logfile: Path) -> None:
+def setup_logging(level: str, logfile: Path, bare_console: bool = False) -> None:
+    """Log to the console and `logfile`. `bare_console`: no time on the console (a supervisor adds it)."""
     fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    handlers: list[logging.Handler] = [logging.StreamHandler(), logging.FileHandler(logfile)]
+    console = logging.StreamHandler()
+    if bare_console:
+        console.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    handlers: list[logging.Handler] = [console, logging.FileHandler(logfile)]
     logging.basicConfig(level=level.upper(), format=fmt, handlers=handlers, force=True)
 
 
-def cmd_serve(config: Any) -> int:
+def cmd_serve(config: Any, args: argparse.Namespace | None = None) -> int:
     server = config.server
     if not _is_loopback(server.host) and server.api_key is None:
         return fail(
@@ -138,17 +182,52 @@ def cmd_serve(config: Any) -> int:
     return run_server(config)
 
 
-def _with_store(run_dir: Path, action: Any) -> int:
-    """Open the run's store read-only (safe while the server runs) and run `action(store)`."""
+def cmd_train(config: Any, args: argparse.Namespace) -> int:
+    """`clawrl train`: the trainer loop in this process, until stopped."""
+    (config.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    supervised = args.exit_with_parent is not None
+    setup_logging(config.server.log_level, config.run_dir / "logs" / "trainer.log", bare_console=supervised)
+    from clawrl.train.process import run_trainer
+
+    return run_trainer(config, args.exit_with_parent)
+
+
+def cmd_rollback(config: Any, args: argparse.Namespace) -> int:
+    from clawrl.train.publish import rollback
+
+    def act(store: Any) -> int:
+        version = rollback(store, config, args.version)
+        print(f"published {version.name}: a copy of {args.version}; the server and the trainer follow it")
+        return 0
+
+    return _with_store(config.run_dir, act, readonly=False)
+
+
+def cmd_export(config: Any, args: argparse.Namespace) -> int:
+    from clawrl.train.publish import export
+
+    def act(store: Any) -> int:
+        out = export(store, config, args.version, args.merged)
+        print(f"wrote {out}")
+        return 0
+
+    return _with_store(config.run_dir, act)
+
+
+def _with_store(run_dir: Path, action: Any, readonly: bool = True) -> int:
+    """Open the run's store (read-only by default: safe while the server runs) and run `action(store)`.
+
+    The errors a user can cause (an unknown version, an existing output folder) become one-line failures.
+    """
     from clawrl.store.db import Store, StoreError
 
     db = run_dir / "clawrl.db"
     if not db.is_file():
         return fail(f"no clawrl.db in {run_dir} (is it a clawrl run folder?)")
     try:
-        with Store.open(db, readonly=True) as store:
+        with Store.open(db, readonly=readonly) as store:
             return int(action(store) or 0)
-    except StoreError as exc:
+    except (StoreError, ValueError, OSError) as exc:
         return fail(str(exc))
 
 
@@ -181,9 +260,11 @@ def _version_line(v: Any) -> str:
     m = v.metrics
     shown = " ".join(
         f"{k}={m[k]:.4g}"
-        for k in ("loss", "kl", "clip_frac", "mean_reward")
+        for k in ("loss", "kl", "clip_frac", "mean_reward", "tokens_per_s")
         if isinstance(m.get(k), int | float)
     )
+    if m.get("rollback_of"):
+        shown = f"rollback of {m['rollback_of']} {shown}".strip()
     where = v.path or "base model"
     return f"{v.name:<5} step {v.step:<4} samples {m.get('samples', '-')!s:<4} {shown} {where}".rstrip()
 

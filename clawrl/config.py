@@ -24,6 +24,7 @@ from clawrl.sessions.turn_type import DEFAULT_SIDE_PATTERNS
 API_KEY_ENV = "CLAWRL_API_KEY"
 JUDGE_KEY_ENV = "CLAWRL_JUDGE_API_KEY"
 CACHE_ENV = "CLAWRL_CACHE_DIR"
+MASK = "***"  # how config.json shows a key
 
 
 class _Section(BaseModel):
@@ -138,6 +139,17 @@ class LoraConfig(_Section):
 
 
 class TrainConfig(_Section):
+    enabled: bool = Field(
+        True,
+        description="Run the trainer process beside `clawrl serve` (needs collect.enabled). "
+        "`clawrl train` runs it alone against the same run folder.",
+    )
+    weights: Literal["lora", "full"] = Field(
+        "lora",
+        description="'lora': train a PEFT LoRA adapter (the reference is the base with the adapter off); "
+        "'full': train every weight (a frozen reference copy is kept only if kl_coef > 0 or "
+        "opd_teacher = 'reference'). Fixed for a run folder.",
+    )
     batch_size: int = Field(16, gt=0, description="Ready samples per training step.")
     max_staleness: int = Field(
         2, ge=0, description="Samples more versions behind than this are marked stale."
@@ -155,6 +167,26 @@ class TrainConfig(_Section):
         "policy", description="Who scores the response under the hinted prompt: the live policy or the base."
     )
     max_seq_len: int = Field(4096, gt=0, description="Longer samples (prompt + response) are skipped.")
+    micro_batch_tokens: int = Field(
+        4096,
+        gt=0,
+        description="Most (padded) tokens in one forward/backward pass; a step's samples are packed "
+        "into micro-batches under this budget, so memory stays bounded for long samples.",
+    )
+    poll_s: float = Field(2.0, gt=0, description="How often the trainer looks for ready samples.")
+    nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="CPU niceness of the trainer process: serving keeps the CPU first.",
+    )
+    threads: int | None = Field(None, gt=0, description="torch CPU threads of the trainer. None: torch's.")
+    restart_backoff_s: float = Field(
+        2.0,
+        gt=0,
+        description="`clawrl serve` restarts a crashed trainer after this, doubling each time.",
+    )
+    restart_backoff_max_s: float = Field(120.0, gt=0, description="Longest delay between two restarts.")
     swap_poll_s: float = Field(
         1.0, gt=0, description="How often the server looks for a newly published version."
     )
@@ -187,7 +219,7 @@ class Config(_Section):
         data = self.model_dump(mode="json")
         for section in ("server", "judge"):
             if data[section]["api_key"] is not None:
-                data[section]["api_key"] = "***"
+                data[section]["api_key"] = MASK
         return data
 
     def write(self) -> Path:
@@ -252,15 +284,27 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """Build the config from an optional TOML file, the environment and overrides."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            data = tomllib.loads(Path(path).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    """Build the config from an optional file, the environment and overrides.
+
+    The file is TOML, or the JSON a run folder's `config.json` holds (its
+    masked API keys are dropped: the environment or an override gives them).
+    """
+    data: dict[str, Any] = {} if path is None else _read_file(Path(path))
     if os.environ.get(API_KEY_ENV):
         data = _merge(data, {"server": {"api_key": os.environ[API_KEY_ENV]}})
     if os.environ.get(JUDGE_KEY_ENV):
         data = _merge(data, {"judge": {"api_key": os.environ[JUDGE_KEY_ENV]}})
     return Config.model_validate(_merge(data, overrides or {}))
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        if path.suffix == ".json":
+            data = json.loads(path.read_text())
+            for section in ("server", "judge"):
+                if data.get(section, {}).get("api_key") == MASK:
+                    del data[section]["api_key"]
+            return data
+        return tomllib.loads(path.read_text())
+    except (OSError, ValueError) as exc:  # TOMLDecodeError and JSONDecodeError are ValueErrors
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc

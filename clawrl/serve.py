@@ -11,22 +11,16 @@ import uvicorn
 from clawrl.api.app import create_app
 from clawrl.config import Config
 from clawrl.engine.local import LocalEngine
-from clawrl.engine.models import ModelNotFound, ensure_embedded, load_model
+from clawrl.engine.models import ModelNotFound, load_model, model_folder
 from clawrl.store.db import Store, StoreError
 
 log = logging.getLogger(__name__)
 
 
-def model_folder(config: Config) -> Path:
-    if config.model.path:
-        return Path(config.model.path).expanduser()
-    return ensure_embedded(config.cache_dir())
-
-
 def build_engine(config: Config) -> tuple[LocalEngine, object]:
     if config.engine.threads:
         torch.set_num_threads(config.engine.threads)
-    folder = model_folder(config)
+    folder = model_folder(config.model.path, config.cache_dir())
     loaded = load_model(folder, config.model.device, config.model.dtype, config.model.max_context)
     log.info("loaded %s on %s (context %d)", folder, loaded.model.device, loaded.max_context)
     engine = LocalEngine(

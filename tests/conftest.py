@@ -34,6 +34,8 @@ class RemoteServer:
         self.port = free_port()
         self.run_dir = run_dir
         self.url = f"http://127.0.0.1:{self.port}"
+        if "--train.enabled" not in args:  # the trainer process is tested where it matters; elsewhere it
+            args = [*args, "--train.enabled", "false"]  # would only add a torch import per server
         cmd = [
             sys.executable,
             "-m",

@@ -1,4 +1,5 @@
-"""The FastAPI application: engine, chat service and collector, started in the lifespan."""
+"""The FastAPI application: engine, chat service, collector, judge, version watcher and the
+trainer process, all started in the lifespan and stopped, in reverse, when it ends."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from clawrl.judge.worker import JudgeLoop
 from clawrl.sessions.tracker import SessionTracker
 from clawrl.sessions.turn_type import SidePatterns
 from clawrl.store.db import Store
+from clawrl.train.supervisor import TrainerSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,10 @@ def create_app(
         )
     if collector is not None and config.judge.enabled:
         collector.judge = _judge(config, collector, engine, tokenizer)
+    trainer = None
+    if collector is not None and config.train.enabled:
+        # The resolved config.json `clawrl serve` wrote: the trainer trains exactly what is served.
+        trainer = TrainerSupervisor(config.run_dir / "config.json", config.run_dir, config.train)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -52,6 +58,8 @@ def create_app(
                 await collector.judge.start()
         if watcher is not None:
             await watcher.start()
+        if trainer is not None:
+            await trainer.start()
         log.info(
             "serving %r (%s) on http://%s:%s/v1",
             server.served_model_name,
@@ -62,6 +70,8 @@ def create_app(
         try:
             yield
         finally:
+            if trainer is not None:
+                await trainer.stop()
             if watcher is not None:
                 await watcher.stop()
             if collector is not None:
@@ -74,6 +84,7 @@ def create_app(
     app.state.chat = ChatService(
         engine, tokenizer, server.served_model_name, server.default_max_tokens, collector
     )
+    app.state.trainer = trainer
     install_error_handlers(app)
     api_key = server.api_key.get_secret_value() if server.api_key else None
     app.include_router(v1_router(api_key))

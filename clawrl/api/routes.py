@@ -77,9 +77,8 @@ def health_router() -> APIRouter:
             "version": chat.engine.version,
             "engine": asdict(chat.engine.stats()),
             "open_sessions": len(chat.collector.tracker) if chat.collector else None,
-            "judge": chat.collector.judge.health()
-            if chat.collector and chat.collector.judge
-            else {"status": "off"},
+            "judge": _judge_health(chat),
+            "trainer": request.app.state.trainer.health() if request.app.state.trainer else {"status": "off"},
         }
 
     return router

@@ -1,12 +1,14 @@
 """Serving the latest published version: the server side of hot swaps.
 
-The trainer publishes a version by writing `checkpoints/vN/` (a PEFT adapter)
-and then a row in the store's `versions` table. A `VersionWatcher` in the
+The trainer publishes a version by writing `checkpoints/vN/` (a PEFT adapter,
+or the whole model with `train.weights = "full"`) and then a row in the store's
+`versions` table. A `VersionWatcher` in the
 server polls that table; when the latest version differs from what the engine
 serves, it reads the adapter (outside the engine's pause) and asks the engine to
 merge it into its weights between two decoding steps (`MergedLora`, built on
 the first swap, so a server that never trains pays no memory for base copies).
-Requests in flight carry on, and each token records the version that made it.
+A full version is copied into the weights as they are. Requests in flight
+carry on, and each token records the version that made it.
 A version whose adapter cannot be read is logged and skipped; serving goes on
 with the weights it has.
 """
@@ -20,7 +22,11 @@ from typing import Any
 
 from clawrl.engine.local import LocalEngine
 from clawrl.store.db import Store
-from clawrl.train.weights import MergedLora  # its AdapterError is a ValueError
+from clawrl.train.weights import (  # AdapterError is a ValueError
+    ADAPTER_CONFIG,
+    MergedLora,
+    full_weights_loader,
+)
 from clawrl.types import Version
 
 log = logging.getLogger(__name__)
@@ -62,6 +68,9 @@ class VersionWatcher:
         await self.engine.swap_weights(load, version.name)
 
     def _loader(self, version: Version):
+        folder = Path(version.path) if version.path else None
+        if folder is not None and not (folder / ADAPTER_CONFIG).is_file():
+            return full_weights_loader(folder)  # full fine-tuning: the whole model is copied in
         if self._merged is None:
             self._merged = MergedLora(self.engine.model, self._targets)
-        return self._merged.loader(Path(version.path) if version.path else None)
+        return self._merged.loader(folder)

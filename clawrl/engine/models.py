@@ -53,6 +53,11 @@ def embedded_gguf() -> Path:
     return path
 
 
+def model_folder(path: str | None, cache_dir: Path) -> Path:
+    """The model to load: the configured folder, else the embedded model (converted on first use)."""
+    return Path(path).expanduser() if path else ensure_embedded(cache_dir)
+
+
 def ensure_embedded(cache_dir: Path) -> Path:
     """Return the converted embedded model folder, converting it on first use."""
     target = cache_dir / "models" / EMBEDDED_NAME

@@ -113,10 +113,16 @@ M003_VERSION_PARENT = """
 ALTER TABLE versions ADD COLUMN parent TEXT NULL;
 """
 
+# Why the trainer left a sample out (skipped: its defect; stale: how far behind it was).
+M004_SAMPLE_STATUS_REASON = """
+ALTER TABLE samples ADD COLUMN status_reason TEXT NULL;
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_sample_judgment_session", M002_SAMPLE_JUDGMENT_SESSION),
     ("m003_version_parent", M003_VERSION_PARENT),
+    ("m004_sample_status_reason", M004_SAMPLE_STATUS_REASON),
 ]
 
 _NAME = re.compile(r"m[0-9]{3}_[a-z0-9_]+")

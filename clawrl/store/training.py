@@ -147,6 +147,29 @@ class TrainingStore:
             if cur.rowcount != len(wanted):
                 raise StoreError(f"{len(wanted) - cur.rowcount} of {len(wanted)} sample ids are unknown")
 
+    def leave_out_samples(self, reasons: dict[int, str], status: str) -> int:
+        """Mark `ready` samples `stale` or `skipped`, each with its reason; returns how many changed.
+
+        Samples no longer `ready` (trained, superseded meanwhile) are left as they are.
+        """
+        if status not in ("stale", "skipped"):
+            raise ValueError(f"samples are left out as stale or skipped, not {status!r}")
+        with self._write() as conn:
+            return sum(
+                conn.execute(
+                    "UPDATE samples SET status = ?, status_reason = ? WHERE id = ? AND status = 'ready'",
+                    (status, reason, sample_id),
+                ).rowcount
+                for sample_id, reason in reasons.items()
+            )
+
+    def sample_status(self, sample_id: int) -> tuple[str, str | None]:
+        """(status, reason) of one sample; StoreError if it is unknown."""
+        rows = self._read("SELECT status, status_reason FROM samples WHERE id = ?", (sample_id,))
+        if not rows:
+            raise StoreError(f"no sample {sample_id}")
+        return rows[0][0], rows[0][1]
+
     def count_samples(self, status: str | None = None, kind: str | None = None) -> int:
         """How many samples there are, of one status and/or kind if given."""
         filters = {"status": status, "kind": kind}

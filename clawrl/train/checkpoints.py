@@ -3,6 +3,8 @@
     <run_dir>/checkpoints/vN/
         adapter_model.safetensors, adapter_config.json   the PEFT LoRA adapter (vLLM and
                                                          `PeftModel.from_pretrained` load it)
+        or model*.safetensors, config.json               full fine-tuning: the whole model
+                                                         (`save_pretrained`'s layout)
         optimizer.pt                                     the AdamW state dict
         manifest.json                                    {"version", "step", "samples", "metrics",
                                                           "created_at", "base_model", "parent"}
@@ -15,12 +17,15 @@ is on disk, so a crash never leaves a `vN` that looks complete; a leftover
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +33,30 @@ import torch
 from peft import PeftModel, set_peft_model_state_dict
 from safetensors.torch import load_file
 
-from clawrl.train.weights import ADAPTER_WEIGHTS
+from clawrl.train.weights import ADAPTER_CONFIG, ADAPTER_WEIGHTS, load_full_weights, read_full_weights
 
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
 OPTIMIZER = "optimizer.pt"
 _VERSION = re.compile(r"^v(\d+)$")
+
+
+@contextmanager
+def publish_lock(run_dir: Path) -> Iterator[None]:
+    """Held while a version's folder and store row are written (by the trainer or a rollback).
+
+    An exclusive `flock` on `checkpoints/.publish.lock`: whoever holds it picks the
+    next name and publishes it, so two publishers never race for a name and a
+    folder without a row under the lock can only be a crash's leftover.
+    """
+    root = Path(run_dir) / CHECKPOINTS
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".publish.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def version_number(version: str) -> int:
@@ -51,7 +74,7 @@ def version_dir(run_dir: Path, version: str) -> Path:
 
 
 def save_version(
-    run_dir: Path, version: str, peft_model: PeftModel, optimizer: torch.optim.Optimizer, manifest: dict
+    run_dir: Path, version: str, model: Any, optimizer: torch.optim.Optimizer, manifest: dict
 ) -> Path:
     """Write `version` (v1, v2, ...) and return its folder; refuses to overwrite an existing one.
 
@@ -65,11 +88,11 @@ def save_version(
     final = version_dir(run_dir, version)
     if final.exists():
         raise FileExistsError(f"{final} exists; versions are never overwritten")
-    manifest = _complete(manifest, version, number, peft_model)
+    manifest = _complete(manifest, version, number, model)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{version}-", suffix=".tmp", dir=final.parent))
     try:
-        peft_model.save_pretrained(tmp)
+        model.save_pretrained(tmp)  # a PeftModel writes its adapter; a plain model, all of itself
         torch.save(optimizer.state_dict(), tmp / OPTIMIZER)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
         _fsync_folder(tmp)
@@ -83,27 +106,83 @@ def save_version(
     return final
 
 
-def load_version(
-    run_dir: Path, version: str, peft_model: PeftModel, optimizer: torch.optim.Optimizer | None = None
-) -> dict:
-    """Load `version`'s adapter weights (and optimizer state) into the given objects; return its manifest.
+def copy_version(run_dir: Path, version: str, files: list[Path], manifest: dict) -> Path:
+    """Write `version` from existing files (a rollback: an earlier version's, or the base model's).
 
-    `peft_model` must have the same LoRA shape as the one saved, and
-    `optimizer` must be built over its trainable parameters in the same order.
+    Like `save_version`, atomically and never over an existing folder. `manifest`
+    is written as given, with `version` and `created_at` set.
     """
-    folder = version_dir(run_dir, version)
+    final = version_dir(run_dir, version)
+    if final.exists():
+        raise FileExistsError(f"{final} exists; versions are never overwritten")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{version}-", suffix=".tmp", dir=final.parent))
+    try:
+        for path in files:
+            shutil.copy2(path, tmp / path.name)
+        (tmp / MANIFEST).write_text(json.dumps({**manifest, "version": version, "created_at": time.time()}))
+        _fsync_folder(tmp)
+        tmp.rename(final)
+        _fsync(final.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def set_aside(folder: Path, why: str) -> Path:
+    """Rename a version folder that must not be used (never deleted) to `.vN-<why>-<ns>`; returns it."""
+    target = folder.with_name(f".{folder.name}-{why}-{time.time_ns()}")
+    folder.rename(target)
+    return target
+
+
+def read_manifest(folder: Path) -> dict:
+    return _read_manifest(Path(folder))
+
+
+def load_version(
+    run_dir: Path, version: str, model: Any, optimizer: torch.optim.Optimizer | None = None
+) -> dict:
+    """Load `version`'s weights (and optimizer state) into the given objects; return its manifest.
+
+    `model` is the trainer's: a `PeftModel` with the same LoRA shape as the one
+    saved, or the plain model a full version was trained from. `optimizer` must
+    be built over its trainable parameters in the same order.
+    """
+    return load_folder(version_dir(run_dir, version), model, optimizer)
+
+
+def load_folder(folder: Path, model: Any, optimizer: torch.optim.Optimizer | None = None) -> dict:
+    """`load_version` for a version folder given by path (a version row's `path`)."""
+    folder = Path(folder)
     if not (folder / MANIFEST).is_file():
-        raise FileNotFoundError(f"no complete version {version} in {folder.parent}")
-    result = set_peft_model_state_dict(peft_model, load_file(folder / ADAPTER_WEIGHTS))
+        raise FileNotFoundError(f"no complete version in {folder}")
+    if (folder / ADAPTER_CONFIG).is_file():
+        _load_adapter(folder, model)
+    else:
+        _load_full(folder, model)
+    if optimizer is not None and (folder / OPTIMIZER).is_file():  # a rollback to the base has none
+        optimizer.load_state_dict(torch.load(folder / OPTIMIZER, map_location="cpu", weights_only=True))
+    return _read_manifest(folder)
+
+
+def _load_adapter(folder: Path, model: Any) -> None:
+    if not isinstance(model, PeftModel):
+        raise ValueError(f"{folder} holds a LoRA adapter; this trainer trains full weights (train.weights)")
+    result = set_peft_model_state_dict(model, load_file(folder / ADAPTER_WEIGHTS))
     missing = [k for k in result.missing_keys if ".lora_" in k]
     if result.unexpected_keys or missing:
         raise ValueError(
             f"{folder} does not fit this model: "
             f"unexpected {result.unexpected_keys[:3]}, missing {missing[:3]}"
         )
-    if optimizer is not None:
-        optimizer.load_state_dict(torch.load(folder / OPTIMIZER, map_location="cpu", weights_only=True))
-    return _read_manifest(folder)
+
+
+def _load_full(folder: Path, model: Any) -> None:
+    if isinstance(model, PeftModel):
+        raise ValueError(f"{folder} holds full weights; this trainer trains a LoRA adapter (train.weights)")
+    with torch.no_grad():
+        load_full_weights(model, read_full_weights(folder))
 
 
 def latest_version(run_dir: Path) -> str | None:
@@ -125,16 +204,22 @@ def _complete_versions(run_dir: Path) -> list[Path]:
     return sorted(folders, key=lambda p: version_number(p.name))
 
 
-def _complete(manifest: dict, version: str, number: int, peft_model: PeftModel) -> dict[str, Any]:
+def _complete(manifest: dict, version: str, number: int, model: Any) -> dict[str, Any]:
     if manifest.get("version", version) != version:
         raise ValueError(f"manifest says {manifest['version']!r}, saving {version!r}")
     return {
         "version": version,
         "created_at": time.time(),
-        "base_model": peft_model.active_peft_config.base_model_name_or_path,
+        "base_model": _base_name(model),
         "parent": f"v{number - 1}",
         **manifest,
     }
+
+
+def _base_name(model: Any) -> str | None:
+    if isinstance(model, PeftModel):
+        return model.active_peft_config.base_model_name_or_path
+    return getattr(model.config, "name_or_path", None)
 
 
 def _read_manifest(folder: Path) -> dict:

@@ -9,10 +9,11 @@ For each sample (prompt ids p, response ids a, behaviour logprobs logp_old):
                = w_opd * (teacher_t - logp_old_t) (opd sample)
     loss       = PPO clipped surrogate + kl_coef * KL_k3 - entropy_coef * H   (see train/loss.py)
 
-Every mean is over all response tokens of the step (token-level), so each
-sample's loss is weighted by its token count before its backward pass. Samples
-are run one at a time (a micro-batch of one sequence): memory stays bounded by
-the longest allowed sample (`train.max_seq_len`), which matters on a laptop.
+Every mean is over all response tokens of the step (token-level): each
+micro-batch's loss is its share of the step's mean (`num_tokens` = the step's
+token count), so the gradient does not depend on how samples were packed.
+Samples are packed into micro-batches of at most `train.micro_batch_tokens`
+padded tokens (`train/batch.py`), so memory stays bounded for long samples.
 Samples with an empty response, non-finite logprobs, a length mismatch or an
 over-long sequence are skipped with a logged reason; samples more than
 `max_staleness` versions behind are marked stale. Neither is ever trained on.
@@ -24,16 +25,18 @@ import logging
 import math
 import time
 from collections import Counter
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from clawrl.config import TrainConfig
-from clawrl.train.advantages import advantages
+from clawrl.train.advantages import batch_advantages
+from clawrl.train.batch import left_pad, pack, pad_rows, score
 from clawrl.train.checkpoints import version_number
-from clawrl.train.loss import policy_loss, token_logprobs
+from clawrl.train.loss import policy_loss
 from clawrl.types import Sample
 
 log = logging.getLogger(__name__)
@@ -69,7 +72,7 @@ def _defect(s: Sample, cfg: TrainConfig) -> str | None:
         return f"{len(s.logprobs)} logprobs for {len(s.response_ids)} tokens"
     if not all(math.isfinite(x) for x in s.logprobs):
         return "non-finite behaviour logprobs"
-    longest = max(len(s.prompt_ids), len(s.teacher_prompt_ids or [])) + len(s.response_ids)
+    longest = _length(s)
     if longest > cfg.max_seq_len:
         return f"{longest} tokens > train.max_seq_len {cfg.max_seq_len}"
     if s.kind == "opd" and not s.teacher_prompt_ids:
@@ -78,55 +81,70 @@ def _defect(s: Sample, cfg: TrainConfig) -> str | None:
 
 
 class Trainer:
-    """Owns the PEFT model and its optimizer; `step` trains on a list of usable samples."""
+    """Owns the policy model and its optimizer; `step` trains on a list of usable samples.
 
-    def __init__(self, model: Any, optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> None:
-        self.model = model  # a peft.PeftModel: the reference is the same model with the adapter off
+    `model` is a `peft.PeftModel` (the reference is the same model with the
+    adapter off) or, for full fine-tuning, a plain model with `reference` a
+    frozen copy of the base (None when neither KL nor a reference teacher needs it).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        optimizer: torch.optim.Optimizer,
+        cfg: TrainConfig,
+        reference: torch.nn.Module | None = None,
+    ) -> None:
+        self.model = model
         self.optimizer = optimizer
         self.cfg = cfg
+        self.frozen = reference
         self.device = next(model.parameters()).device
 
-    def _logprobs(
-        self, prompt: list[int], response: list[int], temperature: float
-    ) -> tuple[torch.Tensor, ...]:
-        ids = torch.tensor([prompt + response], device=self.device)
-        logits = self.model(input_ids=ids, logits_to_keep=len(response) + 1).logits[:, :-1]
-        target = torch.tensor([response], device=self.device)
-        return token_logprobs(logits, target, temperature)
-
-    @torch.no_grad()
-    def _frozen(
-        self, prompt: list[int], response: list[int], temperature: float, reference: bool
-    ) -> torch.Tensor:
-        with self.model.disable_adapter() if reference else nullcontext():
-            return self._logprobs(prompt, response, temperature)[0]
+    @contextmanager
+    def _scorer(self, reference: bool) -> Iterator[torch.nn.Module]:
+        """The module that computes pi_ref (reference=True) or the live policy, without gradient."""
+        with torch.no_grad():
+            if not reference:
+                yield self.model
+            elif hasattr(self.model, "disable_adapter"):
+                with self.model.disable_adapter():
+                    yield self.model
+            elif self.frozen is not None:
+                yield self.frozen
+            else:
+                raise ValueError("full fine-tuning needs a frozen reference for KL or a reference teacher")
 
     def step(self, samples: list[Sample]) -> dict[str, Any]:
-        """One optimizer step over `samples`; returns the step's metrics."""
+        """One optimizer step over `samples`, in micro-batches; returns the step's metrics."""
         start = time.perf_counter()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total = sum(sum(s.loss_mask) if s.loss_mask is not None else len(s.response_ids) for s in samples)
+        total = sum(_tokens(s) for s in samples)
         sums: Counter[str] = Counter()
-        for s in samples:
-            terms = self._sample_loss(s)
-            (terms.loss * (terms.tokens / total)).backward()
+        for group in pack([_length(s) for s in samples], self.cfg.micro_batch_tokens):
+            terms = self._micro_loss([samples[i] for i in group], total)
+            terms.loss.backward()
             for key in ("pg_loss", "kl", "entropy", "clip_frac"):
-                sums[key] += float(getattr(terms, key)) * terms.tokens
+                sums[key] += float(getattr(terms, key))
         grad_norm = torch.nn.utils.clip_grad_norm_(
             [p for p in self.model.parameters() if p.requires_grad], self.cfg.grad_clip
         )
         self.optimizer.step()
         self.model.eval()
-        took = time.perf_counter() - start
-        metrics: dict[str, Any] = {k: v / total for k, v in sums.items()}
+        return self._metrics(samples, dict(sums), total, float(grad_norm), time.perf_counter() - start)
+
+    def _metrics(
+        self, samples: list[Sample], sums: dict[str, float], total: int, grad_norm: float, took: float
+    ) -> dict[str, Any]:
+        metrics: dict[str, Any] = {k: sums.get(k, 0.0) for k in ("pg_loss", "kl", "entropy", "clip_frac")}
         kinds = Counter(s.kind for s in samples)
         rl = [s.reward for s in samples if s.kind == "rl"]
-        metrics |= {
+        return metrics | {
             "loss": metrics["pg_loss"]
             + self.cfg.kl_coef * metrics["kl"]
             - self.cfg.entropy_coef * metrics["entropy"],
-            "grad_norm": float(grad_norm),
+            "grad_norm": grad_norm,
             "mean_reward": sum(rl) / len(rl) if rl else None,
             "samples": len(samples),
             "samples_rl": kinds["rl"],
@@ -135,27 +153,23 @@ class Trainer:
             "step_s": took,
             "tokens_per_s": total / took,
         }
-        return metrics
 
-    def _sample_loss(self, s: Sample):
-        cfg = self.cfg
-        logp, entropy = self._logprobs(s.prompt_ids, s.response_ids, s.temperature)
-        if not cfg.entropy_coef:
-            entropy = entropy.detach()  # reported, not trained: free its [T, V] graph
-        old = torch.tensor([s.logprobs], device=self.device)
-        teacher = None
-        if s.kind == "opd":
-            assert s.teacher_prompt_ids is not None
-            teacher = self._frozen(
-                s.teacher_prompt_ids, s.response_ids, s.temperature, reference=cfg.opd_teacher == "reference"
-            )[0]
-        adv = advantages(s.kind, s.reward, old[0], teacher, cfg.w_rl, cfg.w_opd)[None]
-        ref = (
-            self._frozen(s.prompt_ids, s.response_ids, s.temperature, reference=True) if cfg.kl_coef else None
-        )
-        mask = (
-            torch.ones_like(old) if s.loss_mask is None else torch.tensor([s.loss_mask], device=self.device)
-        )
+    def _micro_loss(self, group: list[Sample], total: int):
+        """The loss of one micro-batch, as its share of the step's token-level mean."""
+        cfg, device = self.cfg, self.device
+        temps = torch.tensor([s.temperature for s in group], device=device)
+        batch = left_pad([s.prompt_ids for s in group], [s.response_ids for s in group], device)
+        logp, entropy = score(self.model, batch, temps)
+        if not cfg.entropy_coef and entropy is not None:
+            entropy = entropy.detach()  # reported, not trained: free its [B, T, V] graph
+        width = logp.shape[1]
+        old = pad_rows([s.logprobs for s in group], width, device)
+        mask = pad_rows([s.loss_mask or [1] * len(s.response_ids) for s in group], width, device)
+        adv = batch_advantages(group, old, self._teacher(group, temps, width), cfg.w_rl, cfg.w_opd)
+        ref = None
+        if cfg.kl_coef:
+            with self._scorer(reference=True) as module:
+                ref = score(module, batch, temps, with_entropy=False)[0]
         return policy_loss(
             logp,
             old,
@@ -167,4 +181,27 @@ class Trainer:
             eps_high=cfg.eps_high,
             kl_coef=cfg.kl_coef,
             entropy_coef=cfg.entropy_coef,
+            num_tokens=total,
         )
+
+    def _teacher(self, group: list[Sample], temps: torch.Tensor, width: int) -> torch.Tensor | None:
+        """Teacher logprobs [B, width] of the opd rows (under their hinted prompts); None without opd."""
+        rows = [i for i, s in enumerate(group) if s.kind == "opd"]
+        if not rows:
+            return None
+        prompts = [group[i].teacher_prompt_ids or [] for i in rows]
+        batch = left_pad(prompts, [group[i].response_ids for i in rows], self.device)
+        with self._scorer(reference=self.cfg.opd_teacher == "reference") as module:
+            logp = score(module, batch, temps[rows], with_entropy=False)[0]
+        out = torch.zeros(len(group), width, device=self.device)
+        out[rows, : logp.shape[1]] = logp
+        return out
+
+
+def _tokens(s: Sample) -> int:
+    return sum(s.loss_mask) if s.loss_mask is not None else len(s.response_ids)
+
+
+def _length(s: Sample) -> int:
+    """The longest sequence the sample is scored as: its prompt or its hinted prompt, plus the response."""
+    return max(len(s.prompt_ids), len(s.teacher_prompt_ids or [])) + len(s.response_ids)

@@ -15,7 +15,8 @@ LoRA matmuls: `MergedLora` keeps a copy of each targeted base weight and sets
 
 from a version's adapter folder, always from W_base (never from the previous
 version, so errors do not accumulate and v2 after v1 is exactly v2).
-`export_merged` writes a standalone Hugging Face folder with the adapter merged.
+`export_merged` writes a standalone Hugging Face folder with the adapter merged
+(or a full version, or the base).
 
 Errors: `AdapterError` (a `ValueError`) for an adapter folder that cannot be
 applied to the serving model; nothing is changed when it is raised.
@@ -254,23 +255,29 @@ def merged_state_dict(peft_model: PeftModel) -> dict[str, torch.Tensor]:
     return state
 
 
-def export_merged(base_dir: Path, adapter_dir: Path, out_dir: Path) -> Path:
-    """Write a standalone Hugging Face model folder: base + adapter merged, with base_dir's tokenizer.
+def export_merged(base_dir: Path, version_dir: Path | None, out_dir: Path) -> Path:
+    """Write a standalone Hugging Face model folder for a version, with base_dir's tokenizer.
 
-    The folder appears complete or not at all (written next to `out_dir`, then
-    renamed); an existing `out_dir` is refused.
+    `version_dir` holds a LoRA adapter (merged into the base), full weights
+    (copied), or is None (the base model itself, v0). The folder appears
+    complete or not at all (written next to `out_dir`, then renamed); an
+    existing `out_dir` is refused.
     """
     from transformers import AutoModelForCausalLM
 
-    base_dir, adapter_dir, out_dir = Path(base_dir), Path(adapter_dir), Path(out_dir)
+    base_dir, out_dir = Path(base_dir), Path(out_dir)
     if out_dir.exists():
         raise FileExistsError(f"{out_dir} exists; export_merged never overwrites")
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype="auto")
-    merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
+    source = base_dir if version_dir is None else Path(version_dir)
+    model = AutoModelForCausalLM.from_pretrained(
+        base_dir if (source / ADAPTER_CONFIG).is_file() else source, dtype="auto"
+    )
+    if (source / ADAPTER_CONFIG).is_file():
+        model = PeftModel.from_pretrained(model, source).merge_and_unload()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", suffix=".tmp", dir=out_dir.parent))
     try:
-        merged.save_pretrained(tmp)
+        model.save_pretrained(tmp)
         for path in base_dir.iterdir():  # tokenizer, chat template, anything else but weights
             if path.is_file() and not (tmp / path.name).exists() and not _is_weights(path.name):
                 shutil.copy2(path, tmp / path.name)
@@ -279,6 +286,49 @@ def export_merged(base_dir: Path, adapter_dir: Path, out_dir: Path) -> Path:
         with suppress(FileNotFoundError):
             shutil.rmtree(tmp)
     return out_dir
+
+
+def read_full_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """A full version's state dict, read from its `*.safetensors` files (one or several shards)."""
+    files = sorted(p for p in Path(folder).glob("*.safetensors") if p.name != ADAPTER_WEIGHTS)
+    if not files:
+        raise AdapterError(f"{folder} holds no model weights (*.safetensors)")
+    state: dict[str, torch.Tensor] = {}
+    for path in files:
+        state.update(load_file(path))
+    return state
+
+
+def load_full_weights(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy `state` into `model`'s weights in place (cast to their dtype and device); no grad needed.
+
+    Every weight must be given, except tied copies of a given one (an LM head tied
+    to the embeddings, which `save_pretrained` stores once). Checked first: on an
+    `AdapterError` nothing has changed.
+    """
+    own = model.state_dict(keep_vars=True)
+    if unexpected := sorted(state.keys() - own.keys()):
+        raise AdapterError(f"the weights name tensors this model does not have: {unexpected[:5]}")
+    given = {own[k].data_ptr() for k in state}
+    if missing := sorted(k for k in own.keys() - state.keys() if own[k].data_ptr() not in given):
+        raise AdapterError(f"the weights leave out {missing[:5]}")
+    for key, tensor in state.items():
+        if tuple(tensor.shape) != tuple(own[key].shape):
+            raise AdapterError(
+                f"{key}: the weights are {tuple(tensor.shape)}, the model {tuple(own[key].shape)}"
+            )
+    for key, tensor in state.items():
+        own[key].data.copy_(tensor)
+
+
+def full_weights_loader(folder: Path) -> Callable[[nn.Module], None]:
+    """Read a full version now; return what `Engine.swap_weights` calls to copy it in."""
+    state = read_full_weights(folder)
+
+    def load(model: nn.Module) -> None:
+        load_full_weights(model, state)
+
+    return load
 
 
 def _is_weights(name: str) -> bool:

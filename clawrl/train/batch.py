@@ -1,0 +1,97 @@
+"""Micro-batches: a step's samples packed under a token budget, and scored together.
+
+A training step may hold samples of very different lengths. `pack` groups
+them, in order, so that each group's padded size (rows x longest sequence)
+stays within `train.micro_batch_tokens`; a sample longer than the budget goes
+alone. Memory per forward/backward pass is then bounded by the budget, not by
+the step's batch size.
+
+`score` runs one group through a causal LM, left-padded (the engine's
+layout: position ids count real tokens only), and keeps the logits of the
+last `R_max + 1` positions, since only response tokens are scored:
+
+    row i:  [pad ... pad | prompt_i | response_i]      response_i has R_i tokens
+    logits kept: [B, R_max, V]  -> row i's response predictions are its last R_i positions
+
+It returns per-token logprobs and entropies *left-aligned* ([B, R_max], row i
+valid on its first R_i entries, like a right-padded batch), which is the
+layout of `policy_loss` and `batch_advantages`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from clawrl.train.loss import token_logprobs
+
+
+def pack(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Indices of `lengths` grouped in order so that len(group) * max(length) <= budget (or one alone)."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i, n in enumerate(lengths):
+        wider = max(longest, n)
+        if current and (len(current) + 1) * wider > budget:
+            groups.append(current)
+            current, wider = [], n
+        current.append(i)
+        longest = wider
+    if current:
+        groups.append(current)
+    return groups
+
+
+@dataclass
+class Padded:
+    """A left-padded batch of prompt + response sequences."""
+
+    input_ids: Tensor  # [B, L]
+    attention_mask: Tensor  # [B, L]
+    position_ids: Tensor  # [B, L]
+    targets: Tensor  # [B, R_max] response ids, right-aligned (row i's last R_i entries), else 0
+    lengths: list[int]  # R_i
+
+
+def left_pad(prompts: Sequence[list[int]], responses: Sequence[list[int]], device: torch.device) -> Padded:
+    seqs = [p + r for p, r in zip(prompts, responses, strict=True)]
+    width = max(len(s) for s in seqs)
+    r_max = max(len(r) for r in responses)
+    ids = torch.tensor([[0] * (width - len(s)) + s for s in seqs], device=device)
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=device)
+    targets = torch.tensor([[0] * (r_max - len(r)) + r for r in responses], device=device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return Padded(ids, mask, positions, targets, [len(r) for r in responses])
+
+
+def score(
+    model: nn.Module, batch: Padded, temperatures: Tensor, with_entropy: bool = True
+) -> tuple[Tensor, Tensor | None]:
+    """(logp [B, R_max], entropy [B, R_max] or None), left-aligned; with a graph unless under no_grad."""
+    r_max = batch.targets.shape[1]
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        logits_to_keep=r_max + 1,
+    )
+    logits = out.logits[:, :-1]  # [B, R_max, V]: position j predicts the token after it
+    logp, entropy = token_logprobs(logits, batch.targets, temperatures)
+    align = _left_align_index(batch.lengths, r_max, logp.device)
+    logp = logp.gather(1, align)
+    return logp, entropy.gather(1, align) if with_entropy else None
+
+
+def _left_align_index(lengths: list[int], r_max: int, device: torch.device) -> Tensor:
+    """For row i, entry t reads right-aligned position (R_max - R_i) + t (clamped past the end)."""
+    shift = torch.tensor([r_max - n for n in lengths], device=device)[:, None]
+    return (torch.arange(r_max, device=device)[None] + shift).clamp(max=r_max - 1)
+
+
+def pad_rows(rows: Sequence[Sequence[float]], width: int, device: torch.device, fill: float = 0.0) -> Tensor:
+    """Right-pad float rows to [B, width]."""
+    return torch.tensor([list(r) + [fill] * (width - len(r)) for r in rows], device=device)

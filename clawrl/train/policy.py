@@ -1,0 +1,73 @@
+"""The trainer's policy: the model it updates, its optimizer, and its reference.
+
+Two kinds of weights (`train.weights`):
+
+- `lora` (default): the base model wrapped in a PEFT LoRA adapter; only the
+  adapter trains. The reference pi_ref is the same model with the adapter
+  off, at no extra memory. A version is the adapter (a few MB).
+- `full`: every weight trains. A frozen copy of the base is kept as the
+  reference only when something needs it (`kl_coef > 0` or
+  `opd_teacher = "reference"`). A version is the whole model.
+
+`Policy.load(folder)` makes the policy the version saved there, optimizer
+state included; `Policy.load(None)` makes it the base model (v0) with a fresh
+optimizer, which is where a new run or a rollback to v0 starts.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from clawrl.config import TrainConfig
+from clawrl.engine.models import load_model
+from clawrl.train.checkpoints import load_folder
+from clawrl.train.trainer import Trainer
+from clawrl.train.weights import LoraSettings, attach_lora, load_full_weights, read_full_weights
+
+
+@dataclass
+class Policy:
+    model: Any  # a peft.PeftModel (lora) or the plain model (full)
+    optimizer: torch.optim.Optimizer
+    trainer: Trainer
+    base_dir: Path
+    cfg: TrainConfig
+
+    def load(self, folder: Path | None) -> dict:
+        """Become the version in `folder` (None: the base model, fresh optimizer); returns its manifest."""
+        self.optimizer.state.clear()
+        if folder is not None:
+            return load_folder(folder, self.model, self.optimizer)
+        with torch.no_grad():
+            if self.cfg.weights == "lora":
+                for name, param in self.model.named_parameters():
+                    if "lora_B" in name:
+                        param.zero_()  # B = 0: the adapter adds nothing, the policy is the base
+            else:
+                load_full_weights(self.model, read_full_weights(self.base_dir))
+        return {}
+
+
+def build_policy(base_dir: Path, cfg: TrainConfig, device: str = "auto") -> Policy:
+    """Load the base model from `base_dir` and make it trainable as `cfg.weights` says."""
+    # Train in float32 on a CPU; on a GPU the base is bf16 and PEFT keeps the adapter in float32.
+    base = load_model(Path(base_dir), device, "auto").model
+    reference: nn.Module | None = None
+    if cfg.weights == "lora":
+        lora = cfg.lora
+        model = attach_lora(base, LoraSettings(lora.rank, lora.alpha, lora.dropout, list(lora.targets)))
+    else:
+        model = base
+        if cfg.kl_coef > 0 or cfg.opd_teacher == "reference":
+            reference = copy.deepcopy(base).eval().requires_grad_(False)
+        model.requires_grad_(True)
+    model.eval()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return Policy(model, optimizer, Trainer(model, optimizer, cfg, reference), base_dir, cfg)

@@ -1,0 +1,79 @@
+"""Versions a user publishes or exports by hand: `clawrl rollback` and `clawrl export --merged`.
+
+A rollback never rewrites history: it publishes a *new* version (the next
+vN) whose folder is a copy of the chosen one, weights and optimizer state,
+with `rollback_of` in its manifest and metrics. The server swaps it in as any
+version; the trainer, seeing a version it did not publish, loads it and goes
+on training from there. Going back to v0 publishes the base model again: no
+folder with LoRA (the adapter off), a copy of the base weights with full
+fine-tuning (so the server needs no copy of the base in memory).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from clawrl.config import Config
+from clawrl.engine.models import model_folder
+from clawrl.store.db import Store
+from clawrl.train.checkpoints import (
+    CHECKPOINTS,
+    MANIFEST,
+    copy_version,
+    publish_lock,
+    set_aside,
+    version_number,
+)
+from clawrl.train.weights import export_merged
+from clawrl.types import Version
+
+
+def find_version(store: Store, name: str | None) -> Version:
+    """The named version (None: the latest); ValueError naming the known ones if it does not exist."""
+    if name is None:
+        return store.latest_version()
+    version_number(name)
+    known = {v.name: v for v in store.versions()}
+    if name not in known:
+        raise ValueError(f"no version {name} in this run (there are {', '.join(known)})")
+    return known[name]
+
+
+def rollback(store: Store, config: Config, target: str) -> Version:
+    """Publish the next version as a copy of `target`; returns it."""
+    source = find_version(store, target)
+    with publish_lock(config.run_dir):
+        name = f"v{store.latest_version().number + 1}"
+        final = config.run_dir / CHECKPOINTS / name
+        if final.exists():
+            set_aside(final, "unpublished")  # a crash's leftover: under the lock no one is writing it
+        manifest = {
+            "step": source.step,
+            "samples": [],
+            "metrics": {},
+            "parent": target,
+            "rollback_of": target,
+        }
+        files = _files_of(source, config)
+        folder = None if files is None else copy_version(config.run_dir, name, files, manifest)
+        version = Version(
+            name, source.step, str(folder) if folder else None, {"rollback_of": target, "samples": 0}, target
+        )
+        store.publish_version(version, trained=[])
+    return version
+
+
+def _files_of(source: Version, config: Config) -> list[Path] | None:
+    if source.path is not None:
+        return [p for p in Path(source.path).iterdir() if p.is_file() and p.name != MANIFEST]
+    if config.train.weights == "lora":
+        return None  # v0 with LoRA: the adapter off
+    base = model_folder(config.model.path, config.cache_dir())
+    return [p for p in base.iterdir() if p.suffix == ".safetensors" or p.name == "config.json"]
+
+
+def export(store: Store, config: Config, name: str | None, out: Path) -> Path:
+    """Write version `name` (default: the latest) as a standalone Hugging Face model folder."""
+    version = find_version(store, name)
+    base = model_folder(config.model.path, config.cache_dir())
+    return export_merged(base, Path(version.path) if version.path else None, out)

@@ -1,0 +1,124 @@
+"""The server's side of the trainer process: start it, relay its log, restart it when it dies.
+
+`clawrl serve` runs `clawrl train --config <run_dir>/config.json --exit-with-parent <pid>`
+as a child process, created and awaited in the app's lifespan. Its output
+lines are relayed to the server's log (so training progress shows in the
+terminal and in `logs/server.log`). When it exits while the server runs, it
+is restarted after `restart_backoff_s`, doubling after each quick failure up to
+`restart_backoff_max_s` (a trainer that ran 5 minutes starts the count over).
+Serving never waits on any of this; `/healthz` shows `trainer`:
+
+    {"status": "starting" | "running" | "restarting" | "stopped",
+     "pid", "restarts", "last_exit", "last_error", "restart_in_s"}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from clawrl.config import TrainConfig
+
+log = logging.getLogger("clawrl.trainer")
+_LEVELS = {name: getattr(logging, name) for name in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}
+HEALTHY_RUN_S = 300.0  # a run this long resets the backoff
+
+
+class TrainerSupervisor:
+    def __init__(self, config_file: Path, run_dir: Path, cfg: TrainConfig) -> None:
+        self.command = [
+            sys.executable,
+            "-m",
+            "clawrl",
+            "train",
+            "--config",
+            str(config_file),
+            "--run-dir",
+            str(run_dir),
+            "--exit-with-parent",
+            str(os.getpid()),
+        ]
+        self.cfg = cfg
+        self.status = "starting"
+        self.restarts = 0
+        self.last_exit: int | None = None
+        self.last_error: str | None = None
+        self._proc: asyncio.subprocess.Process | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._restart_at: float | None = None
+        self._stopping = False
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._supervise(), name="clawrl-trainer-supervisor")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self.status = "stopped"
+
+    def health(self) -> dict[str, Any]:
+        wait = None if self._restart_at is None else max(0.0, self._restart_at - time.monotonic())
+        return {
+            "status": self.status,
+            "pid": self._proc.pid if self._proc is not None and self.status == "running" else None,
+            "restarts": self.restarts,
+            "last_exit": self.last_exit,
+            "last_error": self.last_error,
+            "restart_in_s": None if wait is None else round(wait, 1),
+        }
+
+    async def _supervise(self) -> None:
+        failures = 0
+        while not self._stopping:
+            started = time.monotonic()
+            await self._run_once()
+            if self._stopping:
+                return
+            failures = 1 if time.monotonic() - started > HEALTHY_RUN_S else failures + 1
+            delay = min(self.cfg.restart_backoff_s * 2 ** (failures - 1), self.cfg.restart_backoff_max_s)
+            log.error("the trainer exited with %s (%s); restarting in %.0f s", *self._why(), delay)
+            self.status, self._restart_at = "restarting", time.monotonic() + delay
+            await asyncio.sleep(delay)
+            self.restarts += 1
+            self._restart_at = None
+
+    async def _run_once(self) -> None:
+        self._proc = await asyncio.create_subprocess_exec(
+            *self.command,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        self.status = "running"
+        tail: deque[str] = deque(maxlen=20)
+        assert self._proc.stdout is not None
+        async for raw in self._proc.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            if line:
+                tail.append(line)
+                level, _, rest = line.partition(" ")  # the trainer logs "LEVEL message" when supervised
+                if level not in _LEVELS:  # a traceback, a library's print
+                    level, rest = "INFO", line
+                log.log(_LEVELS[level], "%s", rest)
+        self.last_exit = await self._proc.wait()
+        if self.last_exit != 0 and tail:
+            self.last_error = tail[-1]  # a traceback ends with the exception itself
+
+    def _why(self) -> tuple[Any, str]:
+        return self.last_exit, self.last_error or "no output"

@@ -1,0 +1,197 @@
+"""The trainer loop on a real store and a tiny model: batches, versions, resume, rollback, export."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from clawrl.cli import main
+from clawrl.config import Config
+from clawrl.store.db import Store
+from clawrl.train.loop import TrainLoop
+from clawrl.train.policy import build_policy
+from clawrl.train.publish import export, rollback
+from clawrl.train.weights import full_weights_loader
+from clawrl.types import Sample
+from tests.unit.test_store import make_turn
+
+PROMPT = [1, 9690, 198, 4093, 198, 1780, 314, 2, 198, 1, 520, 9531, 198]
+
+
+@pytest.fixture
+def run(tmp_path, tiny_model_dir):
+    """A run folder whose store holds one session of 40 main turns, and the config to train it."""
+    config = Config(
+        run_dir=tmp_path / "run",
+        model={"path": str(tiny_model_dir)},
+        train={"batch_size": 4, "lr": 1e-2, "poll_s": 0.01, "lora": {"rank": 4, "alpha": 8}},
+    )
+    config.run_dir.mkdir()
+    with Store.open(config.run_dir / "clawrl.db") as store:
+        store.upsert_session("s1", "header", 1.0)
+        for i in range(40):
+            store.insert_turn(make_turn(f"t{i}", "s1", i, created_at=10.0 + i))
+        yield config, store
+
+
+def add(store: Store, n: int, start: int = 0, **kw) -> list[int]:
+    samples = []
+    for i in range(start, start + n):
+        response = [4093 + i, 30, 2][: 1 + i % 3]
+        values = dict(
+            turn_id=f"t{i}",
+            kind="rl",
+            prompt_ids=PROMPT[: 6 + i % 7],
+            response_ids=response,
+            logprobs=[-3.0] * len(response),
+            version="v0",
+            temperature=1.0,
+            reward=1.0 if i % 2 else -1.0,
+        )
+        samples.append(Sample(**{**values, **kw}))
+    return store.insert_samples(samples)
+
+
+def loop_for(config: Config, store: Store) -> TrainLoop:
+    loop = TrainLoop(store, build_policy(config.model.path, config.train, "cpu"), config.run_dir)
+    loop.resume()
+    return loop
+
+
+def lora_state(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters() if "lora_" in k}
+
+
+def test_waits_for_a_full_batch_then_publishes_a_version(run, capsys):
+    config, store = run
+    loop = loop_for(config, store)
+    first = add(store, 3)
+    assert loop.run_once() is False and store.latest_version().name == "v0"
+    first += add(store, 1, start=3)
+    assert loop.run_once() is True
+    v1 = store.latest_version()
+    assert (v1.name, v1.step, v1.parent) == ("v1", 1, "v0")
+    for key in ("loss", "pg_loss", "kl", "clip_frac", "mean_reward", "tokens", "step_s", "tokens_per_s"):
+        assert math.isfinite(v1.metrics[key]), key
+    assert v1.metrics["samples"] == 4 and v1.metrics["samples_rl"] == 4
+    folder = config.run_dir / "checkpoints" / "v1"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["samples"] == first and manifest["step"] == 1
+    assert {"adapter_model.safetensors", "adapter_config.json", "optimizer.pt"} <= {
+        p.name for p in folder.iterdir()
+    }
+    assert [store.sample_status(i)[0] for i in first] == ["trained"] * 4
+    assert loop.run_once() is False  # nothing is trained twice
+    assert main(["versions", "--run-dir", str(config.run_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["v0", "v1"]
+    assert "samples 4" in lines[1] and "loss=" in lines[1]
+
+
+def test_defective_and_stale_samples_are_left_out_with_their_reason(run):
+    config, store = run
+    config.train.max_staleness = 0
+    loop = loop_for(config, store)
+    add(store, 4)
+    assert loop.run_once()
+    (nan,) = add(store, 1, start=4, logprobs=[float("nan")], response_ids=[5])
+    (empty,) = add(store, 1, start=5, response_ids=[], logprobs=[])
+    (long,) = add(store, 1, start=6, prompt_ids=list(range(5000)))
+    (stale,) = add(store, 1, start=7, version="v0")
+    assert loop.run_once() is False
+    assert store.sample_status(nan) == ("skipped", "non-finite behaviour logprobs")
+    assert store.sample_status(empty) == ("skipped", "empty response")
+    assert store.sample_status(long)[0] == "skipped" and "max_seq_len" in store.sample_status(long)[1]
+    assert store.sample_status(stale) == ("stale", "made by v0, 1 versions behind v1")
+
+
+def test_a_new_trainer_resumes_from_the_last_version_with_its_optimizer(run):
+    config, store = run
+    loop = loop_for(config, store)
+    add(store, 4)
+    assert loop.run_once()
+    orphan = config.run_dir / "checkpoints" / "v2"  # as if a trainer died between folder and row
+    orphan.mkdir()
+    (orphan / "manifest.json").write_text("{}")
+    again = loop_for(config, store)
+    assert again.version == "v1" and again.step == 1
+    assert not orphan.exists() and list((config.run_dir / "checkpoints").glob(".v2-unpublished-*"))
+    mine, theirs = lora_state(loop.policy.model), lora_state(again.policy.model)
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+    a, b = loop.policy.optimizer.state_dict()["state"], again.policy.optimizer.state_dict()["state"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k]["exp_avg"], b[k]["exp_avg"]) for k in a)
+    add(store, 4, start=4)
+    assert again.run_once() and store.latest_version().name == "v2"
+
+
+def test_a_rollback_is_served_and_trained_from(run, capsys):
+    config, store = run
+    loop = loop_for(config, store)
+    add(store, 4)
+    assert loop.run_once()
+    v1 = lora_state(loop.policy.model)
+    add(store, 4, start=4)
+    assert loop.run_once()
+    assert main(["rollback", "v1", "--run-dir", str(config.run_dir)]) == 0
+    assert "published v3" in capsys.readouterr().out
+    v3 = store.latest_version()
+    assert (v3.parent, v3.metrics["rollback_of"], v3.step) == ("v1", "v1", 1)
+    loop.run_once()  # no samples: it only follows the rollback
+    assert loop.version == "v3" and loop.step == 1
+    now = lora_state(loop.policy.model)
+    assert all(torch.equal(now[k], v1[k]) for k in v1)
+    rollback(store, config, "v0")
+    loop.run_once()
+    assert loop.version == "v4"
+    assert all(not p.any() for k, p in lora_state(loop.policy.model).items() if "lora_B" in k)
+    assert main(["rollback", "v9", "--run-dir", str(config.run_dir)]) == 2
+    assert "no version v9" in capsys.readouterr().err
+
+
+def test_export_writes_the_version_as_a_plain_model(run, tmp_path):
+    config, store = run
+    loop = loop_for(config, store)
+    add(store, 4)
+    assert loop.run_once()
+    out = export(store, config, None, tmp_path / "merged")
+    plain = AutoModelForCausalLM.from_pretrained(out)
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        expected = loop.policy.model(input_ids=ids).logits
+        assert torch.allclose(plain(input_ids=ids).logits, expected, atol=1e-4)
+        base = AutoModelForCausalLM.from_pretrained(config.model.path)(input_ids=ids).logits
+    assert not torch.allclose(base, expected, atol=1e-4)  # the export is the trained version, not the base
+    assert (out / "tokenizer_config.json").is_file()
+    with pytest.raises(FileExistsError):
+        export(store, config, None, out)
+
+
+def test_full_fine_tuning_versions_load_in_a_server_model(run):
+    config, store = run
+    config.train.weights = "full"
+    config.train.lr = 1e-3
+    loop = loop_for(config, store)
+    assert loop.policy.trainer.frozen is not None  # kl_coef > 0 needs the frozen reference
+    add(store, 4)
+    assert loop.run_once()
+    folder = config.run_dir / "checkpoints" / "v1"
+    served = AutoModelForCausalLM.from_pretrained(config.model.path)
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        full_weights_loader(folder)(served)
+        assert torch.allclose(
+            served(input_ids=ids).logits, loop.policy.model(input_ids=ids).logits, atol=1e-5
+        )
+    again = loop_for(config, store)
+    assert all(
+        torch.equal(a, b) for a, b in zip(again.policy.model.parameters(), loop.policy.model.parameters())
+    )
+    rollback(store, config, "v0")  # full weights: v0 comes back as a copy of the base weights
+    again.run_once()
+    base = AutoModelForCausalLM.from_pretrained(config.model.path)
+    assert all(torch.equal(a, b) for a, b in zip(again.policy.model.parameters(), base.parameters()))
+    assert (config.run_dir / "checkpoints" / "v2" / "model.safetensors").is_file()
