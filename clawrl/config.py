@@ -180,7 +180,12 @@ class TrainConfig(_Section):
         le=19,
         description="CPU niceness of the trainer process: serving keeps the CPU first.",
     )
-    threads: int | None = Field(None, gt=0, description="torch CPU threads of the trainer. None: torch's.")
+    threads: int | None = Field(
+        None,
+        gt=0,
+        description="torch CPU threads of the trainer. None: half the CPU cores (at least 1), so the "
+        "trainer's thread team never fights the engine's for every core.",
+    )
     restart_backoff_s: float = Field(
         2.0,
         gt=0,

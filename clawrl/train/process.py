@@ -8,7 +8,8 @@ against a run folder. Either way:
   (held for the process's life, released by the OS even on SIGKILL); a second
   trainer exits with code 3 and says who holds it;
 - it runs at `train.nice` niceness (serving keeps the CPU first) with
-  `train.threads` torch threads;
+  `train.threads` torch threads, by default half the cores: two OpenMP teams
+  each spinning on every core slow both down many times over;
 - started by a server (`--exit-with-parent PID`), it exits when that server is
   gone, so a SIGKILLed server leaves no trainer behind.
 
@@ -69,8 +70,7 @@ def run_trainer(config: Config, parent_pid: int | None = None) -> int:
         log.error("%s", exc)
         return 3
     os.nice(cfg.nice)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 2) // 2))
     try:
         store = Store.open(config.run_dir / "clawrl.db")
         base = model_folder(config.model.path, config.cache_dir())

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import sys
 import time
 from collections import deque
@@ -92,7 +93,7 @@ class TrainerSupervisor:
                 return
             failures = 1 if time.monotonic() - started > HEALTHY_RUN_S else failures + 1
             delay = min(self.cfg.restart_backoff_s * 2 ** (failures - 1), self.cfg.restart_backoff_max_s)
-            log.error("the trainer exited with %s (%s); restarting in %.0f s", *self._why(), delay)
+            log.error("the trainer exited with %s (%s); restarting in %.1f s", *self._why(), delay)
             self.status, self._restart_at = "restarting", time.monotonic() + delay
             await asyncio.sleep(delay)
             self.restarts += 1
@@ -116,8 +117,10 @@ class TrainerSupervisor:
                 if level not in _LEVELS:  # a traceback, a library's print
                     level, rest = "INFO", line
                 log.log(_LEVELS[level], "%s", rest)
-        self.last_exit = await self._proc.wait()
-        if self.last_exit != 0 and tail:
+        self.last_exit = code = await self._proc.wait()
+        if code < 0:
+            self.last_error = f"killed by {signal.Signals(-code).name}"
+        elif code != 0 and tail:
             self.last_error = tail[-1]  # a traceback ends with the exception itself
 
     def _why(self) -> tuple[Any, str]:

@@ -1,0 +1,203 @@
+"""The trainer process beside a live server: versions published under load, crashes, resume.
+
+Rewards come from explicit ratings (`POST /v1/feedback`, judge backend
+`feedback`), so every rated answer becomes a ready `rl` sample at once and the
+real trainer subprocess turns them into versions while clients keep streaming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+from clawrl.store.db import Store
+from tests.conftest import RemoteServer
+
+
+def start(run_dir, tiny_model_dir, batch_size: int) -> RemoteServer:
+    return RemoteServer(
+        run_dir,
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--train.enabled",
+            "true",
+            "--judge.backend",
+            "feedback",
+            "--method",
+            "rl",
+            "--train.batch-size",
+            str(batch_size),
+            "--train.poll-s",
+            "0.2",
+            "--train.swap-poll-s",
+            "0.2",
+            "--train.restart-backoff-s",
+            "0.5",
+            # By default the trainer is niced so serving keeps the CPU; under this test's
+            # constant load it would then get ~5% of a 2-core machine and take minutes.
+            "--train.nice",
+            "0",
+        ],
+    )
+
+
+async def _client(server, i: int, stop: asyncio.Event, seen: list, errors: list, max_tokens: int) -> None:
+    """Stream bounded requests and rate each answer, as a user with thumbs up/down would."""
+    client = server.async_client()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        for n in range(60):
+            if stop.is_set():
+                return
+            try:
+                stream = await client.chat.completions.create(
+                    model="clawrl",
+                    messages=[{"role": "user", "content": f"client {i} question {n}"}],
+                    max_tokens=max_tokens,
+                    stream=True,
+                    extra_body={"ignore_eos": True},
+                )
+                chunks = [c async for c in stream]
+                seen.append({c.system_fingerprint for c in chunks})
+                rating = {"response_id": chunks[0].id, "rating": 1 if n % 2 else -1}
+                (await http.post("/v1/feedback", json=rating)).raise_for_status()
+            except Exception as exc:  # every failure is counted and reported by the test
+                errors.append(repr(exc))
+
+
+async def _until(server, done, timeout: float, stop: asyncio.Event) -> None:
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(timeout=10) as http:
+        while not done((await http.get(server.url + "/healthz")).json()):
+            assert time.monotonic() < deadline, f"not reached within {timeout} s:\n{server.output()[-3000:]}"
+            await asyncio.sleep(0.1)
+    stop.set()
+
+
+def _load(server, done, timeout: float, max_tokens: int = 16, clients: int = 8):
+    seen: list[set] = []
+    errors: list[str] = []
+
+    async def scenario():
+        stop = asyncio.Event()
+        streams = [_client(server, i, stop, seen, errors, max_tokens) for i in range(clients)]
+        await asyncio.gather(_until(server, done, timeout, stop), *streams)
+
+    asyncio.run(scenario())
+    return seen, errors
+
+
+def _number(health: dict) -> int:
+    return int(health["version"].removeprefix("v"))
+
+
+def manifests(run_dir) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((run_dir / "checkpoints").glob("v*/manifest.json"))]
+
+
+def trained_once(run_dir) -> list[list[int]]:
+    """Every version's manifest samples; asserts no sample is in two of them and all are `trained`."""
+    manifests = [
+        json.loads(p.read_text()) for p in sorted((run_dir / "checkpoints").glob("v*/manifest.json"))
+    ]
+    used = [m["samples"] for m in manifests]
+    flat = [i for ids in used for i in ids]
+    assert len(flat) == len(set(flat)), "a sample was trained twice"
+    with Store.open(run_dir / "clawrl.db", readonly=True) as store:
+        assert all(store.sample_status(i)[0] == "trained" for i in flat)
+        assert store.count_samples("trained") == len(flat)
+    return used
+
+
+def test_versions_published_by_the_trainer_swap_in_under_eight_streaming_clients(tmp_path, tiny_model_dir):
+    run_dir = tmp_path / "run"
+    server = start(run_dir, tiny_model_dir, batch_size=4)
+    try:
+        seen, errors = _load(server, lambda h: _number(h) >= 3, timeout=180)
+        assert errors == []
+        fingerprints = set().union(*seen)
+        assert {"clawrl-v1", "clawrl-v2", "clawrl-v3"} <= fingerprints
+        health = server.health()
+        assert health["trainer"]["status"] == "running" and health["trainer"]["restarts"] == 0
+        used = trained_once(run_dir)
+        assert len(used) >= 3 and all(len(ids) == 4 for ids in used)
+        with Store.open(run_dir / "clawrl.db", readonly=True) as store:
+            served = {v for turn in store.turns() for v in turn.versions}
+        assert {"v0", "v1", "v2", "v3"} <= served
+        assert "published v3 (step 3)" in server.output()  # the trainer's progress reaches the server log
+    finally:
+        server.stop()
+
+
+def test_a_trainer_killed_mid_step_is_restarted_and_resumes_without_reusing_a_sample(
+    tmp_path, tiny_model_dir
+):
+    run_dir = tmp_path / "run"
+    server = start(run_dir, tiny_model_dir, batch_size=8)
+    try:
+        _load(server, lambda h: _number(h) >= 1, timeout=180, max_tokens=48, clients=2)
+        pid = server.health()["trainer"]["pid"]
+        client = server.client()
+        answers = [
+            client.chat.completions.create(
+                model="clawrl", messages=[{"role": "user", "content": f"more {n}"}], max_tokens=48
+            )
+            for n in range(8)
+        ]
+        started = server.output().count(": training v")
+        for r in answers:  # one full batch at once: the trainer starts a step, and is killed in it
+            httpx.post(
+                server.url + "/v1/feedback", json={"response_id": r.id, "rating": 1}
+            ).raise_for_status()
+        deadline = time.monotonic() + 60
+        while server.output().count(": training v") == started:
+            assert time.monotonic() < deadline, "the trainer did not start a step"
+            time.sleep(0.01)
+        published = server.output().count("published v")
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+        assert server.output().count("published v") == published, "the step had finished: not killed mid-step"
+        before = _number(server.health())
+        seen, errors = _load(
+            server,
+            lambda h: h["trainer"]["restarts"] >= 1 and _number(h) >= before + 2,
+            timeout=180,
+            clients=2,
+        )
+        assert errors == []  # serving never noticed
+        trainer = server.health()["trainer"]
+        assert trainer["last_exit"] == -signal.SIGKILL and trainer["status"] == "running"
+        assert trainer["last_error"] == "killed by SIGKILL"
+        assert trainer["pid"] != pid
+        assert "training from v" in server.output().split("restarting in")[-1]  # it resumed from a version
+        trained_once(run_dir)
+        steps = [
+            json.loads(p.read_text())["step"] for p in (run_dir / "checkpoints").glob("v*/manifest.json")
+        ]
+        assert sorted(steps) == list(range(1, len(steps) + 1))  # the step count carried over the restart
+    finally:
+        server.stop()
+
+
+def test_a_second_trainer_on_the_same_run_folder_is_refused(tmp_path, tiny_model_dir):
+    run_dir = tmp_path / "run"
+    server = start(run_dir, tiny_model_dir, batch_size=4)
+    try:
+        lock = run_dir / "trainer.lock"
+        deadline = time.monotonic() + 60
+        while not (lock.is_file() and lock.read_text().strip()):
+            assert time.monotonic() < deadline, "the server's trainer never took the run folder"
+            time.sleep(0.1)
+        cmd = [sys.executable, "-m", "clawrl", "train", "--run-dir", str(run_dir)]
+        second = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 3
+        assert f"another trainer (pid {server.health()['trainer']['pid']})" in second.stderr
+    finally:
+        server.stop()
