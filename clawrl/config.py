@@ -168,10 +168,11 @@ class TrainConfig(_Section):
     )
     max_seq_len: int = Field(4096, gt=0, description="Longer samples (prompt + response) are skipped.")
     micro_batch_tokens: int = Field(
-        4096,
+        2048,
         gt=0,
         description="Most (padded) tokens in one forward/backward pass; a step's samples are packed "
-        "into micro-batches under this budget, so memory stays bounded for long samples.",
+        "into micro-batches under this budget, so memory stays bounded for long samples. Activation "
+        "memory grows linearly with it; raise it on a GPU.",
     )
     poll_s: float = Field(2.0, gt=0, description="How often the trainer looks for ready samples.")
     nice: int = Field(

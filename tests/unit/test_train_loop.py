@@ -31,6 +31,7 @@ def run(tmp_path, tiny_model_dir):
         train={"batch_size": 4, "lr": 1e-2, "poll_s": 0.01, "lora": {"rank": 4, "alpha": 8}},
     )
     config.run_dir.mkdir()
+    config.write()  # as `clawrl serve` does: `train`, `rollback` and `export` read it
     with Store.open(config.run_dir / "clawrl.db") as store:
         store.upsert_session("s1", "header", 1.0)
         for i in range(40):
@@ -60,6 +61,10 @@ def loop_for(config: Config, store: Store) -> TrainLoop:
     loop = TrainLoop(store, build_policy(config.model.path, config.train, "cpu"), config.run_dir)
     loop.resume()
     return loop
+
+
+def same_weights(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
 
 
 def lora_state(model) -> dict[str, torch.Tensor]:
@@ -157,7 +162,8 @@ def test_export_writes_the_version_as_a_plain_model(run, tmp_path):
     loop = loop_for(config, store)
     add(store, 4)
     assert loop.run_once()
-    out = export(store, config, None, tmp_path / "merged")
+    out = tmp_path / "merged"
+    assert main(["export", "--merged", str(out), "--run-dir", str(config.run_dir)]) == 0
     plain = AutoModelForCausalLM.from_pretrained(out)
     ids = torch.tensor([PROMPT])
     with torch.no_grad():
@@ -168,6 +174,12 @@ def test_export_writes_the_version_as_a_plain_model(run, tmp_path):
     assert (out / "tokenizer_config.json").is_file()
     with pytest.raises(FileExistsError):
         export(store, config, None, out)
+    assert (
+        main(
+            ["export", "--merged", str(tmp_path / "v7"), "--version", "v7", "--run-dir", str(config.run_dir)]
+        )
+        == 2
+    )
 
 
 def test_full_fine_tuning_versions_load_in_a_server_model(run):
@@ -187,11 +199,9 @@ def test_full_fine_tuning_versions_load_in_a_server_model(run):
             served(input_ids=ids).logits, loop.policy.model(input_ids=ids).logits, atol=1e-5
         )
     again = loop_for(config, store)
-    assert all(
-        torch.equal(a, b) for a, b in zip(again.policy.model.parameters(), loop.policy.model.parameters())
-    )
+    assert same_weights(again.policy.model, loop.policy.model)
     rollback(store, config, "v0")  # full weights: v0 comes back as a copy of the base weights
     again.run_once()
     base = AutoModelForCausalLM.from_pretrained(config.model.path)
-    assert all(torch.equal(a, b) for a, b in zip(again.policy.model.parameters(), base.parameters()))
+    assert same_weights(again.policy.model, base)
     assert (config.run_dir / "checkpoints" / "v2" / "model.safetensors").is_file()

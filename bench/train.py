@@ -1,0 +1,223 @@
+"""What training costs serving, and how fast it trains.
+
+Run: .venv/bin/python bench/train.py [--model DIR] [--rounds 2]
+
+Three measurements, each against a baseline taken in the same run:
+
+1. Step throughput. `Trainer.step` (LoRA, micro-batches, PPO loss with KL)
+   on 16 samples of 96 prompt + 64 response tokens, against a bare PEFT loop
+   over the same sequences (forward, sum of response logprobs, backward, AdamW
+   step; no reference pass, no loss bookkeeping). Printed: tokens/s of each
+   and their ratio.
+2. Swap pause. One client streams 160 tokens; in half the streams a new
+   version is published mid-stream and swapped in. Printed: the longest gap
+   between two streamed tokens across a swap, against the longest gap of the
+   streams without one.
+3. Latency while training. A server with its trainer (default niceness and
+   threads, rewards from explicit ratings) serves 4 clients. Idle phases: the
+   answers are not rated yet, so the trainer waits. Training phases: the
+   previous phase's answers are rated first, so the trainer trains on them
+   while the clients go on. Phases alternate `--rounds` times. Printed: p50 /
+   p95 / p99 request latency in each, the p99 ratio (target <= 1.5), versions
+   published during the training phases, and failed requests (target 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import torch
+from common import RemoteServer
+
+from clawrl.config import Config, TrainConfig
+from clawrl.engine.models import ensure_embedded
+from clawrl.train.policy import build_policy
+from clawrl.types import Sample
+from tests.service.test_hot_swap import Publisher
+
+
+def samples(n: int = 16, prompt: int = 96, response: int = 64) -> list[Sample]:
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(n):
+        ids = torch.randint(100, 40000, (prompt + response,), generator=gen).tolist()
+        out.append(
+            Sample(
+                f"t{i}",
+                "rl",
+                ids[:prompt],
+                ids[prompt:],
+                [-2.0] * response,
+                "v0",
+                1.0,
+                1.0 if i % 2 else -1.0,
+            )
+        )
+    return out
+
+
+def bare_step(model, optimizer, batch: list[Sample]) -> None:
+    optimizer.zero_grad()
+    for s in batch:
+        ids = torch.tensor([s.prompt_ids + s.response_ids])
+        logits = model(input_ids=ids, logits_to_keep=len(s.response_ids) + 1).logits[0, :-1]
+        logp = torch.log_softmax(logits, -1).gather(1, torch.tensor(s.response_ids)[:, None])
+        (-s.reward * logp.mean()).backward()
+    optimizer.step()
+
+
+def step_throughput(model_dir: Path) -> dict:
+    policy = build_policy(model_dir, TrainConfig(), "cpu")
+    batch = samples()
+    tokens = sum(len(s.response_ids) for s in batch)
+    timings: dict[str, list[float]] = {"trainer": [], "bare": []}
+    for _ in range(3):  # alternate, so machine noise hits both alike; the first round warms up
+        start = time.perf_counter()
+        policy.trainer.step(batch)
+        timings["trainer"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        bare_step(policy.model, policy.optimizer, batch)
+        timings["bare"].append(time.perf_counter() - start)
+    rates = {k: tokens / statistics.median(v[1:]) for k, v in timings.items()}
+    return rates | {"ratio": rates["trainer"] / rates["bare"]}
+
+
+async def longest_gap(server: RemoteServer, publish=None) -> tuple[float, set]:
+    client = server.async_client()
+    stream = await client.chat.completions.create(
+        model="clawrl",
+        messages=[{"role": "user", "content": "Tell me a long story."}],
+        max_tokens=160,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    stamps, prints, count = [], set(), 0
+    async for chunk in stream:
+        stamps.append(time.perf_counter())
+        prints.add(chunk.system_fingerprint)
+        count += 1
+        if publish is not None and count == 40:
+            asyncio.get_running_loop().run_in_executor(None, publish)
+    await client.close()
+    return max(b - a for a, b in zip(stamps[5:], stamps[6:], strict=False)), prints
+
+
+def swap_pause(model: Path, tmp: Path, rounds: int) -> dict:
+    run_dir = tmp / "swap"
+    args = ["--model", str(model), "--judge.enabled", "false", "--train.swap-poll-s", "0.05"]
+    server = RemoteServer(run_dir, args)
+    try:
+        publisher = Publisher(run_dir, model)
+        gaps: dict[str, list[float]] = {"swap": [], "none": []}
+        for k in range(1, rounds * 2 + 1):
+            gaps["none"].append(asyncio.run(longest_gap(server))[0])
+            gap, prints = asyncio.run(longest_gap(server, lambda k=k: publisher.publish(k)))
+            assert f"clawrl-v{k}" in prints and len(prints) == 2, f"no swap mid-stream: {prints}"
+            gaps["swap"].append(gap)
+    finally:
+        server.stop()
+    return {k: max(v) for k, v in gaps.items()} | {"ratio": max(gaps["swap"]) / max(gaps["none"])}
+
+
+async def client_load(server: RemoteServer, n: int, clients: int, ids: list, errors: list) -> list[float]:
+    client = server.async_client()
+
+    async def one(i: int) -> list[float]:
+        out = []
+        for k in range(n):
+            start = time.perf_counter()
+            try:
+                r = await client.chat.completions.create(
+                    model="clawrl",
+                    messages=[{"role": "user", "content": f"Client {i}, question {k}: name a colour."}],
+                    max_tokens=32,
+                    extra_body={"ignore_eos": True},
+                )
+                ids.append(r.id)
+                out.append(time.perf_counter() - start)
+            except Exception as exc:  # counted: the target is zero
+                errors.append(repr(exc))
+        return out
+
+    results = await asyncio.gather(*[one(i) for i in range(clients)])
+    await client.close()
+    return [x for r in results for x in r]
+
+
+def latency_while_training(model: Path, tmp: Path, rounds: int, requests: int) -> dict:
+    args = ["--model", str(model), "--train.enabled", "true", "--judge.backend", "feedback", "--method", "rl"]
+    server = RemoteServer(tmp / "train", args)
+    lat: dict[str, list[float]] = {"idle": [], "training": []}
+    errors: list[str] = []
+    published = 0
+    try:
+        unrated: list[str] = []
+        for _ in range(rounds):
+            lat["idle"] += asyncio.run(client_load(server, requests, 4, unrated, errors))
+            before = server.health()["version"]
+            for rid in unrated:  # rate the idle phase's answers: the trainer gets work
+                httpx.post(server.url + "/v1/feedback", json={"response_id": rid, "rating": 1}, timeout=30)
+            unrated = []
+            lat["training"] += asyncio.run(client_load(server, requests, 4, [], errors))
+            published += int(server.health()["version"][1:]) - int(before[1:])
+            wait_until_idle(server)
+    finally:
+        server.stop()
+    p = {k: percentiles(v) for k, v in lat.items()}
+    return {"p": p, "ratio": p["training"][2] / p["idle"][2], "published": published, "errors": errors}
+
+
+def wait_until_idle(server: RemoteServer, limit: float = 600) -> None:
+    """Until the trainer has no full batch left (its log says it waits)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        trainer = [line for line in server.output().splitlines() if "clawrl.trainer:" in line]
+        if trainer and "waiting for samples" in trainer[-1]:
+            return
+        time.sleep(1)
+
+
+def percentiles(xs: list[float]) -> tuple[float, float, float]:
+    s = sorted(xs)
+    return tuple(s[min(len(s) - 1, int(q * len(s)))] for q in (0.5, 0.95, 0.99))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", type=Path, help="model folder (default: the embedded SmolLM2-135M)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=8, help="requests per client per phase")
+    args = parser.parse_args()
+    model = args.model or ensure_embedded(Config().cache_dir())
+    step = step_throughput(model)
+    print(
+        f"step: trainer {step['trainer']:.0f} tokens/s, bare loop {step['bare']:.0f} tokens/s, "
+        f"ratio {step['ratio']:.2f}"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        swap = swap_pause(model, Path(tmp), args.rounds)
+        print(
+            f"swap pause: longest token gap {swap['swap'] * 1000:.0f} ms across a swap, "
+            f"{swap['none'] * 1000:.0f} ms without, ratio {swap['ratio']:.2f}"
+        )
+        lat = latency_while_training(model, Path(tmp), args.rounds, args.requests)
+    for phase, (p50, p95, p99) in lat["p"].items():
+        print(f"latency {phase:<8}: p50 {p50:.2f} s, p95 {p95:.2f} s, p99 {p99:.2f} s")
+    print(
+        f"p99 training / idle: {lat['ratio']:.2f} (target <= 1.5); versions published while measured: "
+        f"{lat['published']}; failed requests: {len(lat['errors'])} (target 0)"
+    )
+    for error in lat["errors"][:5]:
+        print("  ", error)
+
+
+if __name__ == "__main__":
+    main()
