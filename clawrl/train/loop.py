@@ -92,7 +92,7 @@ class TrainLoop:
 
     def _usable(self) -> list[Sample]:
         ready = self.store.ready_samples(limit=4 * self.cfg.batch_size)
-        t = triage(ready, self.version, self.cfg)
+        t = triage(ready, self.version, self.cfg, self.policy.vocab_size)
         if t.skipped:
             self.store.leave_out_samples({s.id: why for s, why in t.skipped if s.id is not None}, "skipped")
             for s, why in t.skipped:

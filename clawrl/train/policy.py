@@ -39,6 +39,10 @@ class Policy:
     base_dir: Path
     cfg: TrainConfig
 
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_input_embeddings().num_embeddings)
+
     def load(self, folder: Path | None) -> dict:
         """Become the version in `folder` (None: the base model, fresh optimizer); returns its manifest."""
         self.optimizer.state.clear()

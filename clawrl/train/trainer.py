@@ -51,11 +51,12 @@ class Triage:
     skipped: list[tuple[Sample, str]] = field(default_factory=list)
 
 
-def triage(samples: list[Sample], current: str, cfg: TrainConfig) -> Triage:
+def triage(samples: list[Sample], current: str, cfg: TrainConfig, vocab_size: int | None = None) -> Triage:
+    """Sort ready samples into usable, stale and skipped (with a reason); `vocab_size` bounds token ids."""
     out = Triage()
     now = version_number(current)
     for s in samples:
-        reason = _defect(s, cfg)
+        reason = _defect(s, cfg, vocab_size)
         if reason is not None:
             out.skipped.append((s, reason))
         elif now - version_number(s.version) > cfg.max_staleness:
@@ -65,7 +66,7 @@ def triage(samples: list[Sample], current: str, cfg: TrainConfig) -> Triage:
     return out
 
 
-def _defect(s: Sample, cfg: TrainConfig) -> str | None:
+def _defect(s: Sample, cfg: TrainConfig, vocab_size: int | None) -> str | None:
     if not s.response_ids:
         return "empty response"
     if len(s.logprobs) != len(s.response_ids):
@@ -77,6 +78,10 @@ def _defect(s: Sample, cfg: TrainConfig) -> str | None:
         return f"{longest} tokens > train.max_seq_len {cfg.max_seq_len}"
     if s.kind == "opd" and not s.teacher_prompt_ids:
         return "opd sample without a teacher prompt"
+    if vocab_size is not None:  # an id the model has no embedding for would crash every step
+        ids = [*s.prompt_ids, *s.response_ids, *(s.teacher_prompt_ids or [])]
+        if min(ids) < 0 or max(ids) >= vocab_size:
+            return f"token ids outside the model's vocabulary of {vocab_size}"
     return None
 
 

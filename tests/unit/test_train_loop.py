@@ -107,11 +107,13 @@ def test_defective_and_stale_samples_are_left_out_with_their_reason(run):
     (empty,) = add(store, 1, start=5, response_ids=[], logprobs=[])
     (long,) = add(store, 1, start=6, prompt_ids=list(range(5000)))
     (stale,) = add(store, 1, start=7, version="v0")
+    (alien,) = add(store, 1, start=8, response_ids=[10**6], logprobs=[-1.0])
     assert loop.run_once() is False
     assert store.sample_status(nan) == ("skipped", "non-finite behaviour logprobs")
     assert store.sample_status(empty) == ("skipped", "empty response")
     assert store.sample_status(long)[0] == "skipped" and "max_seq_len" in store.sample_status(long)[1]
     assert store.sample_status(stale) == ("stale", "made by v0, 1 versions behind v1")
+    assert store.sample_status(alien)[1].startswith("token ids outside the model's vocabulary")
 
 
 def test_a_new_trainer_resumes_from_the_last_version_with_its_optimizer(run):
