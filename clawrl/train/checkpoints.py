@@ -24,7 +24,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -85,25 +85,14 @@ def save_version(
     number = version_number(version)
     if number < 1:
         raise ValueError("v0 is the base model; saved versions start at v1")
-    final = version_dir(run_dir, version)
-    if final.exists():
-        raise FileExistsError(f"{final} exists; versions are never overwritten")
     manifest = _complete(manifest, version, number, model)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{version}-", suffix=".tmp", dir=final.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         model.save_pretrained(tmp)  # a PeftModel writes its adapter; a plain model, all of itself
         torch.save(optimizer.state_dict(), tmp / OPTIMIZER)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        _fsync_folder(tmp)
-        if final.exists():  # rename() would silently replace an empty folder
-            raise FileExistsError(f"{final} appeared while saving; versions are never overwritten")
-        tmp.rename(final)
-        _fsync(final.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
+
+    return _write_atomically(version_dir(run_dir, version), fill)
 
 
 def copy_version(run_dir: Path, version: str, files: list[Path], manifest: dict) -> Path:
@@ -112,15 +101,26 @@ def copy_version(run_dir: Path, version: str, files: list[Path], manifest: dict)
     Like `save_version`, atomically and never over an existing folder. `manifest`
     is written as given, with `version` and `created_at` set.
     """
-    final = version_dir(run_dir, version)
-    if final.exists():
-        raise FileExistsError(f"{final} exists; versions are never overwritten")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{version}-", suffix=".tmp", dir=final.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         for path in files:
             shutil.copy2(path, tmp / path.name)
         (tmp / MANIFEST).write_text(json.dumps({**manifest, "version": version, "created_at": time.time()}))
+
+    return _write_atomically(version_dir(run_dir, version), fill)
+
+
+def _write_atomically(final: Path, fill: Callable[[Path], None]) -> Path:
+    """Let `fill` write a hidden temporary folder, then rename it to `final` (never over one)."""
+    if final.exists():
+        raise FileExistsError(f"{final} exists; versions are never overwritten")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", suffix=".tmp", dir=final.parent))
+    try:
+        fill(tmp)
         _fsync_folder(tmp)
+        if final.exists():  # rename() would silently replace an empty folder
+            raise FileExistsError(f"{final} appeared while saving; versions are never overwritten")
         tmp.rename(final)
         _fsync(final.parent)
     except BaseException:
