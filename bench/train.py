@@ -9,10 +9,11 @@ Three measurements, each against a baseline taken in the same run:
    over the same sequences (forward, sum of response logprobs, backward, AdamW
    step; no reference pass, no loss bookkeeping). Printed: tokens/s of each
    and their ratio.
-2. Swap pause. One client streams 160 tokens; in half the streams a new
+2. Swap pause. One client streams 160 tokens; in every other stream a new
    version is published mid-stream and swapped in. Printed: the longest gap
-   between two streamed tokens across a swap, against the longest gap of the
-   streams without one.
+   between two streamed tokens in a stream with a swap (median over streams,
+   and the worst), against the median longest gap of the streams without
+   one. The versions are published from another process, as the trainer does.
 3. Latency while training. A server with its trainer (default niceness and
    threads, rewards from explicit ratings) serves 4 clients. Idle phases: the
    answers are not rated yet, so the trainer waits. Training phases: the
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import statistics
 import tempfile
 import time
@@ -38,6 +40,7 @@ from common import RemoteServer
 from clawrl.config import Config, TrainConfig
 from clawrl.engine.models import ensure_embedded
 from clawrl.train.policy import build_policy
+from clawrl.train.weights import LoraSettings
 from clawrl.types import Sample
 from tests.service.test_hot_swap import Publisher
 
@@ -108,21 +111,51 @@ async def longest_gap(server: RemoteServer, publish=None) -> tuple[float, set]:
     return max(b - a for a, b in zip(stamps[5:], stamps[6:], strict=False)), prints
 
 
+def _publisher(run_dir: Path, model: Path, inbox, outbox) -> None:
+    """Publishes version k for each k received, in a process of its own: the stream reader in this
+    process must not wait on the publisher's GIL, or its own pause would be measured as the server's."""
+    publisher = Publisher(run_dir, model, LoraSettings())
+    for k in iter(inbox.get, None):
+        publisher.publish(k)
+        outbox.put(k)
+
+
 def swap_pause(model: Path, tmp: Path, rounds: int) -> dict:
+    """Longest token gap per stream, with and without a swap mid-stream, after warming up."""
     run_dir = tmp / "swap"
-    args = ["--model", str(model), "--judge.enabled", "false", "--train.swap-poll-s", "0.05"]
+    # The trainer is on (as by default), so the server copies the base weights at start-up; it
+    # idles (no samples) and follows the versions published here, shaped as its own (LoRA r16).
+    args = [
+        "--model",
+        str(model),
+        "--judge.enabled",
+        "false",
+        "--train.swap-poll-s",
+        "0.05",
+        "--train.enabled",
+        "true",
+    ]
     server = RemoteServer(run_dir, args)
+    ctx = multiprocessing.get_context("spawn")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    worker = ctx.Process(target=_publisher, args=(run_dir, model, inbox, outbox))
+    worker.start()
     try:
-        publisher = Publisher(run_dir, model)
+        inbox.put(1)  # v1 outside any stream: the publisher's and the server's one-off costs
+        outbox.get(timeout=300)
+        asyncio.run(longest_gap(server))
         gaps: dict[str, list[float]] = {"swap": [], "none": []}
-        for k in range(1, rounds * 2 + 1):
+        for k in range(2, rounds * 2 + 2):
             gaps["none"].append(asyncio.run(longest_gap(server))[0])
-            gap, prints = asyncio.run(longest_gap(server, lambda k=k: publisher.publish(k)))
-            assert f"clawrl-v{k}" in prints and len(prints) == 2, f"no swap mid-stream: {prints}"
+            gap, prints = asyncio.run(longest_gap(server, lambda k=k: inbox.put(k)))
+            assert {f"clawrl-v{k - 1}", f"clawrl-v{k}"} <= prints, f"no swap mid-stream: {prints}"
             gaps["swap"].append(gap)
+            outbox.get(timeout=60)
     finally:
+        inbox.put(None)
+        worker.join(60)
         server.stop()
-    return {k: max(v) for k, v in gaps.items()} | {"ratio": max(gaps["swap"]) / max(gaps["none"])}
+    return {k: statistics.median(v) for k, v in gaps.items()} | {"worst": max(gaps["swap"])}  # seconds
 
 
 async def client_load(server: RemoteServer, n: int, clients: int, ids: list, errors: list) -> list[float]:
@@ -195,20 +228,30 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="model folder (default: the embedded SmolLM2-135M)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--requests", type=int, default=8, help="requests per client per phase")
+    parser.add_argument("--parts", default="step,swap,latency", help="which measurements (comma list)")
     args = parser.parse_args()
     model = args.model or ensure_embedded(Config().cache_dir())
-    step = step_throughput(model)
-    print(
-        f"step: trainer {step['trainer']:.0f} tokens/s, bare loop {step['bare']:.0f} tokens/s, "
-        f"ratio {step['ratio']:.2f}"
-    )
-    with tempfile.TemporaryDirectory() as tmp:
-        swap = swap_pause(model, Path(tmp), args.rounds)
+    parts = args.parts.split(",")
+    if "step" in parts:
+        step = step_throughput(model)
         print(
-            f"swap pause: longest token gap {swap['swap'] * 1000:.0f} ms across a swap, "
-            f"{swap['none'] * 1000:.0f} ms without, ratio {swap['ratio']:.2f}"
+            f"step: trainer {step['trainer']:.0f} tokens/s, bare loop {step['bare']:.0f}, "
+            f"ratio {step['ratio']:.2f}"
         )
-        lat = latency_while_training(model, Path(tmp), args.rounds, args.requests)
+    with tempfile.TemporaryDirectory() as tmp:
+        if "swap" in parts:
+            swap = swap_pause(model, Path(tmp), args.rounds)
+            ms = {k: round(v * 1000) for k, v in swap.items()}
+            print(
+                f"swap pause: longest token gap across a swap {ms['swap']} ms (median; worst {ms['worst']}), "
+                f"without a swap {ms['none']} ms: "
+                f"ratio {swap['swap'] / swap['none']:.2f}"
+            )
+        if "latency" in parts:
+            print_latency(latency_while_training(model, Path(tmp), args.rounds, args.requests))
+
+
+def print_latency(lat: dict) -> None:
     for phase, (p50, p95, p99) in lat["p"].items():
         print(f"latency {phase:<8}: p50 {p50:.2f} s, p95 {p95:.2f} s, p99 {p99:.2f} s")
     print(

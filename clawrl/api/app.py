@@ -39,9 +39,9 @@ def create_app(
     collector = _collector(config, store) if store is not None else None
     watcher = None
     if collector is not None and isinstance(engine, LocalEngine):
-        watcher = VersionWatcher(
-            engine, collector.store, collector.db, config.train.lora.targets, config.train.swap_poll_s
-        )
+        t = config.train
+        eager = t.enabled and t.weights == "lora"
+        watcher = VersionWatcher(engine, collector.store, collector.db, t.lora.targets, t.swap_poll_s, eager)
     if collector is not None and config.judge.enabled:
         collector.judge = _judge(config, collector, engine, tokenizer)
     trainer = None

@@ -5,8 +5,10 @@ or the whole model with `train.weights = "full"`) and then a row in the store's
 `versions` table. A `VersionWatcher` in the
 server polls that table; when the latest version differs from what the engine
 serves, it reads the adapter (outside the engine's pause) and asks the engine to
-merge it into its weights between two decoding steps (`MergedLora`, built on
-the first swap, so a server that never trains pays no memory for base copies).
+merge it into its weights between two decoding steps (`MergedLora`). Its
+copies of the base weights are made at start-up when this server trains LoRA
+(`eager`), else on the first swap, so a server that never trains pays no memory
+for them.
 A full version is copied into the weights as they are. Requests in flight
 carry on, and each token records the version that made it.
 A version whose adapter cannot be read is logged and skipped; serving goes on
@@ -33,15 +35,27 @@ log = logging.getLogger(__name__)
 
 
 class VersionWatcher:
-    def __init__(self, engine: LocalEngine, store: Store, db: Any, targets: list[str], poll_s: float) -> None:
+    def __init__(
+        self,
+        engine: LocalEngine,
+        store: Store,
+        db: Any,
+        targets: list[str],
+        poll_s: float,
+        eager: bool = False,
+    ) -> None:
         self.engine, self.store, self.db = engine, store, db
         self._targets = targets
         self._poll = poll_s
+        self._eager = eager
         self._merged: MergedLora | None = None
         self._failed: set[str] = set()  # versions that could not be loaded (logged once)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        if self._eager:  # copy the base weights now, not during the first swap (measured: 1.45 s vs 0.23 s)
+            loop = asyncio.get_running_loop()
+            self._merged = await loop.run_in_executor(None, MergedLora, self.engine.model, self._targets)
         self._task = asyncio.create_task(self._watch(), name="clawrl-version-watcher")
 
     async def stop(self) -> None:

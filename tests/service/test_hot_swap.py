@@ -21,10 +21,10 @@ from tests.conftest import RemoteServer
 class Publisher:
     """Publishes LoRA versions the way the trainer does: a checkpoint folder, then a store row."""
 
-    def __init__(self, run_dir, model_dir):
+    def __init__(self, run_dir, model_dir, settings: LoraSettings | None = None):
         self.run_dir = run_dir
         self.model = attach_lora(
-            AutoModelForCausalLM.from_pretrained(model_dir), LoraSettings(rank=4, alpha=8)
+            AutoModelForCausalLM.from_pretrained(model_dir), settings or LoraSettings(4, 8)
         )
         self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=1e-3)
         torch.manual_seed(1)
