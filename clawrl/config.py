@@ -104,7 +104,7 @@ class JudgeConfig(_Section):
     enabled: bool = Field(True, description="Judge turns in the background (needs collect.enabled).")
     backend: Literal["local", "openai", "feedback"] = Field(
         "local",
-        description="'local': the server's own engine (the base model); 'openai': any OpenAI-compatible "
+        description="'local': the server's own engine (the served, latest version); 'openai': any OpenAI-compatible "
         "endpoint (vLLM, llama.cpp, Ollama) at base_url; 'feedback': explicit ratings from "
         "POST /v1/feedback only. Explicit ratings decide the reward with every backend.",
     )

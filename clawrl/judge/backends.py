@@ -6,8 +6,9 @@
 - `OpenAIJudge`: any OpenAI-compatible endpoint (vLLM, llama.cpp server, Ollama, a
   clawrl server). One `httpx.AsyncClient`, created at start and closed at stop.
 - `LocalJudge`: the server's own engine. Its requests are marked `background`, so
-  the engine admits them only after every waiting served request. (With LoRA
-  training, judge calls will run with the adapter off, i.e. on the base model.)
+  the engine admits them only after every waiting served request. They run on
+  the weights being served, i.e. the latest trained version: the engine keeps
+  LoRA merged into one set of weights, so there is no adapter to switch off.
 
 Retries, timeouts and the bound on calls in flight belong to the judge loop
 (`judge/worker.py`), not to the backends.
