@@ -11,6 +11,8 @@
   trainer never takes a sample whose judgment has been replaced.
 - A sample's status moves from `ready` to `trained`, `stale`, `skipped` or
   `superseded`; no row is ever deleted.
+- A turn is trained on at most once per sample kind: a later judgment of a turn
+  with a `trained` sample of some kind writes no new sample of that kind.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from clawrl.types import Judgment, Sample, Turn
 STATUSES = frozenset({"ready", "trained", "stale", "skipped", "superseded"})
 KINDS = frozenset({"rl", "opd"})
 
+_TRAINED_KINDS = "SELECT DISTINCT kind FROM samples WHERE turn_id = ? AND status = 'trained'"
 # Ready samples of the turn ?1 from a judgment older than ?2, or from none.
 _SUPERSEDE = (
     "UPDATE samples SET status = 'superseded' "
@@ -66,6 +69,9 @@ class TrainingStore:
         from this judgment (of its turn), if given, are written in the same
         transaction and get their `judgment_id` and `id`: a crash never leaves
         a judged turn without its samples, and a judged turn is not judged again.
+        A sample of a kind the turn was already trained on is not written (its
+        `id` stays None): a turn rated, trained on, then judged again when the
+        conversation goes on is not trained on twice.
         """
         samples = samples or []
         _check_samples(samples)
@@ -75,11 +81,13 @@ class TrainingStore:
             _require_turns(conn, [j.turn_id])
             jid = int(conn.execute(INSERT_JUDGMENT, judgment_row(j)).lastrowid or 0)
             conn.execute(_SUPERSEDE, (j.turn_id, jid))
-            ids = _insert_samples(conn, [dataclasses.replace(s, judgment_id=jid) for s in samples])
+            trained = {row[0] for row in conn.execute(_TRAINED_KINDS, (j.turn_id,))}
+            fresh = [s for s in samples if s.kind not in trained]
+            ids = _insert_samples(conn, [dataclasses.replace(s, judgment_id=jid) for s in fresh])
         j.id = jid
-        for sample in samples:
+        for sample in fresh:
             sample.judgment_id = jid
-        _set_ids(samples, ids)
+        _set_ids(fresh, ids)
         return jid
 
     def latest_judgment(self, turn_id: str) -> Judgment | None:

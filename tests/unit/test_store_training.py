@@ -111,7 +111,7 @@ def test_a_newer_judgment_supersedes_the_ready_samples(store):
     store.insert_judgment(old, made[1:])  # written with its samples, in one transaction
     assert [s.judgment_id for s in made[1:]] == [old.id, old.id] and all(s.id for s in made[1:])
     store.insert_samples(made[:1])  # e.g. a sample made before any judgment
-    store.set_sample_status([made[2].id], "trained")
+    store.set_sample_status([made[1].id], "trained")
     other = store.insert_samples([sample("t1")])  # another turn is left alone
 
     new = judgment(score=1)
@@ -125,6 +125,19 @@ def test_a_newer_judgment_supersedes_the_ready_samples(store):
     store.insert_samples([sample(judgment_id=old.id)])  # late samples of the old judgment
     assert store.supersede_samples("t0", new.id) == 1
     assert store.count_samples("ready") == 2
+
+
+def test_a_turn_already_trained_on_gets_no_second_sample_of_that_kind(store):
+    first = sample()
+    store.insert_judgment(judgment(score=-1), [first])
+    store.set_sample_status([first.id], "trained")
+    # The conversation goes on: the turn is judged again, with its next state this time.
+    again, hinted = sample(), sample(kind="opd")
+    later = judgment(score=1, hint="Use the unit")
+    store.insert_judgment(later, [again, hinted])
+    assert again.id is None and hinted.id is not None and hinted.judgment_id == later.id
+    assert [s.id for s in store.ready_samples()] == [hinted.id]
+    assert store.latest_judgment("t0").score == 1  # the judgment itself is recorded
 
 
 def test_ready_samples_status_and_counts(store):
