@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from clawrl.eval.commands import add_eval_parsers  # argparse only; the work imports lazily
+
 DESCRIPTION = """\
 Serve a self-hosted model through an OpenAI-compatible API, and train it on the
 conversations it serves.
@@ -45,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=cmd_serve)
     _train_parsers(sub)
     _records_parser(sub)
+    add_eval_parsers(sub)
     return parser
 
 

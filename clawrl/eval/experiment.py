@@ -1,0 +1,123 @@
+"""One method's experiment against one live server: v0, then each new version, measured.
+
+`run_experiment` measures the held-out tasks at the served version, starts the
+simulated users (`clawrl.eval.scenario.Traffic`), and each time `/healthz` shows a
+newer version pauses them, measures again and lets them go on, until `steps` versions
+past the start are measured or `max_wall_s` has passed (then it stops with what it has).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from clawrl.eval.client import EvalError, ServerClient, version_number
+from clawrl.eval.personas.base import Persona
+from clawrl.eval.scenario import Outcome, Point, Settings, Traffic, measure
+from clawrl.eval.tasks import Task
+
+log = logging.getLogger(__name__)
+
+
+def check_learning(health: dict[str, Any]) -> tuple[str, str]:
+    """(judge name, method) of a server that can learn; EvalError saying why one cannot."""
+    judge, trainer = health.get("judge") or {}, health.get("trainer") or {}
+    if judge.get("status", "off") == "off":
+        raise EvalError("the server judges nothing (judge or collection off), so it cannot learn")
+    if trainer.get("status", "off") == "off":
+        raise EvalError("the server runs no trainer (train.enabled = false), so no version will come")
+    return str(judge.get("judge", "?")), str(judge.get("method", "?"))
+
+
+async def run_experiment(
+    client: ServerClient,
+    persona: Persona,
+    train: list[Task],
+    held_out: list[Task],
+    settings: Settings,
+) -> Outcome:
+    """Measure, train and measure again until `settings.steps` versions are measured."""
+    started = time.monotonic()
+    judge, method = check_learning(await client.health())
+    outcome = Outcome(method=method, judge=judge)
+    start = await client.version()
+    outcome.points.append(await _point(client, persona, held_out, settings, start, start, started))
+    traffic = Traffic(client, persona, train, method, settings)
+    users = traffic.begin(start)
+    try:
+        await _follow(client, persona, held_out, settings, traffic, users, outcome, started)
+    finally:
+        await _stop(users)
+    outcome.conversations, outcome.answers = traffic.conversations, traffic.answers
+    outcome.wall_s = time.monotonic() - started
+    return outcome
+
+
+async def _follow(
+    client: ServerClient,
+    persona: Persona,
+    held_out: list[Task],
+    settings: Settings,
+    traffic: Traffic,
+    users: list[asyncio.Task[None]],
+    outcome: Outcome,
+    started: float,
+) -> None:
+    """Measure each newer version, the users paused meanwhile, until enough steps or the deadline."""
+    start = version = outcome.points[0].version
+    while outcome.points[-1].step < settings.steps:
+        newer = await _next_version(client, traffic, users, version, started + settings.max_wall_s)
+        if newer is None:
+            outcome.stopped = "timeout"
+            return
+        await traffic.pause()
+        outcome.points.append(await _point(client, persona, held_out, settings, start, newer, started))
+        version = newer
+        await traffic.resume(version)
+
+
+async def _point(
+    client: ServerClient,
+    persona: Persona,
+    tasks: list[Task],
+    settings: Settings,
+    start: str,
+    version: str,
+    started: float,
+) -> Point:
+    scores, seen = await measure(client, persona, tasks, settings.max_tokens, f"{start}-{version}")
+    step = version_number(version) - version_number(start)
+    point = Point(step, version, sum(scores) / len(scores), scores, seen, time.monotonic() - started)
+    log.info("step %d (%s): held-out score %.3f", step, version, point.score)
+    print(f"clawrl eval: step {step} ({version}): held-out score {point.score:.3f}", flush=True)
+    return point
+
+
+async def _next_version(
+    client: ServerClient, traffic: Traffic, users: list[asyncio.Task[None]], current: str, deadline: float
+) -> str | None:
+    """The first version newer than `current` that `/healthz` shows; None at the deadline."""
+    while time.monotonic() < deadline:
+        _raise_failed(users)
+        health = await client.health()
+        check_learning(health)
+        if version_number(health["version"]) > version_number(current):
+            return str(health["version"])
+        await traffic.poke()
+        await asyncio.sleep(traffic.settings.poll_s)
+    return None
+
+
+def _raise_failed(users: list[asyncio.Task[None]]) -> None:
+    """Re-raise the error of a simulated user that stopped (their loops never end otherwise)."""
+    for user in users:
+        if user.done() and not user.cancelled() and user.exception() is not None:
+            raise EvalError(f"a simulated user failed: {user.exception()}") from user.exception()
+
+
+async def _stop(users: list[asyncio.Task[None]]) -> None:
+    for user in users:
+        user.cancel()
+    await asyncio.gather(*users, return_exceptions=True)

@@ -1,0 +1,100 @@
+"""Pacing the simulated users so that every training step is measured.
+
+The trainer takes `train.batch_size` ready samples per step, and the server serves
+only its newest version. If the users sent many more ratings than a step needs, the
+trainer would publish two versions back to back and the evaluation would never see
+the first. So a user holds back a rating (and the next message, which follows it) once
+the users have sent one step's worth of samples beyond the steps already published, and
+goes on when the next version is served. This is client-side bookkeeping on what the
+client itself sent: no private server state.
+
+The rating is what is held, not the answer request: the next message always follows
+the rating at once. (A next message arriving after its turn's sample was trained makes
+the server judge the turn again, and the same answer would be trained twice.)
+
+How many samples one explicit rating makes (the method's rule, see clawrl/algo/):
+
+    rl        1 (an explicit rating is +1 or -1, never 0)
+    opd       1 when a comment over 10 characters comes with it (the hint), else 0
+    combine   both of the above
+
+If the count is off (a sample skipped by the trainer, a hint refused), the users would
+wait for a version that never comes; after `stall_s` without one they get one more
+step's worth of budget, so an evaluation slows down but never hangs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from clawrl.judge.votes import MIN_HINT_CHARS
+
+METHODS = ("rl", "opd", "combine")
+
+
+def expected_samples(method: str, rating: int, comment: str | None) -> int:
+    """Training samples the server makes from one explicit rating (see the module docstring)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; known methods: {', '.join(METHODS)}")
+    rl = 1 if rating != 0 and method in ("rl", "combine") else 0
+    hint = comment is not None and len(comment.strip()) > MIN_HINT_CHARS
+    opd = 1 if hint and method in ("opd", "combine") else 0
+    return rl + opd
+
+
+@dataclass
+class Pacer:
+    """The users' sample budget: `per_step` samples for each step not yet published.
+
+    `per_step=None` paces nothing (the budget is unlimited). Versions are counted as
+    steps from `start`, the version number served when the evaluation began.
+    """
+
+    per_step: int | None
+    start: int = 0
+    stall_s: float = 120.0
+    current: int = 0
+    sent: int = 0
+    granted: int = 0  # extra budget given after stalls
+    blocked_since: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.per_step is not None and self.per_step < 1:
+            raise ValueError(f"per_step must be at least 1, got {self.per_step}")
+        self.current = max(self.current, self.start)
+
+    @property
+    def budget(self) -> int | None:
+        """Samples the users may have sent by now; None when unpaced."""
+        if self.per_step is None:
+            return None
+        return (self.current - self.start + 1) * self.per_step + self.granted
+
+    def take(self, now: float, samples: int) -> bool:
+        """Count a rating that makes `samples` samples, if the budget has room; else note the wait.
+
+        Room means fewer samples sent than the budget, so a `combine` rating worth two
+        may pass the budget by one: the trainer leaves that one for the next step.
+        """
+        budget = self.budget
+        if samples == 0 or budget is None or self.sent < budget:
+            self.sent += samples
+            self.blocked_since = None
+            return True
+        if self.blocked_since is None:
+            self.blocked_since = now
+        return False
+
+    def served(self, number: int) -> None:
+        """Version `number` is served now: its step's budget opens."""
+        if number > self.current:
+            self.current = number
+            self.blocked_since = None
+
+    def unstall(self, now: float) -> bool:
+        """Grant one more step's budget if the users have waited `stall_s`; True if granted."""
+        if self.per_step is None or self.blocked_since is None or now - self.blocked_since < self.stall_s:
+            return False
+        self.granted += self.per_step
+        self.blocked_since = None
+        return True

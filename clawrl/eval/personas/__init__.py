@@ -1,0 +1,45 @@
+"""Simulated users: who talks to the server during an evaluation, and what they prefer.
+
+| name      | opens with                               | prefers                                         |
+| --------- | ---------------------------------------- | ----------------------------------------------- |
+| `student` | a homework problem, asking for help      | plain prose with the right number, no markdown  |
+| `teacher` | a student's answer, asking for a comment | specific, friendly, short grading comments      |
+| `brief`   | the bare question                        | the right number in at most 30 words            |
+| `pirate`  | a question for the club                  | every answer starting with "Ahoy!" (OPD-only)   |
+
+All are scripted and deterministic (clawrl.eval.personas.base explains the interface);
+`clawrl.eval.llm_persona.LLMPersona` plays any of them with an OpenAI-compatible model.
+"""
+
+from __future__ import annotations
+
+from clawrl.eval.personas.base import Check, Persona, Reply, RulePersona
+from clawrl.eval.personas.brief import Brief
+from clawrl.eval.personas.pirate import Pirate
+from clawrl.eval.personas.student import Student
+from clawrl.eval.personas.teacher import Teacher, student_answer
+from clawrl.eval.personas.text import mentions_answer, numbers_in
+
+PERSONAS: dict[str, type[RulePersona]] = {p.name: p for p in (Student, Teacher, Brief, Pirate)}
+
+
+def get_persona(name: str, max_turns: int = 3) -> RulePersona:
+    """A new scripted persona called `name`; ValueError naming the known ones otherwise."""
+    try:
+        cls = PERSONAS[name]
+    except KeyError:
+        raise ValueError(f"unknown persona {name!r}; known personas: {', '.join(PERSONAS)}") from None
+    return cls(max_turns=max_turns)
+
+
+__all__ = [
+    "PERSONAS",
+    "Check",
+    "Persona",
+    "Reply",
+    "RulePersona",
+    "get_persona",
+    "mentions_answer",
+    "numbers_in",
+    "student_answer",
+]

@@ -1,0 +1,159 @@
+"""The evaluation report: `report.json` data and its `report.md` table (pure functions).
+
+report.json:
+
+    {"persona": "brief", "judge": "feedback", "feedback": true,
+     "signal": "explicit ratings and comments (POST /v1/feedback); judge backend 'feedback'",
+     "methods": {"rl": {"scores": [v0, after step 1, ...], "versions": ["v0", "v1", ...],
+                        "steps": [0, 1, ...], "elapsed_s": [...], "task_scores": [[...], ...],
+                        "wall_s": 812.4, "conversations": 40, "answers": 96, "stopped": "done",
+                        "judge": "feedback", "run_dir": "..."}},
+     "held_out": ["m03", ...], "settings": {...}, "command": "clawrl eval ...", "config": {...}}
+
+`scores[i]` is the mean persona score of the first answers to the held-out tasks at
+`versions[i]`, which is `steps[i]` versions past the start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from clawrl.eval.scenario import Outcome, Settings
+
+
+def mean(values: list[float]) -> float:
+    """The arithmetic mean; ValueError for no values."""
+    if not values:
+        raise ValueError("the mean of no values")
+    return sum(values) / len(values)
+
+
+def method_entry(outcome: Outcome, run_dir: str | None) -> dict[str, Any]:
+    """One method's part of report.json."""
+    points = outcome.points
+    return {
+        "scores": [round(p.score, 4) for p in points],
+        "versions": [p.version for p in points],
+        "steps": [p.step for p in points],
+        "elapsed_s": [round(p.elapsed_s, 1) for p in points],
+        "task_scores": [[round(s, 4) for s in p.scores] for p in points],
+        "answer_versions": [p.answer_versions for p in points],
+        "wall_s": round(outcome.wall_s, 1),
+        "conversations": outcome.conversations,
+        "answers": outcome.answers,
+        "stopped": outcome.stopped,
+        "judge": outcome.judge,
+        "run_dir": run_dir,
+    }
+
+
+def signal(judge: str, feedback: bool) -> str:
+    """Which signal taught the model, in words."""
+    parts = ["explicit ratings and comments (POST /v1/feedback)"] if feedback else []
+    if judge != "feedback":
+        parts.append(f"the {judge} judge reading the users' next messages")
+    taught = " and ".join(parts) if parts else "nothing (judge backend 'feedback' but no feedback sent)"
+    return f"{taught}; judge backend {judge!r}"
+
+
+def build_report(
+    persona: str,
+    methods: dict[str, dict[str, Any]],
+    settings: Settings,
+    held_out: list[str],
+    command: str,
+    config: dict[str, Any],
+) -> dict[str, Any]:
+    """The whole report.json; `methods` maps a method name to its `method_entry`."""
+    judges = sorted({entry["judge"] for entry in methods.values()})
+    judge = judges[0] if len(judges) == 1 else ",".join(judges)
+    return {
+        "persona": persona,
+        "judge": judge,
+        "feedback": settings.feedback,
+        "signal": signal(judge, settings.feedback),
+        "methods": methods,
+        "held_out": held_out,
+        "settings": dataclasses.asdict(settings),
+        "command": command,
+        "config": config,
+    }
+
+
+def score_rows(report: dict[str, Any]) -> list[tuple[int, dict[str, tuple[float, str]]]]:
+    """(step, {method: (score, version)}) for every step any method measured, in step order."""
+    rows: dict[int, dict[str, tuple[float, str]]] = {}
+    for method, entry in report["methods"].items():
+        for step, score, version in zip(entry["steps"], entry["scores"], entry["versions"], strict=True):
+            rows.setdefault(step, {})[method] = (score, version)
+    return sorted(rows.items())
+
+
+def change(entry: dict[str, Any]) -> float | None:
+    """Last score minus the first (None with fewer than two measurements)."""
+    scores = entry["scores"]
+    return scores[-1] - scores[0] if len(scores) >= 2 else None
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """report.md: what was run, which signal taught, and a step x method table of scores."""
+    lines = [
+        f"# clawrl eval: persona `{report['persona']}`",
+        "",
+        f"- held-out tasks: {len(report['held_out'])} ({', '.join(report['held_out'])})",
+        f"- signal: {report['signal']}",
+        f"- command: `{report['command']}`",
+        "",
+        "Mean persona score of the first answer to each held-out task (greedy), per training step:",
+        "",
+        *_score_table(report),
+        "",
+        *_method_table(report),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _score_table(report: dict[str, Any]) -> list[str]:
+    methods = list(report["methods"])
+    lines = ["| step | " + " | ".join(methods) + " |", "| --- | " + " | ".join("---" for _ in methods) + " |"]
+    for step, cells in score_rows(report):
+        shown = [f"{cells[m][0]:.3f} ({cells[m][1]})" if m in cells else "-" for m in methods]
+        lines.append(f"| {step} | " + " | ".join(shown) + " |")
+    return lines
+
+
+def _method_table(report: dict[str, Any]) -> list[str]:
+    lines = [
+        "| method | change | wall time | conversations | training answers | stopped |",
+        "| --- " * 6 + "|",
+    ]
+    for method, entry in report["methods"].items():
+        delta = change(entry)
+        shown = "-" if delta is None else f"{delta:+.3f}"
+        lines.append(
+            f"| {method} | {shown} | {entry['wall_s']:.0f} s | {entry['conversations']} | "
+            f"{entry['answers']} | {entry['stopped']} |"
+        )
+    return lines
+
+
+def eval_entry_for(path: Path, method: str | None, required: bool = False) -> dict[str, Any] | None:
+    """The eval scores of `method` in the report.json at `path`.
+
+    The only method of a one-method report is taken whatever `method` is. None when the
+    file is missing (ValueError then if `required`) or has no entry for `method`.
+    """
+    if not path.is_file():
+        if required:
+            raise ValueError(f"no eval report at {path}")
+        return None
+    try:
+        methods = json.loads(path.read_text())["methods"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a clawrl eval report.json: {exc}") from exc
+    if len(methods) == 1:
+        return next(iter(methods.values()))
+    return methods.get(method) if method else None

@@ -1,0 +1,183 @@
+"""The experiment against one server: measure, let simulated users talk, measure each new version.
+
+1. **Measure** (`measure`): every held-out task's opening message is sent once, greedy
+   (temperature 0) and marked `X-Turn-Type: side`, so it is never trained on; the
+   persona scores each first answer, and the point is their mean.
+2. **Train** (`Traffic`): `concurrency` simulated users hold conversations on the
+   training tasks at temperature 1: opening message, answer, the persona's reply, and so
+   on until the persona is done. Each answer is also rated through `POST /v1/feedback`
+   (rating and comment) unless feedback is off, before the next message is sent; the
+   conversation's closing message is sent with `session_done`, its own answer capped at
+   a few tokens (nobody reads it).
+3. Whenever `/healthz` shows a newer version, the users pause, the held-out tasks are
+   measured again, and they go on, until `steps` versions past the start are measured.
+
+Users are paced (clawrl.eval.pacing) so that each training step is measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+
+from clawrl.eval.client import Answer, EvalError, ServerClient, version_number
+from clawrl.eval.pacing import Pacer, expected_samples
+from clawrl.eval.personas.base import Persona
+from clawrl.eval.tasks import Task
+
+log = logging.getLogger(__name__)
+CLOSING_MAX_TOKENS = 8  # the answer to "thanks" is never rated: keep it cheap
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How one experiment runs (the `clawrl eval` options)."""
+
+    steps: int
+    max_tokens: int = 128
+    concurrency: int = 4
+    feedback: bool = True
+    samples_per_step: int | None = None  # pacing budget; None: unpaced
+    stall_s: float = 120.0
+    max_wall_s: float = 7200.0
+    poll_s: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class Point:
+    """One measurement of the held-out tasks."""
+
+    step: int  # versions past the start
+    version: str
+    score: float  # mean of `scores`
+    scores: list[float]  # per held-out task, in task order
+    answer_versions: list[str]  # the versions that wrote the answers (one, unless a swap came mid-way)
+    elapsed_s: float  # since the experiment began
+
+
+@dataclass
+class Outcome:
+    """What one experiment measured and did."""
+
+    method: str
+    judge: str
+    points: list[Point] = field(default_factory=list)
+    conversations: int = 0
+    answers: int = 0  # training answers rated (or, without feedback, answered)
+    wall_s: float = 0.0
+    stopped: str = "done"  # done | timeout
+
+
+async def measure(
+    client: ServerClient, persona: Persona, tasks: list[Task], max_tokens: int, label: str
+) -> tuple[list[float], list[str]]:
+    """(scores, answer versions): the persona's score of each task's first greedy answer."""
+
+    async def one(task: Task) -> tuple[float, str]:
+        messages = [{"role": "user", "content": persona.first_message(task)}]
+        answer = await client.chat(
+            messages, f"eval-{label}-{task.id}", temperature=0.0, max_tokens=max_tokens, side=True, done=True
+        )
+        return await asyncio.to_thread(persona.score, task, answer.text), answer.version
+
+    results = await asyncio.gather(*(one(task) for task in tasks))
+    return [score for score, _ in results], sorted({version for _, version in results})
+
+
+class Traffic:
+    """Simulated users holding training conversations, paced, pausable."""
+
+    def __init__(
+        self, client: ServerClient, persona: Persona, tasks: list[Task], method: str, settings: Settings
+    ) -> None:
+        if not tasks:
+            raise EvalError("no training tasks left: lower --held-out")
+        order = list(tasks)
+        random.Random(settings.seed).shuffle(order)
+        self.client, self.persona, self.method, self.settings = client, persona, method, settings
+        self._tasks = itertools.cycle(order)
+        self._numbers = itertools.count(1)
+        self.pacer = Pacer(settings.samples_per_step if settings.feedback else None, stall_s=settings.stall_s)
+        self._open = True
+        self._changed = asyncio.Condition()
+        self._in_flight = 0
+        self.conversations = self.answers = 0
+
+    def begin(self, version: str) -> list[asyncio.Task[None]]:
+        """Start the users, counting steps from `version`; returns their tasks."""
+        number = version_number(version)
+        self.pacer.start = self.pacer.current = number
+        return [
+            asyncio.create_task(self._user(), name=f"clawrl-eval-user-{i}")
+            for i in range(self.settings.concurrency)
+        ]
+
+    async def pause(self) -> None:
+        """Let no new answer start, and wait until none is being generated."""
+        async with self._changed:
+            self._open = False
+            await self._changed.wait_for(lambda: self._in_flight == 0)
+
+    async def resume(self, version: str) -> None:
+        async with self._changed:
+            self._open = True
+            self.pacer.served(version_number(version))
+            self._changed.notify_all()
+
+    async def poke(self) -> None:
+        """Re-check the pacing budget now (after a stall grant)."""
+        async with self._changed:
+            if self.pacer.unstall(time.monotonic()):
+                log.warning("no new version after %.0f s of waiting; the users go on", self.pacer.stall_s)
+                self._changed.notify_all()
+
+    async def _user(self) -> None:
+        while True:
+            task = next(self._tasks)
+            await self._converse(task, f"train-{self.method}-{next(self._numbers):05d}-{task.id}")
+            self.conversations += 1
+
+    async def _converse(self, task: Task, session_id: str) -> None:
+        messages = [{"role": "user", "content": self.persona.first_message(task)}]
+        for turn in range(1, self.persona.max_turns + 1):
+            answer = await self._answer(messages, session_id)
+            reply = await asyncio.to_thread(self.persona.reply, task, answer.text, turn)
+            await self._rate(answer, reply.rating, reply.comment)
+            messages.append({"role": "assistant", "content": answer.text})
+            if reply.message is None:
+                return
+            messages.append({"role": "user", "content": reply.message})
+            if reply.done or turn == self.persona.max_turns:
+                await self.client.chat(
+                    messages, session_id, temperature=1.0, max_tokens=CLOSING_MAX_TOKENS, done=True
+                )
+                return
+
+    async def _answer(self, messages: list[dict[str, str]], session_id: str) -> Answer:
+        """An answer, once the users are not paused for a measurement."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._open)
+            self._in_flight += 1
+        try:
+            return await self.client.chat(
+                messages, session_id, temperature=1.0, max_tokens=self.settings.max_tokens
+            )
+        finally:
+            async with self._changed:
+                self._in_flight -= 1
+                self._changed.notify_all()
+
+    async def _rate(self, answer: Answer, rating: int, comment: str | None) -> None:
+        """Rate the answer, once the pacing budget has room for the samples the rating makes."""
+        self.answers += 1
+        if not self.settings.feedback:
+            return
+        samples = expected_samples(self.method, rating, comment)
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._open and self.pacer.take(time.monotonic(), samples))
+        await self.client.feedback(answer.id, rating, comment)

@@ -1,0 +1,201 @@
+"""The eval report: method entries, the step x method table, the signal line, the PNG, the
+report.json lookup of `clawrl report`; and the pacing arithmetic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clawrl.eval.history import HintRate, JudgmentPoint, RunHistory, VersionPoint, hint_rates, summary
+from clawrl.eval.pacing import Pacer, expected_samples
+from clawrl.eval.plot import plot_history, plot_scores
+from clawrl.eval.report import (
+    build_report,
+    change,
+    eval_entry_for,
+    markdown,
+    mean,
+    method_entry,
+    score_rows,
+    signal,
+)
+from clawrl.eval.scenario import Outcome, Point, Settings
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _outcome(method: str, scores: list[float], steps: list[int]) -> Outcome:
+    points = [
+        Point(step, f"v{step}", score, [score, score], [f"v{step}"], 10.0 * i)
+        for i, (step, score) in enumerate(zip(steps, scores, strict=True))
+    ]
+    return Outcome(method, "feedback", points, conversations=7, answers=20, wall_s=123.45)
+
+
+def _report(**methods: Outcome) -> dict:
+    entries = {name: method_entry(o, f"/runs/{name}") for name, o in methods.items()}
+    return build_report(
+        "brief", entries, Settings(steps=2), ["m03", "m07"], "clawrl eval --steps 2", {"x": 1}
+    )
+
+
+def test_method_entry_lists_one_score_per_measured_version():
+    entry = method_entry(_outcome("rl", [0.25, 0.5, 0.8125], [0, 1, 2]), "/runs/rl")
+    assert entry["scores"] == [0.25, 0.5, 0.8125]
+    assert entry["versions"] == ["v0", "v1", "v2"]
+    assert entry["steps"] == [0, 1, 2]
+    assert entry["task_scores"][1] == [0.5, 0.5]
+    assert entry["wall_s"] == 123.5 and entry["run_dir"] == "/runs/rl" and entry["stopped"] == "done"
+    assert change(entry) == pytest.approx(0.5625)
+    assert change(method_entry(_outcome("rl", [0.3], [0]), None)) is None
+
+
+def test_report_names_the_signal_that_taught():
+    report = _report(rl=_outcome("rl", [0.2, 0.4, 0.6], [0, 1, 2]))
+    assert report["persona"] == "brief" and report["judge"] == "feedback" and report["feedback"] is True
+    assert report["signal"] == "explicit ratings and comments (POST /v1/feedback); judge backend 'feedback'"
+    assert json.loads(json.dumps(report)) == report  # plain JSON data
+    assert (
+        signal("local:v0", False)
+        == "the local:v0 judge reading the users' next messages; judge backend 'local:v0'"
+    )
+    assert "and the openai:m judge" in signal("openai:m", True)
+    assert signal("feedback", False).startswith("nothing")
+
+
+def test_markdown_table_has_a_row_per_step_and_a_column_per_method():
+    report = _report(rl=_outcome("rl", [0.2, 0.4, 0.6], [0, 1, 2]), opd=_outcome("opd", [0.2, 0.7], [0, 2]))
+    assert score_rows(report) == [
+        (0, {"rl": (0.2, "v0"), "opd": (0.2, "v0")}),
+        (1, {"rl": (0.4, "v1")}),
+        (2, {"rl": (0.6, "v2"), "opd": (0.7, "v2")}),
+    ]
+    text = markdown(report)
+    assert "| step | rl | opd |" in text
+    assert "| 0 | 0.200 (v0) | 0.200 (v0) |" in text
+    assert "| 1 | 0.400 (v1) | - |" in text
+    assert "| 2 | 0.600 (v2) | 0.700 (v2) |" in text
+    assert "| rl | +0.400 | 124 s | 7 | 20 | done |" in text
+    assert "| opd | +0.500 |" in text
+    assert "`clawrl eval --steps 2`" in text and "m03, m07" in text
+
+
+def test_mean_of_nothing_is_an_error():
+    assert mean([0.5, 1.0]) == 0.75
+    with pytest.raises(ValueError):
+        mean([])
+
+
+def test_scores_png_is_written(tmp_path):
+    report = _report(rl=_outcome("rl", [0.2, 0.4, 0.6], [0, 1, 2]), opd=_outcome("opd", [0.2, 0.7], [0, 2]))
+    path = plot_scores(report, tmp_path / "scores.png")
+    data = path.read_bytes()
+    assert data.startswith(PNG) and len(data) > 5000
+
+
+def test_eval_entry_for_finds_the_runs_method(tmp_path):
+    path = tmp_path / "report.json"
+    assert eval_entry_for(path, "rl") is None
+    with pytest.raises(ValueError, match="no eval report"):
+        eval_entry_for(path, "rl", required=True)
+    path.write_text(
+        json.dumps(_report(rl=_outcome("rl", [0.2, 0.4], [0, 1]), opd=_outcome("opd", [0.1], [0])))
+    )
+    assert eval_entry_for(path, "opd")["scores"] == [0.1]
+    assert eval_entry_for(path, "combine") is None
+    path.write_text(json.dumps(_report(rl=_outcome("rl", [0.2, 0.4], [0, 1]))))
+    assert eval_entry_for(path, None)["scores"] == [0.2, 0.4]  # the only method
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a clawrl eval report"):
+        eval_entry_for(path, "rl")
+
+
+# -- history ---------------------------------------------------------------------------
+
+
+def _history() -> RunHistory:
+    versions = [
+        VersionPoint("v0", 0, 0.0),
+        VersionPoint("v1", 1, 100.0, mean_reward=-0.5, loss=0.25, samples=4),
+        VersionPoint("v2", 2, 200.0, mean_reward=0.5, loss=0.125, samples=4),
+    ]
+    judged = [(10, True), (50, False), (90, False), (120, True), (150, True), (260, False)]
+    judgments = [JudgmentPoint(float(t), 1, hint) for t, hint in judged]
+    return RunHistory(versions, judgments, {"trained": 8, "ready": 1, "stale": 0}, "combine")
+
+
+def test_hint_rates_per_interval_between_versions():
+    rates = hint_rates(_history())
+    assert rates == [
+        HintRate("v0", (100 - 10) / 60, pytest.approx(1 / 3), 3),
+        HintRate("v1", (200 - 10) / 60, 1.0, 2),
+        HintRate("v2", (260 - 10) / 60, 0.0, 1),
+    ]
+    assert hint_rates(RunHistory(_history().versions, [])) == []
+
+
+def test_summary_lists_steps_rewards_hints_samples_and_eval_scores():
+    text = summary(_history(), {"versions": ["v0", "v1"], "scores": [0.25, 0.5]})
+    assert text.splitlines()[0] == "method combine: 2 training steps, 3 versions"
+    assert "v1    step 1   samples 4  mean reward -0.50  loss 0.2500" in text
+    assert "judgments: 6, with an accepted hint: 3 (50%)" in text
+    assert "samples: trained 8, ready 1" in text
+    assert "eval scores: v0 0.250, v1 0.500" in text
+
+
+def test_history_png_has_an_eval_panel_when_scores_are_given(tmp_path):
+    with_eval = plot_history(_history(), {"steps": [0, 1], "scores": [0.2, 0.5]}, tmp_path / "a.png")
+    without = plot_history(_history(), None, tmp_path / "b.png")
+    assert with_eval.read_bytes().startswith(PNG) and without.read_bytes().startswith(PNG)
+    assert len(with_eval.read_bytes()) > len(without.read_bytes())
+
+
+# -- pacing ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "rating", "comment", "samples"),
+    [
+        ("rl", -1, "Answer in one short sentence.", 1),
+        ("rl", 1, None, 1),
+        ("opd", -1, "Answer in one short sentence.", 1),
+        ("opd", -1, "too long", 0),  # a hint must be over 10 characters
+        ("opd", 1, None, 0),
+        ("combine", -1, "Answer in one short sentence.", 2),
+        ("combine", 1, None, 1),
+    ],
+)
+def test_expected_samples_per_rating(method, rating, comment, samples):
+    assert expected_samples(method, rating, comment) == samples
+
+
+def test_expected_samples_rejects_an_unknown_method():
+    with pytest.raises(ValueError, match="known methods: rl, opd, combine"):
+        expected_samples("ppo", 1, None)
+
+
+def test_pacer_allows_one_step_of_samples_per_served_version():
+    pacer = Pacer(per_step=3, start=5, stall_s=10.0)
+    assert [pacer.take(0.0, 1) for _ in range(4)] == [True, True, True, False]
+    assert pacer.blocked_since == 0.0
+    pacer.served(6)
+    assert pacer.budget == 6 and pacer.take(1.0, 2) and pacer.take(1.0, 2)  # 7 of 6: one over
+    assert not pacer.take(1.0, 1)
+    assert pacer.take(1.0, 0)  # a rating that makes no sample is never held back
+    assert pacer.sent == 7
+
+
+def test_pacer_lets_stalled_users_go_on_after_stall_s():
+    pacer = Pacer(per_step=2, stall_s=10.0)
+    assert pacer.take(0.0, 2) and not pacer.take(5.0, 1)
+    assert not pacer.unstall(14.9)
+    assert pacer.unstall(15.0) and pacer.budget == 4 and pacer.take(15.0, 1)
+    assert not pacer.unstall(100.0)  # not blocked now
+
+
+def test_unpaced_pacer_never_holds_back():
+    pacer = Pacer(per_step=None)
+    assert all(pacer.take(0.0, 2) for _ in range(100)) and pacer.budget is None
+    with pytest.raises(ValueError):
+        Pacer(per_step=0)

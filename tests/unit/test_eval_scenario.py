@@ -1,0 +1,139 @@
+"""The experiment loop against a scripted server: one measurement per version, paced users,
+eval requests greedy and side, training requests main and rated, sessions closed."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from clawrl.eval.client import Answer, EvalError
+from clawrl.eval.experiment import check_learning, run_experiment
+from clawrl.eval.pacing import expected_samples
+from clawrl.eval.personas import get_persona
+from clawrl.eval.scenario import Settings
+from clawrl.eval.tasks import load_tasks, split
+
+
+@dataclass
+class Call:
+    session_id: str
+    temperature: float
+    side: bool
+    done: bool
+    last_user: str
+
+
+@dataclass
+class ScriptedServer:
+    """Implements ServerClient's interface. Its "trainer" publishes a version as soon as
+    `batch` samples are ready, so a user who outruns the pacing makes it skip a version.
+    Version vN answers with 60 - 10 N filler words before the right number."""
+
+    batch: int
+    method: str = "rl"
+    trainer: str = "running"
+    version_number: int = 0
+    ready: int = 0
+    calls: list[Call] = field(default_factory=list)
+    ratings: list[tuple[str, int, str | None]] = field(default_factory=list)
+    _ids: Any = field(default_factory=lambda: itertools.count(1))
+    _answers: dict[str, int] = field(default_factory=dict)  # question -> answer, for the scripted text
+
+    async def health(self) -> dict[str, Any]:
+        return {
+            "version": f"v{self.version_number}",
+            "judge": {"status": "ok", "judge": "feedback", "method": self.method},
+            "trainer": {"status": self.trainer},
+        }
+
+    async def version(self) -> str:
+        return (await self.health())["version"]
+
+    async def chat(self, messages, session_id, *, temperature, max_tokens, side=False, done=False) -> Answer:
+        await asyncio.sleep(0)  # let other users run, as a real request would
+        self.calls.append(Call(session_id, temperature, side, done, messages[-1]["content"]))
+        filler = max(0, 60 - 10 * self.version_number)
+        answer = next((a for q, a in self._answers.items() if q in messages[0]["content"]), 0)
+        text = "well " * filler + f"it is {answer}."
+        return Answer(f"chatcmpl-{next(self._ids)}", text, f"v{self.version_number}", "stop")
+
+    async def feedback(self, response_id: str, rating: int, comment: str | None) -> None:
+        self.ratings.append((response_id, rating, comment))
+        self.ready += expected_samples(self.method, rating, comment)
+        if self.ready >= self.batch:
+            self.ready -= self.batch
+            self.version_number += 1
+
+
+def _setup(batch: int, method: str = "rl"):
+    tasks = load_tasks()
+    train, held = split(tasks, held_out=3, seed=0)
+    server = ScriptedServer(batch=batch, method=method)
+    server._answers = {t.question: t.answer for t in tasks}
+    settings = Settings(steps=3, concurrency=4, samples_per_step=batch, poll_s=0.001, max_wall_s=30)
+    return server, train, held, settings
+
+
+@pytest.mark.parametrize("method", ["rl", "combine"])
+def test_every_step_is_measured_once_and_scores_follow_the_served_version(method):
+    server, train, held, settings = _setup(batch=2, method=method)
+    outcome = asyncio.run(run_experiment(server, get_persona("brief"), train, held, settings))
+    assert [p.step for p in outcome.points] == [0, 1, 2, 3]
+    assert [p.version for p in outcome.points] == ["v0", "v1", "v2", "v3"]
+    assert all(p.answer_versions == [p.version] for p in outcome.points)
+    # brief: 60 - 10 N filler words + 3; credit 1 up to 30 words, falling to 0 at 120
+    expected = [1 - (63 - 10 * n - 30) / 90 for n in range(4)]
+    assert [p.score for p in outcome.points] == pytest.approx(expected)
+    assert outcome.method == method and outcome.judge == "feedback" and outcome.stopped == "done"
+
+
+def test_eval_requests_are_greedy_side_turns_and_training_requests_are_rated_main_turns():
+    server, train, held, settings = _setup(batch=2)
+    asyncio.run(run_experiment(server, get_persona("brief"), train, held, settings))
+    evals = [c for c in server.calls if c.side]
+    training = [c for c in server.calls if not c.side]
+    assert len(evals) == 4 * len(held)
+    assert all(c.temperature == 0.0 and c.done and c.session_id.startswith("eval-") for c in evals)
+    assert {c.last_user for c in evals} == {get_persona("brief").first_message(t) for t in held}
+    assert training and all(c.temperature == 1.0 and c.session_id.startswith("train-rl-") for c in training)
+    held_questions = {t.question for t in held}
+    assert not any(q in c.last_user for c in training for q in held_questions)
+    # exactly one step's worth of ratings per version; 33-63 words score >= 0.5: thumbs up, yet
+    # over 30 words, so each still carries the brief persona's hint
+    assert len(server.ratings) == 3 * 2
+    assert all(rating == 1 and comment for _, rating, comment in server.ratings)
+
+
+def test_closing_message_ends_the_session():
+    server, train, held, settings = _setup(batch=6)
+    settings = Settings(steps=1, concurrency=1, samples_per_step=6, poll_s=0.001, max_wall_s=30)
+    asyncio.run(run_experiment(server, get_persona("brief", max_turns=3), train, held, settings))
+    first = [c for c in server.calls if c.session_id.startswith("train-rl-00001-")]
+    assert [c.done for c in first] == [False, False, False, True]
+    assert "Never mind" in first[-1].last_user  # the give-up line after the third answer
+
+
+def test_a_server_that_cannot_learn_is_refused():
+    with pytest.raises(EvalError, match="no trainer"):
+        check_learning({"judge": {"status": "ok"}, "trainer": {"status": "off"}})
+    with pytest.raises(EvalError, match="judges nothing"):
+        check_learning({"judge": {"status": "off"}, "trainer": {"status": "running"}})
+    server, train, held, settings = _setup(batch=2)
+    server.trainer = "off"
+    with pytest.raises(EvalError, match="no trainer"):
+        asyncio.run(run_experiment(server, get_persona("brief"), train, held, settings))
+
+
+def test_no_new_version_stops_at_the_deadline_with_what_was_measured():
+    server, train, held, _ = _setup(batch=10**6)
+    settings = Settings(
+        steps=2, concurrency=2, samples_per_step=2, poll_s=0.001, max_wall_s=0.3, stall_s=0.05
+    )
+    outcome = asyncio.run(run_experiment(server, get_persona("brief"), train, held, settings))
+    assert outcome.stopped == "timeout"
+    assert [p.step for p in outcome.points] == [0]
+    assert len(server.ratings) > 2  # the stalled users were let go on after stall_s
