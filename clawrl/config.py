@@ -104,8 +104,8 @@ class JudgeConfig(_Section):
     enabled: bool = Field(True, description="Judge turns in the background (needs collect.enabled).")
     backend: Literal["local", "openai", "feedback"] = Field(
         "local",
-        description="'local': the server's own engine (the served, latest version); 'openai': any OpenAI-compatible "
-        "endpoint (vLLM, llama.cpp, Ollama) at base_url; 'feedback': explicit ratings from "
+        description="'local': the server's own engine (the served, latest version); 'openai': any "
+        "OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama) at base_url; 'feedback': explicit ratings from "
         "POST /v1/feedback only. Explicit ratings decide the reward with every backend.",
     )
     votes: int = Field(3, ge=1, le=15, description="m: independent votes per turn (PRM and hint each).")
