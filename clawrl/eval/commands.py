@@ -13,6 +13,7 @@ merged into the base config of the servers it starts (`--config`, by default the
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,8 @@ def cmd_eval(config: Any, args: argparse.Namespace) -> int:
     from clawrl.eval.run import run_eval
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # SIGTERM unwinds like Ctrl-C, so the servers eval started are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         report = run_eval(config, args)
     except (ValueError, EvalError) as exc:
