@@ -11,7 +11,7 @@ this busy rates the form of the answer.
 from __future__ import annotations
 
 from clawrl.eval.personas.base import Check, RulePersona
-from clawrl.eval.personas.text import word_count
+from clawrl.eval.personas.text import length_credit, word_count
 from clawrl.eval.tasks import Task
 
 MAX_WORDS = 30
@@ -31,9 +31,8 @@ class Brief(RulePersona):
 
     def _short(self, answer: str) -> Check:
         words = word_count(answer)
-        value = 1.0 if words <= MAX_WORDS else max(0.0, 1.0 - (words - MAX_WORDS) / (3 * MAX_WORDS))
         return Check(
-            value,
+            length_credit(words, MAX_WORDS, 4 * MAX_WORDS),
             f"That's far too long ({words} words). Just give me the answer in one sentence, "
             f"under {MAX_WORDS} words, with no working.",
             f"Answer in one short sentence of under {MAX_WORDS} words, with no working.",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 
 from clawrl.eval.personas.base import Check, RulePersona
-from clawrl.eval.personas.text import mentions_answer, pick, stable_hash, word_count
+from clawrl.eval.personas.text import length_credit, mentions_answer, pick, stable_hash, word_count
 from clawrl.eval.tasks import Task
 
 MAX_WORDS = 60
@@ -102,9 +102,8 @@ class Teacher(RulePersona):
 
     def _short(self, answer: str) -> Check:
         words = word_count(answer)
-        value = 1.0 if words <= MAX_WORDS else max(0.0, 1.0 - (words - MAX_WORDS) / (2 * MAX_WORDS))
         return Check(
-            value,
+            length_credit(words, MAX_WORDS, 3 * MAX_WORDS),
             f"It's too long for the margin of a worksheet; keep it to two or three sentences, "
             f"under {MAX_WORDS} words.",
             f"Keep the comment under {MAX_WORDS} words.",

@@ -68,3 +68,8 @@ def join_words(items: Sequence[str], last: str = "or") -> str:
     if len(items) <= 1:
         return "".join(items)
     return f"{', '.join(items[:-1])} {last} {items[-1]}"
+
+
+def length_credit(words: int, limit: int, zero_at: int) -> float:
+    """1 up to `limit` words, falling linearly to 0 at `zero_at` words."""
+    return 1.0 if words <= limit else max(0.0, 1.0 - (words - limit) / (zero_at - limit))
