@@ -120,8 +120,9 @@ class Sample:
 class Version:
     """One published set of policy weights; `v0` is the base model.
 
-    `path` is the checkpoint folder (None for v0). A rollback publishes a new
-    version whose `path` is an earlier version's folder, so versions only grow.
+    `path` is the checkpoint folder (None for v0, and for a LoRA rollback to v0).
+    A rollback publishes a new version whose folder is a copy of an earlier
+    one's, so versions only grow.
     """
 
     name: str

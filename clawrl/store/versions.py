@@ -3,8 +3,8 @@
 A version is published in one transaction together with marking the samples
 it was trained on `trained` (and the ones it skipped `stale`/`skipped`), so a
 crash between the two can neither lose a version nor train a sample twice.
-The server serves the latest version; a rollback is a new version pointing at
-an older checkpoint, so the list only grows.
+The server serves the latest version; a rollback is a new version holding a
+copy of an older checkpoint, so the list only grows.
 """
 
 from __future__ import annotations
