@@ -25,7 +25,6 @@ import asyncio
 import gc
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from transformers.utils import logging as hf_logging
 
 from clawrl.config import Config
 from clawrl.engine.models import ensure_embedded, load_model
+from clawrl.eval.server import free_port
 
 SERVED_MODEL = "clawrl"  # the server's default served_model_name
 TEMPERATURE = 1.0
@@ -139,12 +139,6 @@ def run_bare(folder: Path, args: argparse.Namespace) -> list[dict]:
 
 
 # --- server ----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(folder: Path, run_dir: Path, port: int) -> subprocess.Popen:

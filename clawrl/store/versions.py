@@ -1,8 +1,8 @@
 """Published policy versions: the trainer's output and what the server serves.
 
 A version is published in one transaction together with marking the samples
-it was trained on `trained` (and the ones it skipped `stale`/`skipped`), so a
-crash between the two can neither lose a version nor train a sample twice.
+it was trained on `trained`, so a crash between the two can neither lose a
+version nor train a sample twice.
 The server serves the latest version; a rollback is a new version holding a
 copy of an older checkpoint, so the list only grows.
 """
@@ -38,10 +38,12 @@ class VersionStore:
 
         def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]: ...
 
-    def publish_version(
-        self, version: Version, trained: list[int], stale: list[int] = (), skipped: list[int] = ()
-    ) -> None:
-        """Record a new version and the fate of the samples its step looked at, atomically."""
+    def publish_version(self, version: Version, trained: list[int]) -> None:
+        """Record a new version and mark the samples it was trained on `trained`, atomically.
+
+        (Samples left out, stale or skipped, are marked with their reason as soon as they
+        are found: `TrainingStore.leave_out_samples`.)
+        """
         with self._write() as conn:
             if conn.execute("SELECT 1 FROM versions WHERE name = ?", (version.name,)).fetchone():
                 raise StoreError(f"version {version.name} exists already")
@@ -56,11 +58,10 @@ class VersionStore:
                     version.parent,
                 ),
             )
-            for status, ids in (("trained", trained), ("stale", stale), ("skipped", skipped)):
-                conn.executemany(
-                    "UPDATE samples SET status = ? WHERE id = ? AND status = 'ready'",
-                    [(status, i) for i in ids],
-                )
+            conn.executemany(
+                "UPDATE samples SET status = 'trained' WHERE id = ? AND status = 'ready'",
+                [(i,) for i in trained],
+            )
 
     def versions(self) -> list[Version]:
         rows = self._read(f"SELECT {_COLUMNS} FROM versions")

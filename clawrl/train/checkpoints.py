@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import re
 import shutil
@@ -35,6 +36,7 @@ from safetensors.torch import load_file
 
 from clawrl.train.weights import ADAPTER_CONFIG, ADAPTER_WEIGHTS, load_full_weights, read_full_weights
 
+log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
 OPTIMIZER = "optimizer.pt"
@@ -133,11 +135,20 @@ def set_aside(folder: Path, why: str) -> Path:
     """Rename a version folder that must not be used (never deleted) to `.vN-<why>-<ns>`; returns it."""
     target = folder.with_name(f".{folder.name}-{why}-{time.time_ns()}")
     folder.rename(target)
+    log.warning("moved %s aside to %s (%s)", folder, target, why)
     return target
 
 
-def read_manifest(folder: Path) -> dict:
-    return _read_manifest(Path(folder))
+def claim_next(run_dir: Path, latest: int) -> str:
+    """Under `publish_lock`: the name after v`latest`, its folder cleared of a crash's leftover.
+
+    Publishers finish folder and row before releasing the lock, so a folder that
+    exists without a row here was left by one that died in between.
+    """
+    name = f"v{latest + 1}"
+    if version_dir(run_dir, name).exists():
+        set_aside(version_dir(run_dir, name), "unpublished")
+    return name
 
 
 def load_version(

@@ -5,11 +5,13 @@ Each pass:
 1. Follow the store. If the latest published version is not the one the
    trainer holds (a `clawrl rollback`, another trainer before a restart), load
    it, weights and optimizer state, and go on from there.
-2. Look at the oldest ready samples. Defective ones (empty response,
-   non-finite logprobs, over-long) are marked `skipped` and samples more than
-   `max_staleness` versions behind are marked `stale`, each with its reason;
-   neither is ever trained on, and both stay in the store.
-3. With fewer than `batch_size` usable samples, wait (`poll_s`) and look again.
+2. Count the ready samples; with fewer than `batch_size`, wait (`poll_s`)
+   and count again (a wait costs one count, not a read of the samples).
+3. Look at the oldest ready samples. Defective ones (empty response,
+   non-finite logprobs, over-long, unknown token ids) are marked `skipped`
+   and samples more than `max_staleness` versions behind are marked `stale`,
+   each with its reason; neither is ever trained on, and both stay in the
+   store. With fewer than `batch_size` usable samples left, wait again.
 4. Otherwise take the oldest `batch_size`, run one step, write
    `checkpoints/vN/` (weights, optimizer state, manifest), then publish vN in
    the store in one transaction with marking those samples `trained`.
@@ -34,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clawrl.store.db import Store
-from clawrl.train.checkpoints import CHECKPOINTS, publish_lock, save_version, set_aside, version_number
+from clawrl.train.checkpoints import CHECKPOINTS, claim_next, publish_lock, save_version, set_aside
 from clawrl.train.policy import Policy
 from clawrl.train.trainer import triage
 from clawrl.types import Sample, Version
@@ -58,7 +60,7 @@ class TrainLoop:
         root = self.run_dir / CHECKPOINTS
         for folder in sorted(root.glob("v*")) if root.is_dir() else []:
             if folder.is_dir() and folder.name not in published:
-                _set_aside(folder, "unpublished")
+                set_aside(folder, "unpublished")
         self._follow(self.store.latest_version())
 
     def _follow(self, version: Version) -> None:
@@ -78,11 +80,14 @@ class TrainLoop:
         if latest.name != self.version:
             log.info("%s was published elsewhere (parent %s); following it", latest.name, latest.parent)
             self._follow(latest)
-        usable = self._usable()
+        # Count first: while waiting, each poll is one count, not a read of every sample's tokens.
+        ready = self.store.count_samples("ready")
+        usable = self._usable() if ready >= self.cfg.batch_size else []
         if len(usable) < self.cfg.batch_size:
-            if self._waiting_for != len(usable):
-                log.info("waiting for samples: %d/%d ready", len(usable), self.cfg.batch_size)
-                self._waiting_for = len(usable)
+            waiting = len(usable) if ready >= self.cfg.batch_size else ready
+            if self._waiting_for != waiting:
+                log.info("waiting for samples: %d/%d ready", waiting, self.cfg.batch_size)
+                self._waiting_for = waiting
             return False
         self._waiting_for = None
         batch = usable[: self.cfg.batch_size]
@@ -91,21 +96,21 @@ class TrainLoop:
         return self._publish(batch, metrics)
 
     def _usable(self) -> list[Sample]:
-        ready = self.store.ready_samples(limit=4 * self.cfg.batch_size)
-        t = triage(ready, self.version, self.cfg, self.policy.vocab_size)
-        if t.skipped:
-            self.store.leave_out_samples({s.id: why for s, why in t.skipped if s.id is not None}, "skipped")
-            for s, why in t.skipped:
-                log.warning("skipped sample %s of turn %s: %s", s.id, s.turn_id, why)
-        if t.stale:
-            now = version_number(self.version)
-            reasons = {
-                s.id: f"made by {s.version}, {now - version_number(s.version)} versions behind {self.version}"
-                for s in t.stale
-                if s.id is not None
-            }
-            self.store.leave_out_samples(reasons, "stale")
-            log.info("marked %d samples stale (max_staleness %d)", len(t.stale), self.cfg.max_staleness)
+        """The usable ready samples, oldest first; the rest are marked stale or skipped, with a reason."""
+        t = triage(
+            self.store.ready_samples(limit=4 * self.cfg.batch_size),
+            self.version,
+            self.cfg,
+            self.policy.vocab_size,
+        )
+        for status, left_out, level in (
+            ("skipped", t.skipped, logging.WARNING),
+            ("stale", t.stale, logging.INFO),
+        ):
+            if left_out:
+                self.store.leave_out_samples({s.id: why for s, why in left_out if s.id is not None}, status)
+            for s, why in left_out:
+                log.log(level, "%s sample %s of turn %s: %s", status, s.id, s.turn_id, why)
         return t.usable
 
     def _publish(self, batch: list[Sample], metrics: dict) -> bool:
@@ -115,9 +120,7 @@ class TrainLoop:
             if latest.name != self.version:
                 log.warning("%s was published during the step; dropping the step to follow it", latest.name)
                 return False  # the samples are still ready: the next pass trains them from the new version
-            name = f"v{latest.number + 1}"
-            if (self.run_dir / CHECKPOINTS / name).exists():
-                _set_aside(self.run_dir / CHECKPOINTS / name, "unpublished")  # left by a crash
+            name = claim_next(self.run_dir, latest.number)
             manifest = {"step": self.step + 1, "samples": ids, "metrics": metrics, "parent": self.version}
             path = save_version(self.run_dir, name, self.policy.model, self.policy.optimizer, manifest)
             version = Version(name, self.step + 1, str(path), metrics, parent=self.version)
@@ -137,7 +140,3 @@ def progress_line(v: Version) -> str:
         f"clip {m['clip_frac']:.3f}, reward {reward}, {m['tokens']} tokens in {m['step_s']:.2f} s "
         f"({m['tokens_per_s']:.0f} tokens/s)"
     )
-
-
-def _set_aside(folder: Path, why: str) -> None:
-    log.warning("moved %s aside to %s (%s)", folder, set_aside(folder, why), why)

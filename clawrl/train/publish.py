@@ -16,14 +16,7 @@ from pathlib import Path
 from clawrl.config import Config
 from clawrl.engine.models import model_folder
 from clawrl.store.db import Store
-from clawrl.train.checkpoints import (
-    CHECKPOINTS,
-    MANIFEST,
-    copy_version,
-    publish_lock,
-    set_aside,
-    version_number,
-)
+from clawrl.train.checkpoints import MANIFEST, claim_next, copy_version, publish_lock, version_number
 from clawrl.train.weights import export_merged
 from clawrl.types import Version
 
@@ -43,10 +36,7 @@ def rollback(store: Store, config: Config, target: str) -> Version:
     """Publish the next version as a copy of `target`; returns it."""
     source = find_version(store, target)
     with publish_lock(config.run_dir):
-        name = f"v{store.latest_version().number + 1}"
-        final = config.run_dir / CHECKPOINTS / name
-        if final.exists():
-            set_aside(final, "unpublished")  # a crash's leftover: under the lock no one is writing it
+        name = claim_next(config.run_dir, store.latest_version().number)
         manifest = {
             "step": source.step,
             "samples": [],

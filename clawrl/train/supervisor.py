@@ -93,7 +93,8 @@ class TrainerSupervisor:
                 return
             failures = 1 if time.monotonic() - started > HEALTHY_RUN_S else failures + 1
             delay = min(self.cfg.restart_backoff_s * 2 ** (failures - 1), self.cfg.restart_backoff_max_s)
-            log.error("the trainer exited with %s (%s); restarting in %.1f s", *self._why(), delay)
+            why = self.last_error or "no output"
+            log.error("the trainer exited with %s (%s); restarting in %.1f s", self.last_exit, why, delay)
             self.status, self._restart_at = "restarting", time.monotonic() + delay
             await asyncio.sleep(delay)
             self.restarts += 1
@@ -122,6 +123,3 @@ class TrainerSupervisor:
             self.last_error = f"killed by {signal.Signals(-code).name}"
         elif code != 0 and tail:
             self.last_error = tail[-1]  # a traceback ends with the exception itself
-
-    def _why(self) -> tuple[Any, str]:
-        return self.last_exit, self.last_error or "no output"

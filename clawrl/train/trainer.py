@@ -47,20 +47,21 @@ class Triage:
     """Which ready samples a step trains on, and why the others are left out."""
 
     usable: list[Sample] = field(default_factory=list)
-    stale: list[Sample] = field(default_factory=list)
-    skipped: list[tuple[Sample, str]] = field(default_factory=list)
+    stale: list[tuple[Sample, str]] = field(default_factory=list)  # (sample, how far behind)
+    skipped: list[tuple[Sample, str]] = field(default_factory=list)  # (sample, its defect)
 
 
 def triage(samples: list[Sample], current: str, cfg: TrainConfig, vocab_size: int | None = None) -> Triage:
-    """Sort ready samples into usable, stale and skipped (with a reason); `vocab_size` bounds token ids."""
+    """Sort ready samples into usable, stale and skipped (with reasons); `vocab_size` bounds token ids."""
     out = Triage()
     now = version_number(current)
     for s in samples:
         reason = _defect(s, cfg, vocab_size)
+        behind = now - version_number(s.version)
         if reason is not None:
             out.skipped.append((s, reason))
-        elif now - version_number(s.version) > cfg.max_staleness:
-            out.stale.append(s)
+        elif behind > cfg.max_staleness:
+            out.stale.append((s, f"made by {s.version}, {behind} versions behind {current}"))
         else:
             out.usable.append(s)
     return out
