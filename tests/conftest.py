@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from clawrl.eval.server import free_port
+from tests.timing import limit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,6 +50,7 @@ class RemoteServer:
         self._wait(timeout)
 
     def _wait(self, timeout: float) -> None:
+        timeout = limit(timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -67,17 +69,17 @@ class RemoteServer:
         return (self.run_dir.parent / f"{self.run_dir.name}.out").read_text()
 
     def health(self) -> dict:
-        return httpx.get(self.url + "/healthz", timeout=5).json()
+        return httpx.get(self.url + "/healthz", timeout=limit(10)).json()
 
     def client(self, api_key: str = "unused", **kw):
         from openai import OpenAI
 
-        return OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=60, **kw)
+        return OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=limit(60), **kw)
 
     def async_client(self, api_key: str = "unused"):
         from openai import AsyncOpenAI
 
-        return AsyncOpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=120)
+        return AsyncOpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=limit(120))
 
     def stop(self) -> None:
         if self.proc.poll() is None:
