@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from clawrl.sessions.injected import DEFAULT_CONTEXT_PATTERNS
 from clawrl.sessions.turn_type import DEFAULT_SIDE_PATTERNS
 
 API_KEY_ENV = "CLAWRL_API_KEY"
@@ -62,7 +63,16 @@ class ModelConfig(_Section):
         "auto", description="'auto': bfloat16 on CUDA, float32 on CPU."
     )
     max_context: int | None = Field(
-        None, gt=0, description="Context window in tokens. None: the model config's max_position_embeddings."
+        None,
+        gt=0,
+        description="Context window in tokens. None: 32768 for the embedded model (trained on 8192, "
+        "RoPE-scaled), the model config's max_position_embeddings for any other. A window longer than "
+        "the model was trained on scales its RoPE (rope_scaling).",
+    )
+    rope_scaling: Literal["yarn", "linear"] = Field(
+        "yarn",
+        description="How RoPE is scaled when max_context exceeds the trained window: 'yarn' (attention "
+        "factor 1.0; measured best: bench/context.py) or 'linear' (position interpolation).",
     )
 
 
@@ -84,6 +94,18 @@ class EngineConfig(_Section):
         8, ge=1, description="Most background sequences (local judge calls) decoded at once, while idle."
     )
     threads: int | None = Field(None, gt=0, description="torch CPU threads. None: torch's default.")
+    prefix_cache_mb: int = Field(
+        1024,
+        ge=0,
+        description="Memory budget (MiB) of the prefix cache: the KV cache of recent long prompts, reused "
+        "when a new prompt starts the same way (an agent resending its history), so only the new suffix is "
+        "prefilled. Least recently used entries are evicted past it; 0 turns the cache off.",
+    )
+    prefix_cache_across_versions: bool = Field(
+        False,
+        description="Let a prompt reuse KV computed by an earlier policy version. Off: a weight swap empties "
+        "the cache, so every token comes from the weights being served.",
+    )
 
 
 class CollectConfig(_Section):
@@ -97,6 +119,19 @@ class CollectConfig(_Section):
         default_factory=lambda: list(DEFAULT_SIDE_PATTERNS),
         description="Regular expressions (case-insensitive) on the last user message that mark a side "
         "turn (titles, summaries, compaction, heartbeats): served and logged, never trained on.",
+    )
+    context_patterns: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_CONTEXT_PATTERNS),
+        description="Regular expressions (case-insensitive) on a user message that mark it as context a "
+        "client injects and drops again (OpenClaw's internal context block): left out of session matching, "
+        "turn typing and next states, though the model still sees it.",
+    )
+    affinity_keys: bool = Field(
+        True,
+        description="Read clients' session affinity keys (the x-session-affinity and session_id headers, "
+        "the prompt_cache_key body field) as session names. A request that does not continue its named "
+        "session's history falls back to inference, so a key shared by several conversations never pairs "
+        "feedback with the wrong answer.",
     )
 
 

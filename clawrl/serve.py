@@ -10,7 +10,8 @@ import uvicorn
 from clawrl.api.app import create_app
 from clawrl.config import Config
 from clawrl.engine.local import LocalEngine
-from clawrl.engine.models import ModelNotFound, load_model, model_folder
+from clawrl.engine.models import ModelNotFound, load_model, model_folder, served_context
+from clawrl.engine.prefix_cache import PrefixCache
 from clawrl.store.db import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -20,8 +21,13 @@ def build_engine(config: Config) -> tuple[LocalEngine, object]:
     if config.engine.threads:
         torch.set_num_threads(config.engine.threads)
     folder = model_folder(config.model.path, config.cache_dir())
-    loaded = load_model(folder, config.model.device, config.model.dtype, config.model.max_context)
+    m = config.model
+    loaded = load_model(folder, m.device, m.dtype, served_context(m.path, m.max_context), m.rope_scaling)
     log.info("loaded %s on %s (context %d)", folder, loaded.model.device, loaded.max_context)
+    e = config.engine
+    cache = None
+    if e.prefix_cache_mb:
+        cache = PrefixCache(e.prefix_cache_mb << 20, e.prefix_cache_across_versions)
     engine = LocalEngine(
         loaded.model,
         model_name=config.server.served_model_name,
@@ -31,6 +37,7 @@ def build_engine(config: Config) -> tuple[LocalEngine, object]:
         max_prefill_tokens=config.engine.max_prefill_tokens,
         max_background_rows=config.engine.max_background_rows,
         prefill_chunk=config.engine.prefill_chunk,
+        prefix_cache=cache,
     )
     return engine, loaded.tokenizer
 

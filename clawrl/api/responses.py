@@ -30,14 +30,23 @@ class Completion:
         default_factory=list
     )  # versions that made the tokens, a new entry at each swap
 
+    cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache
+
     def add(self, token: TokenEvent) -> None:
         self.tokens.append(token)
+        self.cached_tokens += token.cached_tokens
         if not self.versions or self.versions[-1] != token.version:
             self.versions.append(token.version)
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
+        """OpenAI's usage object; `prompt_tokens_details.cached_tokens` counts prefix-cache hits."""
         prompt, completion = len(self.prompt_ids), len(self.tokens)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
 
 
 class TokenText:

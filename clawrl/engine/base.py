@@ -48,7 +48,8 @@ class TokenEvent:
     `logprob` is log p(token) under softmax(logits / temperature) (temperature 1
     for greedy requests), over the full vocabulary: top-p truncation is not
     applied to it, so the trainer can reproduce it from logits alone.
-    `finish_reason` is set on the last token of the completion.
+    `finish_reason` is set on the last token of the completion. `cached_tokens`, on the first
+    token only, counts the prompt tokens whose KV came from the prefix cache instead of a prefill.
     """
 
     token_id: int
@@ -56,6 +57,7 @@ class TokenEvent:
     version: str
     top_logprobs: tuple[tuple[int, float], ...] = ()
     finish_reason: FinishReason | None = None
+    cached_tokens: int = 0
 
 
 @dataclass

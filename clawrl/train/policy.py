@@ -58,10 +58,20 @@ class Policy:
         return {}
 
 
-def build_policy(base_dir: Path, cfg: TrainConfig, device: str = "auto") -> Policy:
-    """Load the base model from `base_dir` and make it trainable as `cfg.weights` says."""
+def build_policy(
+    base_dir: Path,
+    cfg: TrainConfig,
+    device: str = "auto",
+    max_context: int | None = None,
+    rope_scaling: str = "yarn",
+) -> Policy:
+    """Load the base model from `base_dir` and make it trainable as `cfg.weights` says.
+
+    `max_context` and `rope_scaling` must be the server's (`serve.py`): the policy trained is the
+    policy served, RoPE scaling included.
+    """
     # Train in float32 on a CPU; on a GPU the base is bf16 and PEFT keeps the adapter in float32.
-    base = load_model(Path(base_dir), device, "auto").model
+    base = load_model(Path(base_dir), device, "auto", max_context, rope_scaling).model
     reference: nn.Module | None = None
     if cfg.weights == "lora":
         lora = cfg.lora

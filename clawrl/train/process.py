@@ -30,7 +30,7 @@ import torch
 import transformers
 
 from clawrl.config import Config
-from clawrl.engine.models import ModelNotFound, model_folder
+from clawrl.engine.models import ModelNotFound, model_folder, served_context
 from clawrl.store.db import Store, StoreError
 from clawrl.train.loop import TrainLoop
 from clawrl.train.policy import build_policy
@@ -78,7 +78,9 @@ def run_trainer(config: Config, parent_pid: int | None = None) -> int:
         log.error("%s", exc)
         return 2
     try:
-        loop = TrainLoop(store, build_policy(base, cfg, config.model.device), config.run_dir)
+        m = config.model
+        context = served_context(m.path, m.max_context)
+        loop = TrainLoop(store, build_policy(base, cfg, m.device, context, m.rope_scaling), config.run_dir)
         loop.resume()
         loop.run(lambda: parent_pid is not None and os.getppid() != parent_pid)
         log.info("the server is gone; stopping")

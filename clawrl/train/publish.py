@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from clawrl.config import Config
-from clawrl.engine.models import model_folder
+from clawrl.engine.models import model_folder, served_context
 from clawrl.store.db import Store
 from clawrl.train.checkpoints import MANIFEST, claim_next, copy_version, publish_lock, version_number
 from clawrl.train.weights import export_merged
@@ -66,4 +66,6 @@ def export(store: Store, config: Config, name: str | None, out: Path) -> Path:
     """Write version `name` (default: the latest) as a standalone Hugging Face model folder."""
     version = find_version(store, name)
     base = model_folder(config.model.path, config.cache_dir())
-    return export_merged(base, Path(version.path) if version.path else None, out)
+    m = config.model
+    context = served_context(m.path, m.max_context)
+    return export_merged(base, Path(version.path) if version.path else None, out, context, m.rope_scaling)

@@ -255,23 +255,32 @@ def merged_state_dict(peft_model: PeftModel) -> dict[str, torch.Tensor]:
     return state
 
 
-def export_merged(base_dir: Path, version_dir: Path | None, out_dir: Path) -> Path:
+def export_merged(
+    base_dir: Path,
+    version_dir: Path | None,
+    out_dir: Path,
+    max_context: int | None = None,
+    rope_scaling: str = "yarn",
+) -> Path:
     """Write a standalone Hugging Face model folder for a version, with base_dir's tokenizer.
 
     `version_dir` holds a LoRA adapter (merged into the base), full weights
     (copied), or is None (the base model itself, v0). The folder appears
     complete or not at all (written next to `out_dir`, then renamed); an
-    existing `out_dir` is refused.
+    existing `out_dir` is refused. Its config carries the RoPE scaling the
+    server used (`max_context`, `rope_scaling`), so it serves the same window.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from clawrl.engine.models import scaled_config
 
     base_dir, out_dir = Path(base_dir), Path(out_dir)
     if out_dir.exists():
         raise FileExistsError(f"{out_dir} exists; export_merged never overwrites")
     source = base_dir if version_dir is None else Path(version_dir)
-    model = AutoModelForCausalLM.from_pretrained(
-        base_dir if (source / ADAPTER_CONFIG).is_file() else source, dtype="auto"
-    )
+    weights = base_dir if (source / ADAPTER_CONFIG).is_file() else source
+    config = scaled_config(AutoConfig.from_pretrained(weights), max_context, rope_scaling)
+    model = AutoModelForCausalLM.from_pretrained(weights, config=config, dtype="auto")
     if (source / ADAPTER_CONFIG).is_file():
         model = PeftModel.from_pretrained(model, source).merge_and_unload()
     out_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,135 @@
+"""Prefix caching: the KV cache of recent prompts, reused when a new prompt starts the same way.
+
+An agent resends its whole history every turn: OpenClaw's system prompt and tool list alone are
+thousands of tokens, byte-identical from turn to turn. The engine keeps the KV cache of each long
+prompt it prefilled (`insert`) and, for a new prompt, finds the cached prompt sharing the longest
+common token prefix with it (`lookup`); only the rest is prefilled.
+
+- Entries hold one sequence's keys and values per layer, [1, kv_heads, length, head_dim], exactly
+  as a standalone prefill computed them (positions 0..length-1). A hit hands out views of the first
+  `n` positions; the engine's cache grows by concatenation, so an entry is never written to.
+- Matching is exact, token by token (no block rounding), and always leaves at least one prompt token
+  to prefill: the engine needs the last position's logits to sample the first token.
+- Memory is bounded by `budget_bytes`: least recently used entries are evicted first; an entry
+  larger than the whole budget is simply not kept (never an error). An entry whose tokens are a
+  prefix of a newer entry's is dropped when the newer one is inserted: a conversation keeps one.
+- Entries are salted by the policy version whose weights computed them. A lookup only matches
+  entries of the version being served unless `across_versions` is set, so after a weight swap no
+  token is computed from a cache of other weights (the engine also clears the cache on a swap).
+
+Not thread-safe: the engine touches it from its one worker thread only.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, heads, length, head_dim]
+
+
+@dataclass(eq=False)
+class _Entry:
+    ids: torch.Tensor  # [length] int64
+    kv: KV
+    version: str
+    nbytes: int
+
+
+@dataclass
+class PrefixCacheStats:
+    lookups: int = 0
+    hits: int = 0
+    hit_tokens: int = 0  # prompt tokens served from the cache
+    looked_up_tokens: int = 0  # prompt tokens of every lookup
+    inserted: int = 0
+    evicted: int = 0
+    entries: int = 0
+    bytes: int = 0
+    budget_bytes: int = 0
+    cleared: int = 0
+
+
+class PrefixCache:
+    def __init__(self, budget_bytes: int, across_versions: bool = False) -> None:
+        self.budget = budget_bytes
+        self.across_versions = across_versions
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()  # least recently used first
+        self._next = 0
+        self._bytes = 0
+        self.stats = PrefixCacheStats(budget_bytes=budget_bytes)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def lookup(self, ids: list[int], version: str) -> tuple[int, KV | None]:
+        """The longest cached prefix of `ids` (at most len(ids) - 1 tokens) and its KV views."""
+        self.stats.lookups += 1
+        self.stats.looked_up_tokens += len(ids)
+        query = torch.tensor(ids, dtype=torch.long)
+        best, best_len = None, 0
+        for key, entry in self._entries.items():
+            if entry.version != version and not self.across_versions:
+                continue
+            n = _common_prefix(entry.ids, query)
+            if n > best_len:
+                best, best_len = key, n
+        best_len = min(best_len, len(ids) - 1)
+        if best is None or best_len <= 0:
+            return 0, None
+        self._entries.move_to_end(best)
+        self.stats.hits += 1
+        self.stats.hit_tokens += best_len
+        kv = [(k[:, :, :best_len], v[:, :, :best_len]) for k, v in self._entries[best].kv]
+        return best_len, kv
+
+    def insert(self, ids: list[int], kv: KV, version: str) -> bool:
+        """Keep the KV of prompt `ids`; returns False when it cannot fit the budget at all."""
+        nbytes = sum(k.nbytes + v.nbytes for k, v in kv)
+        if nbytes > self.budget or not ids:
+            return False
+        query = torch.tensor(ids, dtype=torch.long)
+        for key in [k for k, e in self._entries.items() if e.version == version]:
+            entry = self._entries[key]
+            if len(entry.ids) <= len(ids) and _common_prefix(entry.ids, query) == len(entry.ids):
+                self._remove(key)  # the new entry holds all of it
+        self._entries[self._next] = _Entry(query, kv, version, nbytes)
+        self._next += 1
+        self._bytes += nbytes
+        self.stats.inserted += 1
+        while self._bytes > self.budget:
+            self._remove(next(iter(self._entries)))
+            self.stats.evicted += 1
+        self._sync()
+        return True
+
+    def clear(self) -> None:
+        """Drop every entry (after a weight swap)."""
+        if self._entries:
+            self.stats.cleared += 1
+        self._entries.clear()
+        self._bytes = 0
+        self._sync()
+
+    def _remove(self, key: int) -> None:
+        self._bytes -= self._entries.pop(key).nbytes
+        self._sync()
+
+    def _sync(self) -> None:
+        self.stats.entries = len(self._entries)
+        self.stats.bytes = self._bytes
+
+
+def _common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many leading tokens two id tensors share."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    differ = (a[:n] != b[:n]).nonzero()
+    return int(differ[0, 0]) if len(differ) else n

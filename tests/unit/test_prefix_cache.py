@@ -1,0 +1,163 @@
+"""The prefix cache on its own (longest prefix, budget, versions) and inside the local engine."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from clawrl.engine.base import SamplingParams
+from clawrl.engine.local import LocalEngine
+from clawrl.engine.prefix_cache import PrefixCache
+
+LAYERS, HEADS, DIM = 2, 2, 4
+PER_TOKEN = LAYERS * 2 * HEADS * DIM * 4  # bytes of float32 keys and values per token
+
+
+def kv_for(ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Fake KV whose every position holds its token id, so a slice shows which positions it kept."""
+    x = torch.tensor(ids, dtype=torch.float32)[None, None, :, None].expand(1, HEADS, len(ids), DIM)
+    return [(x.clone(), -x.clone()) for _ in range(LAYERS)]
+
+
+def test_longest_common_prefix_is_found_token_by_token():
+    cache = PrefixCache(1 << 20)
+    cache.insert([1, 2, 3, 4, 5, 6], kv_for([1, 2, 3, 4, 5, 6]), "v0")
+    cache.insert([1, 2, 9, 9], kv_for([1, 2, 9, 9]), "v0")
+    n, kv = cache.lookup([1, 2, 3, 4, 7, 7, 7], "v0")
+    assert n == 4
+    keys, values = kv[0]
+    assert keys.shape == (1, HEADS, 4, DIM) and keys[0, 0, :, 0].tolist() == [1, 2, 3, 4]
+    assert values[0, 0, :, 0].tolist() == [-1, -2, -3, -4]
+    assert cache.stats.hits == 1 and cache.stats.hit_tokens == 4
+
+
+def test_a_hit_leaves_the_last_prompt_token_to_prefill():
+    cache = PrefixCache(1 << 20)
+    cache.insert([1, 2, 3], kv_for([1, 2, 3]), "v0")
+    assert cache.lookup([1, 2, 3], "v0")[0] == 2  # its logits are needed to sample the first token
+    assert cache.lookup([1, 2, 3, 4], "v0")[0] == 3
+    assert cache.lookup([7, 8], "v0") == (0, None)
+    assert cache.lookup([1], "v0") == (0, None)
+
+
+def test_entries_of_another_version_are_never_matched_unless_allowed():
+    strict, loose = PrefixCache(1 << 20), PrefixCache(1 << 20, across_versions=True)
+    for cache in (strict, loose):
+        cache.insert([1, 2, 3, 4], kv_for([1, 2, 3, 4]), "v0")
+    assert strict.lookup([1, 2, 3, 4, 5], "v1") == (0, None)
+    assert loose.lookup([1, 2, 3, 4, 5], "v1")[0] == 4
+
+
+def test_least_recently_used_entries_are_evicted_past_the_budget():
+    cache = PrefixCache(10 * PER_TOKEN)  # room for 10 tokens
+    cache.insert([1, 1, 1, 1], kv_for([1, 1, 1, 1]), "v0")
+    cache.insert([2, 2, 2, 2], kv_for([2, 2, 2, 2]), "v0")
+    assert cache.lookup([1, 1, 1, 1, 5], "v0")[0] == 4  # 1s are now the most recently used
+    cache.insert([3, 3, 3, 3], kv_for([3, 3, 3, 3]), "v0")
+    assert cache.nbytes <= 10 * PER_TOKEN and len(cache) == 2
+    assert cache.lookup([2, 2, 2, 2, 5], "v0") == (0, None)  # evicted
+    assert cache.lookup([1, 1, 1, 1, 5], "v0")[0] == 4
+    assert cache.stats.evicted == 1
+
+
+def test_an_entry_larger_than_the_budget_is_not_kept_and_is_no_error():
+    cache = PrefixCache(3 * PER_TOKEN)
+    assert cache.insert([1, 2, 3, 4], kv_for([1, 2, 3, 4]), "v0") is False
+    assert len(cache) == 0 and cache.nbytes == 0
+
+
+def test_a_longer_prompt_of_the_same_conversation_replaces_its_prefix():
+    cache = PrefixCache(1 << 20)
+    cache.insert([1, 2, 3], kv_for([1, 2, 3]), "v0")
+    cache.insert([1, 2, 3, 4, 5], kv_for([1, 2, 3, 4, 5]), "v0")
+    assert len(cache) == 1 and cache.nbytes == 5 * PER_TOKEN
+    cache.clear()
+    assert len(cache) == 0 and cache.nbytes == 0 and cache.lookup([1, 2, 3, 4], "v0") == (0, None)
+
+
+# --- inside the engine, on a tiny random model --------------------------------------------------
+
+SYSTEM = list(range(2000, 2300))  # a 300-token "system prompt": longer than one prefill chunk
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+async def _generate(engine, prompt, n=8):
+    params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+    return [e async for e in engine.generate(prompt, params)]
+
+
+async def _engine(model, cache):
+    engine = LocalEngine(
+        model,
+        model_name="t",
+        max_context=512,
+        stop_token_ids=frozenset({2}),
+        prefill_chunk=64,
+        prefix_cache=cache,
+    )
+    await engine.start()
+    return engine
+
+
+def test_a_prompt_that_starts_like_a_cached_one_prefills_only_the_rest(tiny_model):
+    first, second = SYSTEM + [5, 6, 7], SYSTEM + [5, 6, 7, 8, 9] + list(range(40, 60))
+
+    async def body():
+        cached = await _engine(tiny_model, PrefixCache(64 << 20))
+        plain = await _engine(tiny_model, None)
+        try:
+            a = await _generate(cached, first)
+            b = await _generate(cached, second)
+            reference = await _generate(plain, second)
+        finally:
+            await cached.stop()
+            await plain.stop()
+        return a, b, reference, cached.stats()
+
+    a, b, reference, stats = asyncio.run(body())
+    assert a[0].cached_tokens == 0 and b[0].cached_tokens == len(first)
+    assert all(e.cached_tokens == 0 for e in b[1:])
+    assert [e.token_id for e in b] == [e.token_id for e in reference]
+    assert [e.logprob for e in b] == pytest.approx([e.logprob for e in reference], abs=1e-4)
+    pc = stats.extra["prefix_cache"]
+    assert pc["hits"] == 1 and pc["hit_tokens"] == len(first) and pc["entries"] == 1
+
+
+def test_after_a_swap_no_prompt_starts_from_the_old_weights_cache(tiny_model_dir):
+    prompt = SYSTEM + [11, 12, 13]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    fresh = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+    def perturb(m):
+        for p in m.parameters():
+            p.mul_(1.5)
+
+    with torch.no_grad():
+        perturb(fresh)
+
+    async def body():
+        engine = await _engine(model, PrefixCache(64 << 20))
+        reference = await _engine(fresh, None)
+        try:
+            await _generate(engine, prompt)
+            assert engine.stats().extra["prefix_cache"]["entries"] == 1
+            await engine.swap_weights(perturb, "v1")
+            assert engine.stats().extra["prefix_cache"]["bytes"] == 0  # the old weights' KV is freed
+            after = await _generate(engine, prompt + [14])
+            expected = await _generate(reference, prompt + [14])
+        finally:
+            await engine.stop()
+            await reference.stop()
+        return after, expected
+
+    after, expected = asyncio.run(body())
+    assert after[0].cached_tokens == 0 and after[0].version == "v1"
+    assert [e.token_id for e in after] == [e.token_id for e in expected]
+    assert [e.logprob for e in after] == pytest.approx([e.logprob for e in expected], abs=1e-4)
