@@ -23,6 +23,7 @@ from clawrl.engine.chat import ChatRenderer
 from clawrl.engine.local import LocalEngine
 from clawrl.judge.backends import JudgeBackend, LocalJudge, OpenAIJudge
 from clawrl.judge.worker import JudgeLoop
+from clawrl.sessions.injected import InjectedContext
 from clawrl.sessions.tracker import SessionTracker
 from clawrl.sessions.turn_type import SidePatterns
 from clawrl.store.db import Store
@@ -85,6 +86,7 @@ def create_app(
         engine, tokenizer, server.served_model_name, server.default_max_tokens, collector
     )
     app.state.trainer = trainer
+    app.state.affinity_keys = config.collect.affinity_keys
     install_error_handlers(app)
     api_key = server.api_key.get_secret_value() if server.api_key else None
     app.include_router(v1_router(api_key))
@@ -94,7 +96,12 @@ def create_app(
 
 def _collector(config: Config, store: Store) -> Collector:
     c = config.collect
-    tracker = SessionTracker(SidePatterns(c.side_patterns), c.idle_timeout_s, c.max_open_sessions)
+    tracker = SessionTracker(
+        SidePatterns(c.side_patterns),
+        c.idle_timeout_s,
+        c.max_open_sessions,
+        injected=InjectedContext(c.context_patterns),
+    )
     return Collector(store, tracker, c.idle_timeout_s, c.expire_every_s)
 
 

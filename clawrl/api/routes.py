@@ -25,7 +25,7 @@ def v1_router(api_key: str | None) -> APIRouter:
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         chat: ChatService = request.app.state.chat
-        hints = hints_from(request.headers, body)
+        hints = hints_from(request.headers, body, request.app.state.affinity_keys)
         prep = chat.prepare(body)
         await chat.begin(prep, hints)
         headers = {"X-Session-Id": prep.resolution.session_id} if prep.resolution else {}

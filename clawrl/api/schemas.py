@@ -2,7 +2,7 @@
 
 Unknown fields are accepted and logged, never rejected, so newer SDKs keep
 working. Fields clawrl reads for its own purpose: `session_id`, `turn_type`,
-`session_done` (sessions and turn typing) and vLLM's `ignore_eos`.
+`session_done`, `prompt_cache_key` (sessions and turn typing) and vLLM's `ignore_eos`.
 """
 
 from __future__ import annotations
@@ -89,6 +89,7 @@ class ChatCompletionRequest(_Open):
     session_id: str | None = Field(None, pattern=SESSION_ID_PATTERN)
     turn_type: Literal["main", "side"] | None = None
     session_done: bool | None = None
+    prompt_cache_key: str | None = None  # OpenAI's cache routing key; a session affinity key here
 
     @field_validator("n")
     @classmethod

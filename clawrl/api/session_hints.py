@@ -3,10 +3,20 @@
 `X-Session-Id` / `session_id` name the session, `X-Turn-Type` / `turn_type`
 (main | side) type the turn, `X-Session-Done` / `session_done` end the session
 after this answer. Malformed headers are a 400, not silently ignored.
+
+Failing those, a session affinity key names it (`collect.affinity_keys`): the
+headers OpenClaw sends with `compat.sendSessionAffinityHeaders` on an
+openai-completions model (`x-session-affinity`, `session_id`; it also sets
+`x-client-request-id` to the same key, which OpenAI defines per request, so it
+is not read), then the `prompt_cache_key` body field (OpenClaw with
+`compat.supportsPromptCacheKey`, and OpenAI SDK users). These keys are meant for
+other servers, so a value that is not a valid session id is never an error: it
+is hashed into one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from starlette.datastructures import Headers
@@ -19,7 +29,10 @@ _SESSION_ID = re.compile(SESSION_ID_PATTERN)
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 
 
-def hints_from(headers: Headers, body: ChatCompletionRequest) -> Hints:
+AFFINITY_HEADERS = ("x-session-affinity", "session_id")
+
+
+def hints_from(headers: Headers, body: ChatCompletionRequest, affinity_keys: bool = True) -> Hints:
     session_id, source = body.session_id, "body"
     header_id = headers.get("x-session-id")
     if header_id is not None:
@@ -28,6 +41,8 @@ def hints_from(headers: Headers, body: ChatCompletionRequest) -> Hints:
                 "X-Session-Id must be 1-128 characters of letters, digits and ._:@/+=-", param="X-Session-Id"
             )
         session_id, source = header_id, "header"
+    if session_id is None and affinity_keys:
+        session_id, source = _affinity(headers, body), "affinity"
     turn_type = _turn_type(headers.get("x-turn-type")) or body.turn_type
     done = _flag(headers.get("x-session-done"))
     return Hints(
@@ -36,6 +51,14 @@ def hints_from(headers: Headers, body: ChatCompletionRequest) -> Hints:
         turn_type=turn_type,
         done=done if done is not None else bool(body.session_done),
     )
+
+
+def _affinity(headers: Headers, body: ChatCompletionRequest) -> str | None:
+    keys = [headers.get(name) for name in AFFINITY_HEADERS] + [body.prompt_cache_key]
+    key = next((k.strip() for k in keys if k and k.strip()), None)
+    if key is None or _SESSION_ID.match(key):
+        return key
+    return "aff-" + hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 def _turn_type(value: str | None):

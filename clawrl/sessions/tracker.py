@@ -2,8 +2,15 @@
 
 A pure state machine (the caller passes the clock). Resolution, in order:
 
-1. `X-Session-Id` header, then the `session_id` body field.
-2. Otherwise inference from the history: a request whose messages begin with a
+1. `X-Session-Id` header, then the `session_id` body field: the client names the
+   session, and the messages after its last answer are that answer's next state.
+2. A session affinity key (OpenClaw's `x-session-affinity` / `session_id` headers,
+   the `prompt_cache_key` body field): it names the session too, but proves less,
+   since a client may share one key across conversations. A request that continues
+   the named session's history attaches its next state; one that does not is
+   matched by inference (3) instead, and failing that joins the named session
+   without a next state, so no feedback is ever paired with the wrong answer.
+3. Otherwise inference from the history: a request whose messages begin with a
    known session's last main request *plus the answer we gave* continues that
    session. The longest such history wins; everything after it is the next
    state of that answer. Anything else opens a new session, so a client that
@@ -17,7 +24,8 @@ pairs are identical, so each next state is still attached to a turn with
 exactly that context.
 
 Side turns (see `turn_type`) join the session they continue, but neither take
-its tip nor become anyone's next state.
+its tip nor become anyone's next state. Messages a client injects around the
+conversation (`injected`) are left out of every match and next state.
 
 Decision (differs from DESIGN.md's first sketch): a request that repeats a
 known prefix without continuing it is *not* classified side, because two
@@ -33,11 +41,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from clawrl.sessions.injected import InjectedContext
 from clawrl.sessions.messages import extend_hash, prefix_hashes
 from clawrl.sessions.turn_type import SidePatterns, infer_turn_type
 from clawrl.types import Message, TurnType
 
-Source = Literal["header", "body", "inferred"]
+Source = Literal["header", "body", "affinity", "inferred"]
 
 
 @dataclass(frozen=True)
@@ -100,8 +109,10 @@ class SessionTracker:
         idle_timeout: float,
         max_sessions: int,
         new_id: Callable[[], str] = _new_id,
+        injected: InjectedContext | None = None,
     ) -> None:
         self._patterns = side_patterns
+        self._injected = injected or InjectedContext([])
         self._idle = idle_timeout
         self._max = max_sessions
         self._new_id = new_id
@@ -113,9 +124,10 @@ class SessionTracker:
         return len(self._sessions)
 
     def resolve(self, messages: list[Message], hints: Hints, now: float) -> Resolution:
+        messages = self._injected.conversation(messages)
         turn_type = infer_turn_type(hints.turn_type, messages, self._patterns)
         hashes = prefix_hashes(messages)
-        session, cut = self._find(hints, hashes)
+        session, cut, attach = self._find(hints, hashes)
         is_new = session is None
         if session is None:
             session = _Session(hints.session_id or self._new_id(), hints.source)
@@ -123,7 +135,7 @@ class SessionTracker:
                 self._sessions[session.id] = session
                 self._enforce_cap()
         next_state, taken = None, None
-        if turn_type == "main" and session.last_turn_id is not None:
+        if turn_type == "main" and session.last_turn_id is not None and attach:
             next_state = messages[cut:] if cut is not None else _after_last_answer(messages)
             if next_state:
                 taken = self._take_tip(session)
@@ -199,19 +211,28 @@ class SessionTracker:
         session = _Session(item.session_id, item.source, item.turn_count, last_active=item.last_active)
         self._sessions[session.id] = session
         self._sessions.move_to_end(session.id)
-        if item.last_turn_id and item.answer is not None and item.messages:
-            history = prefix_hashes(item.messages)[-1]
+        messages = self._injected.conversation(item.messages)
+        if item.last_turn_id and item.answer is not None and messages:
+            history = prefix_hashes(messages)[-1]
             session.tip = extend_hash(history, item.answer)
-            session.tip_len = len(item.messages) + 1
+            session.tip_len = len(messages) + 1
             session.last_turn_id = item.last_turn_id
             self._by_tip.setdefault(session.tip, []).append(session.id)
 
-    def _find(self, hints: Hints, hashes: list[str]) -> tuple[_Session | None, int | None]:
-        if hints.session_id:
-            session = self._sessions.get(hints.session_id)
-            if session and session.tip and 0 < session.tip_len < len(hashes):
-                return session, session.tip_len if hashes[session.tip_len - 1] == session.tip else None
-            return session, None
+    def _find(self, hints: Hints, hashes: list[str]) -> tuple[_Session | None, int | None, bool]:
+        """The session; where the next state starts (None: after the last assistant message);
+        whether to attach a next state at all."""
+        if not hints.session_id:
+            return (*self._infer(hashes), True)
+        session = self._sessions.get(hints.session_id)
+        cut = _continues(session, hashes) if session is not None else None
+        if cut is not None or hints.source != "affinity":
+            return session, cut, True
+        inferred, cut = self._infer(hashes)  # an affinity key that does not continue its session
+        return (inferred, cut, True) if inferred is not None else (session, None, False)
+
+    def _infer(self, hashes: list[str]) -> tuple[_Session | None, int | None]:
+        """The session whose history plus last answer is the longest prefix of the request."""
         for k in range(len(hashes) - 1, 0, -1):  # the longest known history, shorter than the request
             waiting = self._by_tip.get(hashes[k - 1])
             if waiting:
@@ -237,6 +258,13 @@ class SessionTracker:
         session.last_active = now
         if session.id in self._sessions:
             self._sessions.move_to_end(session.id)
+
+
+def _continues(session: _Session, hashes: list[str]) -> int | None:
+    """How many messages of the request are the session's history plus last answer, if it continues it."""
+    if session.tip and 0 < session.tip_len < len(hashes) and hashes[session.tip_len - 1] == session.tip:
+        return session.tip_len
+    return None
 
 
 def _after_last_answer(messages: list[Message]) -> list[Message]:
