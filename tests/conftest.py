@@ -74,7 +74,8 @@ class RemoteServer:
     def client(self, api_key: str = "unused", **kw):
         from openai import OpenAI
 
-        return OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=limit(60), **kw)
+        kw.setdefault("timeout", limit(60))
+        return OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, **kw)
 
     def async_client(self, api_key: str = "unused"):
         from openai import AsyncOpenAI

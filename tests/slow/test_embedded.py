@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 
+import openai
 import pytest
 
 from clawrl.cli import main
@@ -146,3 +148,17 @@ def test_local_judge_on_the_embedded_model(tmp_path):
         assert server.health()["judge"]["judged"] >= 1
     finally:
         server.stop()
+
+
+def test_the_embedded_model_serves_a_32k_window(smol_server):
+    """RoPE-scaled past the 8,192 tokens it was trained on (quality: bench/context.py, in the README)."""
+    client = smol_server.client()
+    assert client.models.list().data[0].model_extra["max_model_len"] == 32768
+    with pytest.raises(openai.BadRequestError) as error:  # rejected before any prefill
+        client.chat.completions.create(
+            model="clawrl", messages=[{"role": "user", "content": "grey sky " * 20000}], max_tokens=8
+        )
+    body = error.value.body
+    assert body["code"] == "context_length_exceeded"
+    numbers = [int(n) for n in re.findall(r"\d+", body["message"])]
+    assert 32768 in numbers and max(numbers) > 36000  # the window and the prompt's length

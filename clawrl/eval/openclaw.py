@@ -1,0 +1,110 @@
+"""Driving the real OpenClaw agent against a clawrl server (tests, bench, README).
+
+`scripts/setup-openclaw` installs node and a pinned `openclaw` into clawrl's cache folder.
+`openclaw_config` writes the `openclaw.json` a user needs: clawrl as an `openai-completions`
+provider (with session affinity headers on, so clawrl groups turns by OpenClaw's session
+key), and, for a small model, a lean agent profile (no bootstrap files, no skills, the
+minimal tool profile plus `read`, no Tool Search indirection): about 2,500 prompt tokens
+instead of 13,000. `run_agent` runs one turn with `openclaw agent --local`, as a user would
+from a terminal, and reads the JSON it prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+OPENCLAW_VERSION = "2026.9.6"
+SETUP_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "setup-openclaw"
+
+
+def openclaw_config(
+    base_url: str,
+    model: str = "clawrl",
+    context: int = 32768,
+    max_tokens: int = 512,
+    workspace: str | None = None,
+    lean: bool = True,
+    temperature: float | None = None,
+) -> dict[str, Any]:
+    """The openclaw.json that makes clawrl OpenClaw's model (see README, "Use it with OpenClaw")."""
+    entry: dict[str, Any] = {
+        "id": model,
+        "name": f"{model} (clawrl)",
+        "reasoning": False,
+        "input": ["text"],
+        "contextWindow": context,
+        "maxTokens": max_tokens,
+        "compat": {"sendSessionAffinityHeaders": True},
+    }
+    defaults: dict[str, Any] = {"model": {"primary": f"clawrl/{model}"}}
+    if workspace is not None:
+        defaults["workspace"] = workspace
+    if temperature is not None:
+        defaults["models"] = {f"clawrl/{model}": {"params": {"temperature": temperature}}}
+    config: dict[str, Any] = {
+        "models": {
+            "providers": {
+                "clawrl": {
+                    "baseUrl": base_url,
+                    "apiKey": "unused",
+                    "api": "openai-completions",
+                    "models": [entry],
+                }
+            }
+        },
+        "agents": {"defaults": defaults},
+    }
+    if lean:
+        defaults.update({"skipBootstrap": True, "contextInjection": "never", "skills": []})
+        config["tools"] = {"profile": "minimal", "alsoAllow": ["read"], "toolSearch": False}
+    return config
+
+
+def write_home(home: Path, config: dict[str, Any]) -> Path:
+    """A HOME folder holding `.openclaw/openclaw.json` (OpenClaw keeps its sessions there too)."""
+    (home / ".openclaw").mkdir(parents=True, exist_ok=True)
+    path = home / ".openclaw" / "openclaw.json"
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    return path
+
+
+@dataclass
+class AgentTurn:
+    """What `openclaw agent --json` reported for one turn."""
+
+    text: str
+    stop_reason: str | None
+    duration_s: float
+    usage: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+def run_agent(
+    openclaw: Path, home: Path, session: str, message: str, timeout: float, cwd: Path | None = None
+) -> AgentTurn:
+    """One turn of `openclaw agent --local` in session `session`; raises with its output on failure."""
+    env = {**os.environ, "HOME": str(home), "NO_COLOR": "1"}
+    cmd = [str(openclaw), "agent", "--local", "--session-id", session, "--message", message, "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"openclaw exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
+    out = json.loads(done.stdout[done.stdout.index("{") :])
+    meta = out.get("meta", {})
+    text = "".join(p.get("text") or "" for p in out.get("payloads", []))
+    usage = meta.get("agentMeta", {}).get("lastCallUsage", {})
+    return AgentTurn(text, meta.get("stopReason"), meta.get("durationMs", 0) / 1000, usage, out)
+
+
+def install(timeout: float = 900) -> Path:
+    """Run scripts/setup-openclaw (once; later calls return at once) and return its bin folder."""
+    done = subprocess.run([str(SETUP_SCRIPT)], capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"setup-openclaw failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return Path(done.stdout.strip().splitlines()[-1]) / "bin"

@@ -1,0 +1,105 @@
+"""The real OpenClaw agent on the embedded model: its conversations become clawrl's training data.
+
+OpenClaw (npm `openclaw`, pinned in scripts/setup-openclaw) runs one turn per
+`openclaw agent --local` call, with the openclaw.json the README gives
+(`clawrl.eval.openclaw.openclaw_config`: the lean profile, temperature 0 so the 135M
+model's answers are reproducible). What a user would see is asserted: every turn
+answered, one clawrl session per OpenClaw conversation with next states attached, the
+prefix cache hit on later turns (OpenClaw's own usage report shows `cacheRead`), its
+housekeeping requests (pre-compaction memory flush, compaction summary) recorded as side
+turns.
+
+No tool call here: the 135M embedded model never writes one inside OpenClaw's ~2,000-token
+system prompt, whatever it is asked (the exact `<tool_call>` block to copy, plain requests, a
+worked example). The tool-call round trip (a call, then its result as the next request) is
+tested with the openai client in tests/slow/test_embedded.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clawrl.eval.openclaw import openclaw_config, run_agent, write_home
+from clawrl.store.db import Store
+from tests.conftest import RemoteServer
+from tests.timing import limit
+
+pytestmark = pytest.mark.slow
+
+TURN_LIMIT = 300  # seconds for one agent turn on a loaded 2-core machine (prefill of ~2,500 tokens)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    run = tmp_path_factory.mktemp("openclaw") / "run"
+    srv = RemoteServer(run, ["--judge.backend", "feedback"], timeout=300)
+    yield srv
+    srv.stop()
+
+
+def _turns(server) -> list:
+    with Store.open(server.run_dir / "clawrl.db", readonly=True) as store:
+        return list(store.turns())
+
+
+def _agent(openclaw_bin, tmp_path, server, **overrides):
+    workspace = tmp_path / "workspace"
+    workspace.mkdir(exist_ok=True)
+    config = openclaw_config(
+        server.url + "/v1", max_tokens=48, workspace=str(workspace), temperature=0, **overrides
+    )
+    home = tmp_path / "home"
+    write_home(home, config)
+
+    def say(session: str, message: str):
+        return run_agent(openclaw_bin, home, session, message, timeout=limit(TURN_LIMIT), cwd=workspace)
+
+    return say, workspace, config
+
+
+def test_a_three_turn_conversation_is_one_session_with_next_states(openclaw_bin, tmp_path, server):
+    say, _, _ = _agent(openclaw_bin, tmp_path, server)
+    messages = ["What is 2+2?", "And what is 3+3?", "Thanks! What is 4+4?"]
+    replies = [say("chat-1", m) for m in messages]
+    for reply in replies:
+        assert reply.text.strip(), f"no answer (stopReason={reply.stop_reason}): {reply.raw}"
+    assert replies[1].usage.get("cacheRead", 0) > 1000  # the prompt OpenClaw resent came from the cache
+    assert replies[2].usage.get("cacheRead", 0) > replies[1].usage["cacheRead"]
+
+    main = [t for t in _turns(server) if t.turn_type == "main" and "chat-1" in t.session_id]
+    assert len(main) == 3 and len({t.session_id for t in main}) == 1
+    assert main[0].session_id == "chat-1:0"  # OpenClaw's session affinity key
+    for turn, following in zip(main, messages[1:], strict=False):
+        assert following in json.dumps(turn.next_state)
+    assert main[2].next_state is None
+    health = server.health()
+    assert health["engine"]["extra"]["prefix_cache"]["hits"] >= 2
+
+
+def test_compaction_housekeeping_is_side_and_opens_a_new_session(openclaw_bin, tmp_path, server):
+    say, _, config = _agent(openclaw_bin, tmp_path, server)
+    # Compact as soon as the transcript passes a few hundred bytes, so OpenClaw's pre-compaction
+    # memory flush and compaction summary requests happen within a short test.
+    config["agents"]["defaults"]["compaction"] = {
+        "maxActiveTranscriptBytes": 300,
+        "memoryFlush": {"enabled": True, "forceFlushTranscriptBytes": 200},
+    }
+    write_home(tmp_path / "home", config)
+    first = say("compact-1", "What is the capital of France?")
+    second = say("compact-1", "And the capital of Italy?")
+    assert first.text.strip() and second.text.strip()
+
+    turns = [t for t in _turns(server) if "compact-1" in t.session_id]
+    side = [t for t in turns if t.turn_type == "side"]
+    texts = [json.dumps(t.messages) for t in side]
+    assert any("Pre-compaction memory flush" in s for s in texts), texts
+    assert any("summarization assistant" in s for s in texts), texts
+    assert all(t.next_state is None for t in side)
+    main = [t for t in turns if t.turn_type == "main"]
+    # After compaction OpenClaw's history restarts from a summary under the next epoch of its key:
+    # a new clawrl session, whose first turn answers the new question.
+    assert [t.session_id for t in main] == ["compact-1:0", "compact-1:1"]
+    assert "compacted" in json.dumps(main[1].messages)
+    assert "capital of Italy" in json.dumps(main[1].messages[-1])
