@@ -16,6 +16,7 @@ from clawrl.api.collect import Collector
 from clawrl.api.completions import ChatService
 from clawrl.api.errors import install_error_handlers
 from clawrl.api.routes import health_router, v1_router
+from clawrl.api.store_writer import StoreWriter
 from clawrl.api.versions import VersionWatcher
 from clawrl.config import Config
 from clawrl.engine.base import Engine
@@ -102,7 +103,8 @@ def _collector(config: Config, store: Store) -> Collector:
         c.max_open_sessions,
         injected=InjectedContext(c.context_patterns),
     )
-    return Collector(store, tracker, c.idle_timeout_s, c.expire_every_s)
+    writer = StoreWriter(c.retry_every_s, c.max_pending_writes)
+    return Collector(store, tracker, c.idle_timeout_s, c.expire_every_s, writer)
 
 
 def _judge(

@@ -8,6 +8,6 @@ rows.py        Turn, Judgment, Sample <-> row mapping and the longer SQL stateme
 records.py     one JSON line per turn (`clawrl records export`) and a readable view (`show`)
 """
 
-from clawrl.store.db import OpenSession, Store, StoreError, StoreUnwritable, UnknownTurn
+from clawrl.store.db import OpenSession, Store, StoreBusy, StoreError, StoreUnwritable, UnknownTurn
 
-__all__ = ["OpenSession", "Store", "StoreError", "StoreUnwritable", "UnknownTurn"]
+__all__ = ["OpenSession", "Store", "StoreBusy", "StoreError", "StoreUnwritable", "UnknownTurn"]
