@@ -7,6 +7,7 @@
   the limit again is the space coming back.
 - Locked database: another process holds `BEGIN EXCLUSIVE` on clawrl.db.
 - Hanging judge: an HTTP endpoint that accepts connections and never answers.
+- Broken checkpoints: a version's adapter truncated, or missing.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pytest
 
 from clawrl.store.db import Store
 from tests.conftest import RemoteServer
+from tests.service.test_hot_swap import Publisher
 from tests.timing import limit, wait_for
 
 SYS = {"role": "system", "content": "You are a helpful assistant."}
@@ -195,3 +197,35 @@ def test_hanging_judge_times_out_votes_and_never_slows_serving(start):
         assert health["judge"]["failed_votes"] >= 4
     finally:
         judge.close()
+
+
+def cut_short(path) -> None:
+    """Truncate a file to half its size, as a crash or a full disk mid-copy leaves it."""
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_broken_checkpoints_are_passed_over_at_start_and_on_swap(tmp_path, tiny_model_dir):
+    run_dir = tmp_path / "run"
+    publisher = Publisher(run_dir, tiny_model_dir)
+    publisher.publish(1)
+    publisher.publish(2)
+    cut_short(run_dir / "checkpoints" / "v2" / "adapter_model.safetensors")
+    args = ["--model", str(tiny_model_dir), "--judge.enabled", "false", "--train.swap-poll-s", "0.2"]
+    server = RemoteServer(run_dir, args)
+    try:
+        wait_for(lambda: server.health()["version"] == "v1", 30, "the last good version served at start")
+        assert "cannot serve v2" in server.output() and "not a readable safetensors file" in server.output()
+
+        publisher.publish(3)  # published while serving, its adapter weights missing
+        (run_dir / "checkpoints" / "v3" / "adapter_model.safetensors").unlink()
+        wait_for(lambda: "cannot serve v3" in server.output(), 30, "v3 refused")
+        r = server.client().chat.completions.create(
+            model="clawrl", messages=[{"role": "user", "content": "x"}], max_tokens=3
+        )
+        assert r.system_fingerprint == "clawrl-v1"  # still the last good one
+
+        publisher.publish(4)  # the watcher lives on: a good version is served next
+        wait_for(lambda: server.health()["version"] == "v4", 30, "v4 served after two broken ones")
+    finally:
+        server.stop()
