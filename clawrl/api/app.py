@@ -16,7 +16,6 @@ from clawrl.api.collect import Collector
 from clawrl.api.completions import ChatService
 from clawrl.api.errors import install_error_handlers
 from clawrl.api.routes import health_router, v1_router
-from clawrl.api.store_writer import StoreWriter
 from clawrl.api.versions import VersionWatcher
 from clawrl.config import Config
 from clawrl.engine.base import Engine
@@ -28,6 +27,7 @@ from clawrl.sessions.injected import InjectedContext
 from clawrl.sessions.tracker import SessionTracker
 from clawrl.sessions.turn_type import SidePatterns
 from clawrl.store.db import Store
+from clawrl.store.writer import StoreWriter
 from clawrl.train.supervisor import TrainerSupervisor
 
 log = logging.getLogger(__name__)
@@ -120,4 +120,4 @@ def _judge(
         key = j.api_key.get_secret_value() if j.api_key else None
         backend = OpenAIJudge(j.base_url, j.model, key, j.timeout_s)
     method = get_method(config.method)
-    return JudgeLoop(collector.store, collector.db, backend, method, teacher_prompt(renderer), j)
+    return JudgeLoop(collector.store, collector.writer, backend, method, teacher_prompt(renderer), j)

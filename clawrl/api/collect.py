@@ -24,10 +24,10 @@ from typing import Any, TypeVar
 
 from clawrl.api.errors import NotFound, StoreUnavailable
 from clawrl.api.responses import Completion, tool_call_json
-from clawrl.api.store_writer import TRANSIENT, StoreWriter
 from clawrl.judge.worker import JudgeLoop
 from clawrl.sessions.tracker import Hints, Resolution, Restored, SessionTracker
 from clawrl.store.db import Store
+from clawrl.store.writer import TRANSIENT, StoreWriter
 from clawrl.types import Feedback, Message, Turn
 
 log = logging.getLogger(__name__)
@@ -88,13 +88,23 @@ class Collector:
         await self.writer.stop()
 
     async def begin(self, messages: list[Message], hints: Hints) -> Resolution:
-        self.writer.admit()  # 503 while the store refuses writes and the backlog is full
+        self._admit()
         now = self._clock()
         r = self.tracker.resolve(messages, hints, now)
         await self.writer.write(self._write_begin, r, now)
         if r.previous_turn_id is not None and self.judge is not None:
             self.judge.submit(r.previous_turn_id, r.session_id)
         return r
+
+    def _admit(self) -> None:
+        """503 while the store refuses writes and its backlog is full (see `clawrl.store.writer`)."""
+        w = self.writer.health()
+        if self.writer.full:
+            raise StoreUnavailable(
+                f"the store cannot record answers now ({w['error']}); {w['pending_writes']} writes are "
+                "waiting for it; try again later",
+                code="store_unavailable",
+            )
 
     def _write_begin(self, r: Resolution, now: float) -> None:
         self.store.upsert_session(r.session_id, r.source, now)
@@ -129,7 +139,7 @@ class Collector:
     async def feedback(
         self, response_id: str | None, session_id: str | None, rating: int, comment: str | None
     ) -> tuple[Turn, int]:
-        self.writer.admit()
+        self._admit()
         try:
             turn, fid = await self.db(self._write_feedback, response_id, session_id, rating, comment)
         except TRANSIENT as exc:  # a rating has an id to return, so it is never kept for later

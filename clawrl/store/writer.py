@@ -2,7 +2,8 @@
 
 Every store call of the server (collect, judge, version watcher) runs on one
 dedicated thread, so the event loop never waits on SQLite. The collector's
-writes (a session opened or ended, a next state, a turn) go through `write`.
+writes (a session opened or ended, a next state, a turn) and the judge's
+(a judgment and its samples) go through `write`.
 
 When the store refuses a write for a reason that passes (`StoreUnwritable`: the
 disk is full, an I/O error; `StoreBusy`: another process held the database
@@ -15,10 +16,11 @@ refused again ends that pass. `/healthz` shows `store: {"ok": false, ...}`
 with the error and the backlog's length meanwhile.
 
 The backlog holds at most `collect.max_pending_writes` writes: while it is
-full, `admit` raises `StoreUnavailable` and new requests get a 503 with the
-OpenAI error body, so no answer is served that could not be recorded. Writes
-of requests already running are always kept. At shutdown the backlog is tried
-once more; writes still refused then are lost, and the log says how many.
+`full`, the API refuses new requests with a 503 and the OpenAI error body, so
+no answer is served that could not be recorded. Writes of requests already
+running are always kept. The judge waits (`settled`) while writes are kept, so
+it never judges a turn that is not on disk yet. At shutdown the backlog is
+tried once more; writes still refused then are lost, and the log says how many.
 """
 
 from __future__ import annotations
@@ -30,8 +32,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from clawrl.api.errors import StoreUnavailable
-from clawrl.store.db import StoreBusy, StoreUnwritable
+from clawrl.store.errors import StoreBusy, StoreUnwritable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -55,14 +56,15 @@ class StoreWriter:
         """Write now, or keep the write for later if the store refuses it for now (see the module)."""
         await self.run(self._write_or_keep, fn, args)
 
-    def admit(self) -> None:
-        """Raise StoreUnavailable (503) while the backlog is full."""
-        if len(self._backlog) >= self._max:
-            raise StoreUnavailable(
-                f"the store cannot record answers now ({self._error}); {len(self._backlog)} writes are "
-                "waiting for it; try again later",
-                code="store_unavailable",
-            )
+    @property
+    def full(self) -> bool:
+        """The backlog holds `max_pending` writes: take no new work that would write."""
+        return len(self._backlog) >= self._max
+
+    async def settled(self) -> None:
+        """Return once no write is kept for later (at once, normally)."""
+        while self._backlog:
+            await asyncio.sleep(self._every)
 
     def failed(self, exc: Exception) -> None:
         """Note a refusal seen by a caller that handles it itself (feedback)."""
