@@ -96,12 +96,12 @@ class Collector:
             self.judge.submit(r.previous_turn_id, r.session_id)
         return r
 
-    def _admit(self) -> None:
-        """503 while the store refuses writes and its backlog is full (see `clawrl.store.writer`)."""
-        w = self.writer.health()
-        if self.writer.full:
+    def _admit(self, most: int | None = None) -> None:
+        """503 while more than `most` writes wait (default: while the backlog is full; see StoreWriter)."""
+        w = self.writer
+        if w.full or (most is not None and w.pending > most):
             raise StoreUnavailable(
-                f"the store cannot record answers now ({w['error']}); {w['pending_writes']} writes are "
+                f"the store cannot record this now ({w.health()['error']}); {w.pending} writes are "
                 "waiting for it; try again later",
                 code="store_unavailable",
             )
@@ -139,10 +139,10 @@ class Collector:
     async def feedback(
         self, response_id: str | None, session_id: str | None, rating: int, comment: str | None
     ) -> tuple[Turn, int]:
-        self._admit()
+        self._admit(most=0)  # its turn may still be waiting; and its id must be known to answer
         try:
             turn, fid = await self.db(self._write_feedback, response_id, session_id, rating, comment)
-        except TRANSIENT as exc:  # a rating has an id to return, so it is never kept for later
+        except TRANSIENT as exc:  # never kept for later: the reply carries the rating's id
             self.writer.failed(exc)
             raise StoreUnavailable(
                 f"the store cannot record feedback now: {exc}", code="store_unavailable"

@@ -57,9 +57,14 @@ class StoreWriter:
         await self.run(self._write_or_keep, fn, args)
 
     @property
+    def pending(self) -> int:
+        """Writes kept for later."""
+        return len(self._backlog)
+
+    @property
     def full(self) -> bool:
         """The backlog holds `max_pending` writes: take no new work that would write."""
-        return len(self._backlog) >= self._max
+        return self.pending >= self._max
 
     async def settled(self) -> None:
         """Return once no write is kept for later (at once, normally)."""

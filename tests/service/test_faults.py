@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 
+import httpx
 import openai
 import pytest
 
@@ -49,6 +50,11 @@ class Conversation:
 def stored_turns(server: RemoteServer) -> list:
     with Store.open(server.run_dir / "clawrl.db", readonly=True) as store:
         return list(store.turns())
+
+
+def rate(server: RemoteServer, response_id: str) -> httpx.Response:
+    body = {"response_id": response_id, "rating": 1}
+    return httpx.post(server.url + "/v1/feedback", json=body, timeout=limit(30))
 
 
 def store_health(server: RemoteServer) -> dict:
@@ -96,12 +102,15 @@ def test_disk_full_keeps_serving_then_records_everything(start):
         assert refused.value.status_code == 503
         assert refused.value.body["code"] == "store_unavailable"
         assert refused.value.body["type"] == "service_unavailable"
+        rating = rate(server, conv.ids[0])
+        assert rating.status_code == 503 and rating.json()["error"]["code"] == "store_unavailable"
         assert {t.id for t in stored_turns(server)} == before  # on disk: what was there, nothing torn
     finally:
         set_file_size_limit(server.proc.pid, resource.RLIM_INFINITY)  # space comes back
 
     wait_for(lambda: store_health(server)["ok"], 30, "the store recovering after space returns")
     after = conv.turn("Thanks.")
+    assert rate(server, after).status_code == 200
     turns = {t.id: t for t in stored_turns(server)}
     assert set(turns) == before | set(during) | {after}
     assert len({t.session_id for t in turns.values()}) == 1  # one conversation, in order
