@@ -115,6 +115,21 @@ class CollectConfig(_Section):
         10000, gt=0, description="Sessions tracked in memory; the least recently active end beyond this."
     )
     expire_every_s: float = Field(5.0, gt=0, description="How often idle sessions are looked for.")
+    write_wait_s: float = Field(
+        2.0,
+        gt=0,
+        description="How long a store write waits for a database lock another process holds before it is "
+        "kept in memory and retried.",
+    )
+    retry_every_s: float = Field(
+        1.0, gt=0, description="How often writes the store refused (disk full, database locked) are retried."
+    )
+    max_pending_writes: int = Field(
+        10000,
+        gt=0,
+        description="Store writes kept in memory, in order, while the store refuses them. While this many "
+        "wait, new chat requests and feedback get 503 until the store takes writes again.",
+    )
     side_patterns: list[str] = Field(
         default_factory=lambda: list(DEFAULT_SIDE_PATTERNS),
         description="Regular expressions (case-insensitive) on the last user message that mark a side "

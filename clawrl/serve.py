@@ -46,7 +46,7 @@ def open_store(config: Config) -> Store | None:
     """The run's database, opened (and proven writable) before anything is served."""
     if not config.collect.enabled:
         return None
-    return Store.open(config.run_dir / "clawrl.db")
+    return Store.open(config.run_dir / "clawrl.db", busy_timeout_s=config.collect.write_wait_s)
 
 
 def run_server(config: Config) -> int:

@@ -27,6 +27,7 @@ from clawrl.sessions.injected import InjectedContext
 from clawrl.sessions.tracker import SessionTracker
 from clawrl.sessions.turn_type import SidePatterns
 from clawrl.store.db import Store
+from clawrl.store.writer import StoreWriter
 from clawrl.train.supervisor import TrainerSupervisor
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,8 @@ def _collector(config: Config, store: Store) -> Collector:
         c.max_open_sessions,
         injected=InjectedContext(c.context_patterns),
     )
-    return Collector(store, tracker, c.idle_timeout_s, c.expire_every_s)
+    writer = StoreWriter(c.retry_every_s, c.max_pending_writes)
+    return Collector(store, tracker, c.idle_timeout_s, c.expire_every_s, writer)
 
 
 def _judge(
@@ -118,4 +120,4 @@ def _judge(
         key = j.api_key.get_secret_value() if j.api_key else None
         backend = OpenAIJudge(j.base_url, j.model, key, j.timeout_s)
     method = get_method(config.method)
-    return JudgeLoop(collector.store, collector.db, backend, method, teacher_prompt(renderer), j)
+    return JudgeLoop(collector.store, collector.writer, backend, method, teacher_prompt(renderer), j)

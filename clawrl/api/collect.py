@@ -1,9 +1,11 @@
 """The collect loop at the gateway: sessions resolved in memory, turns written to the store.
 
 Every request is resolved by the pure `SessionTracker` (microseconds, on the
-event loop). Store writes run on one dedicated writer thread, so the event loop
-never waits on SQLite. A turn is written *before* the client receives the end
-of its answer; an answer a client holds is therefore on disk. A request cut off
+event loop). Store writes run on one dedicated writer thread (`StoreWriter`),
+so the event loop never waits on SQLite. A turn is written *before* the client
+receives the end of its answer; an answer a client holds is therefore on disk,
+or, while the store refuses writes (disk full, database locked), in the
+writer's bounded in-memory backlog, retried until it lands. A request cut off
 by its client is still recorded (finish reason `abort`) but does not become
 the session's tip.
 
@@ -18,14 +20,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from clawrl.api.errors import NotFound
+from clawrl.api.errors import NotFound, StoreUnavailable
 from clawrl.api.responses import Completion, tool_call_json
 from clawrl.judge.worker import JudgeLoop
 from clawrl.sessions.tracker import Hints, Resolution, Restored, SessionTracker
 from clawrl.store.db import Store
+from clawrl.store.writer import TRANSIENT, StoreWriter
 from clawrl.types import Feedback, Message, Turn
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,7 @@ class Collector:
         tracker: SessionTracker,
         idle_timeout: float,
         expire_every: float,
+        writer: StoreWriter,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
@@ -46,13 +49,13 @@ class Collector:
         self._idle = idle_timeout
         self._every = expire_every
         self._clock = clock
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clawrl-store")
+        self.writer = writer
         self._expiry: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self.judge: JudgeLoop | None = None  # set by the app when judging is on
 
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
+        return await self.writer.run(fn, *args)
 
     async def start(self) -> None:
         since = self._clock() - self._idle
@@ -70,6 +73,7 @@ class Collector:
                 )
             )
         log.info("tracking %d open sessions from the store", len(self.tracker))
+        self.writer.start()
         self._expiry = asyncio.create_task(self._expire_forever(), name="clawrl-session-expiry")
 
     async def stop(self) -> None:
@@ -80,16 +84,27 @@ class Collector:
             await asyncio.gather(*self._background, return_exceptions=True)
         # Sessions still open end as `shutdown`: a restart within the idle timeout reopens them.
         ended = self.tracker.expire(self._clock()) + [(sid, "shutdown") for sid in self.tracker.close_all()]
-        await self.db(self._write_ended, ended, self._clock())
-        self._writer.shutdown(wait=True)
+        await self.writer.write(self._write_ended, ended, self._clock())
+        await self.writer.stop()
 
     async def begin(self, messages: list[Message], hints: Hints) -> Resolution:
+        self._admit()
         now = self._clock()
         r = self.tracker.resolve(messages, hints, now)
-        await self.db(self._write_begin, r, now)
+        await self.writer.write(self._write_begin, r, now)
         if r.previous_turn_id is not None and self.judge is not None:
             self.judge.submit(r.previous_turn_id, r.session_id)
         return r
+
+    def _admit(self, most: int | None = None) -> None:
+        """503 while more than `most` writes wait (default: while the backlog is full; see StoreWriter)."""
+        w = self.writer
+        if w.full or (most is not None and w.pending > most):
+            raise StoreUnavailable(
+                f"the store cannot record this now ({w.health()['error']}); {w.pending} writes are "
+                "waiting for it; try again later",
+                code="store_unavailable",
+            )
 
     def _write_begin(self, r: Resolution, now: float) -> None:
         self.store.upsert_session(r.session_id, r.source, now)
@@ -98,13 +113,13 @@ class Collector:
 
     async def finish(self, r: Resolution, turn: Turn) -> None:
         """Record a finished turn (awaited before the client gets the end of the answer)."""
-        await self.db(self.store.insert_turn, turn)
+        await self.writer.write(self.store.insert_turn, turn)
         if turn.finish_reason == "abort":
             self.tracker.abandon(r)
         else:
             self.tracker.answered(r, turn.id, turn.answer_message(), turn.finished_at)
         if r.done and self.tracker.end(r.session_id):
-            await self.db(self.store.end_session, r.session_id, "done", self._clock())
+            await self.writer.write(self.store.end_session, r.session_id, "done", self._clock())
             self._ended(r.session_id)
 
     def _ended(self, session_id: str) -> None:
@@ -124,7 +139,14 @@ class Collector:
     async def feedback(
         self, response_id: str | None, session_id: str | None, rating: int, comment: str | None
     ) -> tuple[Turn, int]:
-        turn, fid = await self.db(self._write_feedback, response_id, session_id, rating, comment)
+        self._admit(most=0)  # its turn may still be waiting; and its id must be known to answer
+        try:
+            turn, fid = await self.db(self._write_feedback, response_id, session_id, rating, comment)
+        except TRANSIENT as exc:  # never kept for later: the reply carries the rating's id
+            self.writer.failed(exc)
+            raise StoreUnavailable(
+                f"the store cannot record feedback now: {exc}", code="store_unavailable"
+            ) from exc
         if self.judge is not None:
             self.judge.submit(turn.id, turn.session_id)  # an explicit rating decides the reward
         return turn, fid
@@ -149,7 +171,7 @@ class Collector:
             await asyncio.sleep(self._every)
             ended = self.tracker.expire(self._clock())
             if ended:
-                await self.db(self._write_ended, ended, self._clock())
+                await self.writer.write(self._write_ended, ended, self._clock())
                 for session_id, _ in ended:
                     self._ended(session_id)
 

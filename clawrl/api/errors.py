@@ -8,7 +8,8 @@ answer, so SDKs raise their usual exception types with a readable message.
     ├── BadRequest           400 invalid_request_error
     ├── Unauthorized         401 authentication_error
     ├── NotFound             404 not_found_error
-    └── EngineUnavailable    503 service_unavailable (the model itself failed)
+    ├── EngineUnavailable    503 service_unavailable (the model itself failed)
+    └── StoreUnavailable     503 service_unavailable (the store refuses writes: disk full, locked)
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ class NotFound(APIError):
 
 
 class EngineUnavailable(APIError):
+    status, type = 503, "service_unavailable"
+
+
+class StoreUnavailable(APIError):
     status, type = 503, "service_unavailable"
 
 

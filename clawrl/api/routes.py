@@ -71,12 +71,14 @@ def health_router() -> APIRouter:
     @router.get("/healthz")
     async def healthz(request: Request) -> dict[str, Any]:
         chat = request.app.state.chat
+        store = chat.collector.writer.health() if chat.collector else None
         return {
-            "status": "ok",
+            "status": "degraded" if store and not store["ok"] else "ok",
             "model": chat.model_name,
             "version": chat.engine.version,
             "engine": asdict(chat.engine.stats()),
             "open_sessions": len(chat.collector.tracker) if chat.collector else None,
+            "store": store,
             "judge": _judge_health(chat),
             "trainer": request.app.state.trainer.health() if request.app.state.trainer else {"status": "off"},
         }

@@ -11,8 +11,12 @@ copies of the base weights are made at start-up when this server trains LoRA
 for them.
 A full version is copied into the weights as they are. Requests in flight
 carry on, and each token records the version that made it.
-A version whose adapter cannot be read is logged and skipped; serving goes on
-with the weights it has.
+A version whose folder cannot be read (a file missing, truncated or garbled,
+or weights of another shape) is logged once and passed over, never retried:
+the server serves the newest version newer than its own that loads, so a
+server started on a run whose latest checkpoint is broken serves the last good
+one, and a broken version published while serving leaves the weights as they
+are.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 from clawrl.engine.local import LocalEngine
 from clawrl.store.db import Store
+from clawrl.train.checkpoints import version_number
 from clawrl.train.weights import (  # AdapterError is a ValueError
     ADAPTER_CONFIG,
     MergedLora,
@@ -67,19 +72,29 @@ class VersionWatcher:
         while True:
             latest: Version = await self.db(self.store.latest_version)
             if latest.name != self.engine.version and latest.name not in self._failed:
-                await self.serve(latest)
+                await self._serve_newest(await self.db(self.store.versions))
             await asyncio.sleep(self._poll)
 
-    async def serve(self, version: Version) -> None:
-        """Swap `version` in between two decoding steps."""
+    async def _serve_newest(self, versions: list[Version]) -> None:
+        """Serve the newest version that loads, among those newer than the one served."""
+        served = version_number(self.engine.version)
+        for version in reversed(versions):
+            if version.number <= served:
+                return
+            if version.name not in self._failed and await self.serve(version):
+                return
+
+    async def serve(self, version: Version) -> bool:
+        """Swap `version` in between two decoding steps; False (logged) if it cannot be read."""
         loop = asyncio.get_running_loop()
         try:
             load = await loop.run_in_executor(None, self._loader, version)
+            await self.engine.swap_weights(load, version.name)  # checks shapes before changing a weight
         except (ValueError, KeyError, OSError) as exc:  # a broken checkpoint must not stop serving
-            log.error("cannot serve %s from %s: %s", version.name, version.path, exc)
+            log.error("cannot serve %s from %s, passing over it: %s", version.name, version.path, exc)
             self._failed.add(version.name)
-            return
-        await self.engine.swap_weights(load, version.name)
+            return False
+        return True
 
     def _loader(self, version: Version):
         folder = Path(version.path) if version.path else None

@@ -10,6 +10,11 @@ written to the store in one transaction; a newer judgment of a turn (explicit
 feedback arriving later) supersedes the samples of the older one that were not
 trained yet.
 
+Judgment writes go through the server's `StoreWriter`: while the store refuses
+writes (disk full, database locked) they are kept in order and retried, and
+the loop waits before judging another turn, since its turn may not be on disk
+yet.
+
 When a session ends, the method's session rule runs (rl's at-least-one
 guarantee) once every judgment of that session queued so far is written.
 On start, turns that were waiting for a judgment when the server stopped are
@@ -22,7 +27,6 @@ import asyncio
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from clawrl.algo.base import Method, TeacherPrompt
@@ -31,23 +35,24 @@ from clawrl.judge.backends import JudgeBackend, JudgeCallFailed
 from clawrl.judge.prompts import judge_messages
 from clawrl.judge.votes import hint_vote, judgment, prm_vote
 from clawrl.store.db import Store
+from clawrl.store.writer import StoreWriter
 from clawrl.types import Judgment, Turn, Vote
 
 log = logging.getLogger(__name__)
-DB = Callable[..., Awaitable[Any]]  # runs a Store method on the store's writer thread
 
 
 class JudgeLoop:
     def __init__(
         self,
         store: Store,
-        db: DB,
+        writer: StoreWriter,
         backend: JudgeBackend | None,
         method: Method,
         teacher: TeacherPrompt,
         config: JudgeConfig,
     ) -> None:
-        self.store, self.db, self.backend, self.method = store, db, backend, method
+        self.store, self.writer, self.backend, self.method = store, writer, backend, method
+        self.db = writer.run  # reads (and writes that must fail loudly) on the store's thread
         self.teacher, self.config = teacher, config
         self.name = backend.name if backend is not None else "feedback"
         self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
@@ -122,6 +127,7 @@ class JudgeLoop:
 
     async def judge(self, turn_id: str) -> Judgment | None:
         """Judge one turn now: votes (reused if it was judged before), feedback, samples, all stored."""
+        await self.writer.settled()  # the turn and its next state may still be waiting to be written
         turn = await self.db(self.store.get_turn, turn_id)
         if turn is None:
             return None
@@ -138,7 +144,7 @@ class JudgeLoop:
             feedback.comment if feedback else None,
         )
         samples = self.method.samples(turn, j, self.teacher)
-        await self.db(self.store.insert_judgment, j, samples)  # one transaction; supersedes older
+        await self.writer.write(self.store.insert_judgment, j, samples)  # one transaction; supersedes older
         self.judged += 1
         return j
 
@@ -182,9 +188,10 @@ class JudgeLoop:
         return vote
 
     async def _end_session(self, session_id: str) -> None:
+        await self.writer.settled()
         scored = await self.db(self.store.scored_turns, session_id)
         emitted = await self.db(self.store.session_rl_count, session_id)
         samples = self.method.session_end(scored, emitted)
         if samples:
-            await self.db(self.store.insert_samples, samples)
+            await self.writer.write(self.store.insert_samples, samples)
             log.info("session %s: %d sample(s) by the at-least-one rule", session_id, len(samples))

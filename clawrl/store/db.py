@@ -4,6 +4,7 @@ Errors (clawrl.store.errors, re-exported here):
 
     StoreError           base (a RuntimeError): no clawrl database there, schema too old, ...
     ├── StoreUnwritable  the file or its folder cannot be written (read-only, disk full)
+    ├── StoreBusy        another connection held the database lock past the busy timeout
     └── UnknownTurn      feedback, a judgment or a sample for a turn that was never recorded
 
 Judgments and samples live in `clawrl.store.training` (`TrainingStore`, mixed in).
@@ -30,7 +31,7 @@ from typing import Any
 from urllib.parse import quote
 
 from clawrl.store import migrations
-from clawrl.store.errors import StoreError, StoreUnwritable, UnknownTurn
+from clawrl.store.errors import StoreBusy, StoreError, StoreUnwritable, UnknownTurn
 from clawrl.store.rows import (
     INSERT_TURN,
     OPEN_SESSIONS,
@@ -46,11 +47,12 @@ from clawrl.store.training import TrainingStore
 from clawrl.store.versions import VersionStore
 from clawrl.types import Feedback, Message, Turn
 
-__all__ = ["OpenSession", "Store", "StoreError", "StoreUnwritable", "UnknownTurn"]
+__all__ = ["OpenSession", "Store", "StoreBusy", "StoreError", "StoreUnwritable", "UnknownTurn"]
 
 BUSY_TIMEOUT_S = 10.0
 PAGE = 256  # turns read per query by `Store.turns`, so the lock is never held across a yield
 _UNWRITABLE = ("SQLITE_READONLY", "SQLITE_FULL", "SQLITE_CANTOPEN", "SQLITE_IOERR", "SQLITE_PERM")
+_BUSY = ("SQLITE_BUSY", "SQLITE_LOCKED")
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,11 @@ class OpenSession:
 
 def _error(exc: sqlite3.Error, path: Path) -> StoreError:
     """Name the failure: unwritable storage is its own kind, the rest are StoreError."""
-    if (getattr(exc, "sqlite_errorname", None) or "").startswith(_UNWRITABLE):
+    name = getattr(exc, "sqlite_errorname", None) or ""
+    if name.startswith(_UNWRITABLE):
         return StoreUnwritable(f"cannot write the store {path}: {exc}")
+    if name.startswith(_BUSY):
+        return StoreBusy(f"store {path}: {exc} (another process holds its lock)")
     return StoreError(f"store {path}: {exc}")
 
 
@@ -76,11 +81,13 @@ def _rollback(conn: sqlite3.Connection) -> None:
         conn.execute("ROLLBACK")
 
 
-def _connect(target: Path | str, uri: bool = False) -> sqlite3.Connection:
-    conn = sqlite3.connect(target, uri=uri, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+def _connect(
+    target: Path | str, uri: bool = False, busy_timeout_s: float = BUSY_TIMEOUT_S
+) -> sqlite3.Connection:
+    conn = sqlite3.connect(target, uri=uri, timeout=busy_timeout_s, check_same_thread=False)
     conn.isolation_level = None  # autocommit: writes open their own BEGIN IMMEDIATE
     conn.row_factory = sqlite3.Row
-    conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
     conn.execute("PRAGMA foreign_keys = ON")
     return conn
 
@@ -115,27 +122,29 @@ class Store(TrainingStore, VersionStore):
         self.readonly = readonly
 
     @classmethod
-    def open(cls, path: str | Path, readonly: bool = False) -> Store:
+    def open(cls, path: str | Path, readonly: bool = False, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Store:
         """Open the database at `path`, creating and migrating it unless `readonly`.
 
         Raises StoreUnwritable, naming the path, when a writable store cannot be
         written; StoreError when a read-only open finds no clawrl database.
+        `busy_timeout_s`: how long a write waits for another connection's lock
+        before it fails with StoreBusy.
         """
         path = Path(path)
         try:
-            return cls._open_readonly(path) if readonly else cls._open_writable(path)
+            return cls._open_readonly(path) if readonly else cls._open_writable(path, busy_timeout_s)
         except sqlite3.Error as exc:
             if readonly:
                 raise StoreError(f"cannot read the store {path}: {exc}") from exc
             raise _error(exc, path) from exc
 
     @classmethod
-    def _open_writable(cls, path: Path) -> Store:
+    def _open_writable(cls, path: Path, busy_timeout_s: float) -> Store:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreUnwritable(f"cannot write the store {path}: {exc}") from exc
-        store = cls(_connect(path), path)
+        store = cls(_connect(path, busy_timeout_s=busy_timeout_s), path)
         try:
             store._setup()
         except BaseException:

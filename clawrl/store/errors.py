@@ -2,6 +2,7 @@
 
     StoreError           base (a RuntimeError): no clawrl database there, schema too old, ...
     ├── StoreUnwritable  the file or its folder cannot be written (read-only, disk full)
+    ├── StoreBusy        another connection held the database lock past the busy timeout
     └── UnknownTurn      feedback, a judgment or a sample for a turn that was never recorded
 
 `clawrl.store` and `clawrl.store.db` re-export them.
@@ -16,6 +17,10 @@ class StoreError(RuntimeError):
 
 class StoreUnwritable(StoreError):
     """The database file or its folder cannot be written."""
+
+
+class StoreBusy(StoreError):
+    """Another connection (another process) held the database's write lock for too long."""
 
 
 class UnknownTurn(StoreError):

@@ -32,15 +32,24 @@ from typing import Any
 
 import torch
 from peft import PeftModel, set_peft_model_state_dict
-from safetensors.torch import load_file
 
-from clawrl.train.weights import ADAPTER_CONFIG, ADAPTER_WEIGHTS, load_full_weights, read_full_weights
+from clawrl.train.weights import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    load_full_weights,
+    read_full_weights,
+    read_tensors,
+)
 
 log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
 OPTIMIZER = "optimizer.pt"
 _VERSION = re.compile(r"^v(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A version folder that cannot be loaded: a file missing, truncated or garbled, or another shape."""
 
 
 @contextmanager
@@ -164,8 +173,19 @@ def load_version(
 
 
 def load_folder(folder: Path, model: Any, optimizer: torch.optim.Optimizer | None = None) -> dict:
-    """`load_version` for a version folder given by path (a version row's `path`)."""
+    """`load_version` for a version folder given by path (a version row's `path`).
+
+    Raises CheckpointError, naming the folder, when it cannot be loaded; the
+    model may then hold part of it, so load another version before using it.
+    """
     folder = Path(folder)
+    try:
+        return _load_folder(folder, model, optimizer)
+    except (OSError, ValueError, RuntimeError) as exc:  # RuntimeError: torch.load of a torn optimizer.pt
+        raise CheckpointError(f"cannot load the version in {folder}: {exc}") from exc
+
+
+def _load_folder(folder: Path, model: Any, optimizer: torch.optim.Optimizer | None) -> dict:
     if not (folder / MANIFEST).is_file():
         raise FileNotFoundError(f"no complete version in {folder}")
     if (folder / ADAPTER_CONFIG).is_file():
@@ -180,7 +200,7 @@ def load_folder(folder: Path, model: Any, optimizer: torch.optim.Optimizer | Non
 def _load_adapter(folder: Path, model: Any) -> None:
     if not isinstance(model, PeftModel):
         raise ValueError(f"{folder} holds a LoRA adapter; this trainer trains full weights (train.weights)")
-    result = set_peft_model_state_dict(model, load_file(folder / ADAPTER_WEIGHTS))
+    result = set_peft_model_state_dict(model, read_tensors(folder / ADAPTER_WEIGHTS))
     missing = [k for k in result.missing_keys if ".lora_" in k]
     if result.unexpected_keys or missing:
         raise ValueError(

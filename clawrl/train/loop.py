@@ -22,6 +22,11 @@ progress and never trains a sample twice. A checkpoint folder that was written
 but never published (a crash between the two writes) is moved aside as
 `.vN-unpublished-<time>` when the trainer starts, never deleted.
 
+A published version whose folder cannot be loaded (a file missing, truncated
+or garbled) is logged and passed over, never retried: the trainer trains on
+from the newest version that loads, and its next version names that one as
+parent. It does not crash, so the supervisor does not restart it in a loop.
+
 Writing a version's folder and row happens under `publish_lock`, which
 `clawrl rollback` takes too. A rollback published while a step runs is found
 under that lock: the step is dropped, and the next pass loads the rollback and
@@ -36,7 +41,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clawrl.store.db import Store
-from clawrl.train.checkpoints import CHECKPOINTS, claim_next, publish_lock, save_version, set_aside
+from clawrl.train.checkpoints import (
+    CHECKPOINTS,
+    CheckpointError,
+    claim_next,
+    publish_lock,
+    save_version,
+    set_aside,
+)
 from clawrl.train.policy import Policy
 from clawrl.train.trainer import triage
 from clawrl.types import Sample, Version
@@ -53,6 +65,7 @@ class TrainLoop:
         self.version = ""  # the version the policy is now; set by `resume`
         self.step = 0
         self._waiting_for: int | None = None
+        self._broken: set[str] = set()  # published versions whose folder cannot be loaded
 
     def resume(self) -> None:
         """Set unpublished checkpoint folders aside and load the latest published version."""
@@ -64,9 +77,20 @@ class TrainLoop:
         self._follow(self.store.latest_version())
 
     def _follow(self, version: Version) -> None:
-        self.policy.load(Path(version.path) if version.path else None)
+        """Become `version`; if it cannot be loaded, the newest earlier version that can."""
+        try:
+            self.policy.load(Path(version.path) if version.path else None)
+        except CheckpointError as exc:
+            log.error("cannot train from %s, passing over it: %s", version.name, exc)
+            self._broken.add(version.name)
+            self._follow(self._target())
+            return
         self.version, self.step = version.name, version.step
         log.info("training from %s (step %d)", version.name, version.step)
+
+    def _target(self) -> Version:
+        """The newest published version that is not known to be broken (v0, the base, never is)."""
+        return next(v for v in reversed(self.store.versions()) if v.name not in self._broken)
 
     def run(self, should_stop: Callable[[], bool]) -> None:
         """Train until `should_stop()` is true (checked between steps and while waiting)."""
@@ -77,7 +101,7 @@ class TrainLoop:
     def run_once(self) -> bool:
         """One pass (see the module docstring); True when it published a version."""
         latest = self.store.latest_version()
-        if latest.name != self.version:
+        if latest.name != self.version and latest.name not in self._broken:
             log.info("%s was published elsewhere (parent %s); following it", latest.name, latest.parent)
             self._follow(latest)
         # Count first: while waiting, each poll is one count, not a read of every sample's tokens.
@@ -117,7 +141,7 @@ class TrainLoop:
         ids = [s.id for s in batch if s.id is not None]
         with publish_lock(self.run_dir):  # no rollback can take the name between folder and row
             latest = self.store.latest_version()
-            if latest.name != self.version:
+            if latest.name != self.version and latest.name not in self._broken:
                 log.warning("%s was published during the step; dropping the step to follow it", latest.name)
                 return False  # the samples are still ready: the next pass trains them from the new version
             name = claim_next(self.run_dir, latest.number)

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
@@ -55,6 +56,14 @@ _WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpac
 
 class AdapterError(ValueError):
     """An adapter folder that cannot be merged into the serving model."""
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors; a truncated or garbled file is an AdapterError naming it."""
+    try:
+        return load_file(path)
+    except SafetensorError as exc:  # not an OSError or ValueError: callers would miss it
+        raise AdapterError(f"{path} is not a readable safetensors file: {exc}") from exc
 
 
 @dataclass
@@ -106,7 +115,7 @@ def read_adapter(adapter_dir: Path) -> dict[str, LoraDelta]:
     if used := [k for k in _UNSUPPORTED if config.get(k)]:
         raise AdapterError(f"{adapter_dir}: merging adapters with {', '.join(used)} is not supported")
     pairs: dict[str, dict[str, torch.Tensor]] = {}
-    for key, tensor in load_file(adapter_dir / ADAPTER_WEIGHTS).items():
+    for key, tensor in read_tensors(adapter_dir / ADAPTER_WEIGHTS).items():
         match = _LORA_KEY.match(key)
         if match is None:
             raise AdapterError(f"{adapter_dir}: unexpected tensor {key} (only linear LoRA A/B weights merge)")
@@ -304,7 +313,7 @@ def read_full_weights(folder: Path) -> dict[str, torch.Tensor]:
         raise AdapterError(f"{folder} holds no model weights (*.safetensors)")
     state: dict[str, torch.Tensor] = {}
     for path in files:
-        state.update(load_file(path))
+        state.update(read_tensors(path))
     return state
 
 

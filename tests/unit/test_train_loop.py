@@ -12,11 +12,12 @@ from transformers import AutoModelForCausalLM
 from clawrl.cli import main
 from clawrl.config import Config
 from clawrl.store.db import Store
+from clawrl.train.checkpoints import copy_version
 from clawrl.train.loop import TrainLoop
 from clawrl.train.policy import build_policy
 from clawrl.train.publish import export, rollback
 from clawrl.train.weights import full_weights_loader
-from clawrl.types import Sample
+from clawrl.types import Sample, Version
 from tests.unit.test_store import make_turn
 
 PROMPT = [1, 9690, 198, 4093, 198, 1780, 314, 2, 198, 1, 520, 9531, 198]
@@ -207,3 +208,24 @@ def test_full_fine_tuning_versions_load_in_a_server_model(run):
     base = AutoModelForCausalLM.from_pretrained(config.model.path)
     assert same_weights(again.policy.model, base)
     assert (config.run_dir / "checkpoints" / "v2" / "model.safetensors").is_file()
+
+
+def test_a_broken_version_is_passed_over_and_training_goes_on(run, caplog):
+    config, store = run
+    loop = loop_for(config, store)
+    add(store, 4)
+    assert loop.run_once()
+    v1 = config.run_dir / "checkpoints" / "v1"
+    broken = copy_version(config.run_dir, "v2", [p for p in v1.iterdir() if p.name != "manifest.json"], {})
+    weights = broken / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # cut short, as a crash mid-copy leaves it
+    store.publish_version(Version("v2", 2, str(broken), {"samples": 0}, "v1"), trained=[])
+
+    assert loop.run_once() is False and loop.version == "v1"  # the running trainer stays on v1
+    again = loop_for(config, store)  # so does a restarted one, instead of crashing in a loop
+    assert again.version == "v1"
+    assert "cannot train from v2" in caplog.text and "not a readable safetensors file" in caplog.text
+    add(store, 4, start=4)
+    assert again.run_once()
+    v3 = store.latest_version()
+    assert (v3.name, v3.parent) == ("v3", "v1")

@@ -11,7 +11,13 @@ from peft import PeftModel
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from clawrl.train.checkpoints import latest_version, list_versions, load_version, save_version
+from clawrl.train.checkpoints import (
+    CheckpointError,
+    latest_version,
+    list_versions,
+    load_version,
+    save_version,
+)
 from clawrl.train.weights import (
     AdapterError,
     LoraSettings,
@@ -230,5 +236,5 @@ def test_versions_are_atomic_ordered_and_never_overwritten(tmp_path: Path, tiny_
     assert latest_version(run) == "v10"
     assert [m["version"] for m in list_versions(run)] == ["v1", "v2", "v10"]
     assert [m["parent"] for m in list_versions(run)] == ["v0", "v1", "v9"]
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(CheckpointError, match="no complete version"):
         load_version(run, "v12", peft_model)
