@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerBase
 
 from clawrl.algo import get_method
 from clawrl.algo.teacher import teacher_prompt
+from clawrl.api.body import BodyLimit
 from clawrl.api.collect import Collector
 from clawrl.api.completions import ChatService
 from clawrl.api.errors import install_error_handlers
@@ -81,7 +82,9 @@ def create_app(
                 await collector.stop()
             await engine.stop()
 
-    app = FastAPI(title="clawrl", lifespan=lifespan)
+    # No /docs or /redoc: they pull Swagger's JavaScript from a CDN; /openapi.json describes the API.
+    app = FastAPI(title="clawrl", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(BodyLimit, max_bytes=server.max_body_bytes)
     app.state.chat = ChatService(
         engine, tokenizer, server.served_model_name, server.default_max_tokens, collector
     )

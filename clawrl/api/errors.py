@@ -8,6 +8,7 @@ answer, so SDKs raise their usual exception types with a readable message.
     ├── BadRequest           400 invalid_request_error
     ├── Unauthorized         401 authentication_error
     ├── NotFound             404 not_found_error
+    ├── PayloadTooLarge      413 invalid_request_error (over server.max_body_bytes)
     └── EngineUnavailable    503 service_unavailable (the model itself failed)
 """
 
@@ -45,6 +46,10 @@ class NotFound(APIError):
     status, type = 404, "not_found_error"
 
 
+class PayloadTooLarge(APIError):
+    status, type = 413, "invalid_request_error"
+
+
 class EngineUnavailable(APIError):
     status, type = 503, "service_unavailable"
 
@@ -64,7 +69,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     first = errors[0]
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
-        return f"the request body is not valid JSON: {first.get('msg')}", None
+        why = (first.get("ctx") or {}).get("error") or first.get("msg")
+        return f"the request body is not valid JSON: {why}", None
     param = ".".join(loc) or None
     where = f"{param}: " if param else ""
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
@@ -81,7 +87,13 @@ def install_error_handlers(app: FastAPI) -> None:
         message, param = _validation_message(exc)
         return JSONResponse(error_body(message, "invalid_request_error", param), status_code=400)
 
+    @app.exception_handler(Exception)
+    async def _bug(_: Request, exc: Exception) -> JSONResponse:
+        # Starlette logs the traceback after this answer; the client gets the OpenAI shape, no internals.
+        return JSONResponse(error_body("internal server error", "server_error"), status_code=500)
+
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+        code = "request_too_large" if exc.status_code == 413 else None
+        return JSONResponse(error_body(str(exc.detail), kind, code=code), status_code=exc.status_code)

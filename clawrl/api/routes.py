@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from clawrl.api.auth import bearer_guard
+from clawrl.api.body import StrictJSONRoute
 from clawrl.api.completions import ChatService
 from clawrl.api.errors import NotFound
 from clawrl.api.schemas import ChatCompletionRequest, FeedbackRequest
@@ -20,7 +21,9 @@ STARTED = int(time.time())
 
 
 def v1_router(api_key: str | None) -> APIRouter:
-    router = APIRouter(prefix="/v1", dependencies=[Depends(bearer_guard(api_key))])
+    router = APIRouter(
+        prefix="/v1", dependencies=[Depends(bearer_guard(api_key))], route_class=StrictJSONRoute
+    )
 
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
