@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from fastapi import Request, Response
@@ -143,13 +143,25 @@ class StrictJSONRequest(Request):
         return self._json
 
 
-class StrictJSONRoute(APIRoute):
-    """A route that decodes its JSON body with `parse_json` (FastAPI turns its errors into a 400)."""
+Guard = Callable[[Request], Awaitable[None]]
 
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
 
-        async def strict(request: Request) -> Response:
-            return await handler(StrictJSONRequest(request.scope, request.receive, request._send))
+def guarded_json_route(guard: Guard) -> type[APIRoute]:
+    """A route class that awaits `guard` (the API-key check) before a byte of the body is read, then
+    decodes the JSON body with `parse_json` (FastAPI turns its errors into a 400).
 
-        return strict
+    A FastAPI dependency would run only after the body has been read and parsed: an unauthenticated
+    client could make the server parse `max_body_bytes` of JSON per request.
+    """
+
+    class GuardedJSONRoute(APIRoute):
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handler = super().get_route_handler()
+
+            async def guarded(request: Request) -> Response:
+                await guard(request)
+                return await handler(StrictJSONRequest(request.scope, request.receive, request._send))
+
+            return guarded
+
+    return GuardedJSONRoute

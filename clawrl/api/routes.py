@@ -7,11 +7,11 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from clawrl.api.auth import bearer_guard
-from clawrl.api.body import StrictJSONRoute
+from clawrl.api.body import guarded_json_route
 from clawrl.api.completions import ChatService
 from clawrl.api.errors import NotFound
 from clawrl.api.schemas import ChatCompletionRequest, FeedbackRequest
@@ -21,9 +21,7 @@ STARTED = int(time.time())
 
 
 def v1_router(api_key: str | None) -> APIRouter:
-    router = APIRouter(
-        prefix="/v1", dependencies=[Depends(bearer_guard(api_key))], route_class=StrictJSONRoute
-    )
+    router = APIRouter(prefix="/v1", route_class=guarded_json_route(bearer_guard(api_key)))
 
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:

@@ -213,7 +213,7 @@ def _text_content(content: Any, role: str) -> str:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind != "text" or not isinstance(part.get("text"), str):
             raise ChatRenderError(
-                f"unsupported content part {kind!r} in a {role} message: only text is supported"
+                f"unsupported content part {kind!r} in a message with role {role!r}: only text is supported"
             )
         texts.append(part["text"])
     return "\n".join(texts)

@@ -203,3 +203,14 @@ def test_server_still_serves_after_the_hostile_bodies(server):
     r = server.client().chat.completions.create(model="clawrl", messages=USER, max_tokens=3)
     assert r.choices[0].message.content is not None
     assert recorded(server)["turns"] == before["turns"] + 1
+
+
+def test_unknown_field_names_cannot_forge_log_lines(server):
+    forged = "2026-01-01 00:00:00,000 ERROR clawrl.api: forged"
+    body = {"messages": USER, "max_tokens": 1, f"x\n{forged}": 1, "y" * 5000: 2}
+    r = post_raw(server, json.dumps(body).encode())
+    assert r.status_code == 200, r.text
+    log = server.output()
+    assert "ignoring unknown request fields: 'x\\n2026" in log
+    assert not any(line.startswith(forged) for line in log.splitlines())
+    assert "y" * 41 not in log
