@@ -232,3 +232,22 @@ def test_versions_are_atomic_ordered_and_never_overwritten(tmp_path: Path, tiny_
     assert [m["parent"] for m in list_versions(run)] == ["v0", "v1", "v9"]
     with pytest.raises(FileNotFoundError):
         load_version(run, "v12", peft_model)
+
+
+def test_export_never_reads_a_pickled_file_put_in_a_version_folder(
+    tmp_path: Path, tiny_model_dir: Path, adapters
+):
+    v1_dir, _ = adapters["v1"]
+    swapped = tmp_path / "v1-swapped"
+    swapped.mkdir()
+    (swapped / "adapter_config.json").write_text((v1_dir / "adapter_config.json").read_text())
+    torch.save(load_file(v1_dir / "adapter_model.safetensors"), swapped / "adapter_model.bin")
+    with pytest.raises(AdapterError, match="safetensors only"):
+        export_merged(tiny_model_dir, swapped, tmp_path / "out-adapter")
+    full = tmp_path / "full-swapped"
+    full.mkdir()
+    (full / "config.json").write_text((tiny_model_dir / "config.json").read_text())
+    torch.save(load_file(tiny_model_dir / "model.safetensors"), full / "pytorch_model.bin")
+    with pytest.raises(OSError, match="safetensors"):
+        export_merged(tiny_model_dir, full, tmp_path / "out-full")
+    assert not (tmp_path / "out-adapter").exists() and not (tmp_path / "out-full").exists()
