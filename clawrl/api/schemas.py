@@ -19,8 +19,11 @@ class _Open(BaseModel):
 
 
 class ContentPart(_Open):
-    type: str = Field(json_schema_extra={"const": "text"})  # others get a 400 that names them
-    text: str | None = None
+    # The schema says what is served, text parts; validation lets others through to a 400 that names them.
+    model_config = ConfigDict(extra="allow", json_schema_extra={"required": ["type", "text"]})
+
+    type: str = Field(json_schema_extra={"const": "text"})
+    text: str | None = Field(None, json_schema_extra={"type": "string"})
 
 
 class FunctionCall(_Open):

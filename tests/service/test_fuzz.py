@@ -54,6 +54,11 @@ def test_the_schema_describes_every_route(schema):
     assert chat.body, "the chat route must declare its request body model, or the fuzzer sends nothing"
 
 
+def test_a_shorter_max_context_caps_the_window(server):
+    (card,) = server.client(api_key=KEY).models.list().data
+    assert card.model_extra["max_model_len"] == 160  # what bounds every fuzzed request's cost
+
+
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=lambda m: m.value)
 def test_fuzzed_requests_never_get_a_server_error(server, schema, mode):
     problems: list[str] = []
