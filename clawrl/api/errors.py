@@ -15,11 +15,14 @@ answer, so SDKs raise their usual exception types with a readable message.
 from __future__ import annotations
 
 import logging
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,37 @@ class PayloadTooLarge(APIError):
 
 class EngineUnavailable(APIError):
     status, type = 503, "service_unavailable"
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """The body of every 4xx and 5xx, as the OpenAI API answers."""
+
+    error: ErrorDetail
+
+
+def documented_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries for these error statuses, all with the OpenAI error body."""
+    return {status: {"model": ErrorBody, "description": HTTPStatus(status).phrase} for status in statuses}
+
+
+def without_422(app: FastAPI) -> dict[str, Any]:
+    """The app's OpenAPI schema without FastAPI's 422 entries: clawrl answers validation errors 400."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                operation.get("responses", {}).pop("422", None)
+        for unused in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(unused, None)
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:

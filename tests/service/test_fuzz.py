@@ -3,9 +3,9 @@ in the server's own OpenAPI schema (/openapi.json), valid ones and invalid ones,
 over HTTP.
 
 What must hold for every request: no 5xx, every 4xx carries the OpenAI error body
-`{"error": {"message", "type", "param", "code"}}`, and the server still answers /healthz (and
-logged no traceback) afterwards. Operations added later (admin routes, a dashboard) are fuzzed
-as soon as they are in the schema.
+`{"error": {"message", "type", "param", "code"}}`, every status and content type is one the schema
+documents, and the server still answers /healthz (and logged no traceback) afterwards.
+Operations added later (admin routes, a dashboard) are fuzzed as soon as they are in the schema.
 
 Bounded: `EXAMPLES` requests per operation and mode, generated deterministically (the same
 requests on every run, so CI never flakes on a new random draw), on a tiny random model whose
@@ -19,6 +19,12 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from tests.conftest import RemoteServer
 from tests.timing import limit
@@ -26,6 +32,9 @@ from tests.timing import limit
 EXAMPLES = 50
 MAX_TOKENS = 8  # a generated max_tokens above this is lowered: the fuzzer is after shapes, not long answers
 KEY = "fuzz-key"
+# Schemathesis' own checks besides ours: every status and content type the server answers is one its
+# schema documents, and every documented body (the OpenAI error body of each 4xx) matches its model.
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 EXPECTED = {"POST /v1/chat/completions", "POST /v1/feedback", "GET /v1/models", "GET /v1/models/{model_id}"}
 
 
@@ -95,7 +104,7 @@ def fuzz(op, mode: GenerationMode, server: RemoteServer, seen: dict[int, int], p
             base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=limit(60)
         )
         seen[response.status_code] = seen.get(response.status_code, 0) + 1
-        problem = judge(response)
+        problem = judge(response) or conformance(case, response)
         if problem:
             problems.append(f"{op.label}: {problem}\n  reproduce: {case.as_curl_command()}")
 
@@ -107,6 +116,14 @@ def cap_answer_length(case) -> None:
         for key in ("max_tokens", "max_completion_tokens"):
             if isinstance(case.body.get(key), int) and case.body[key] > MAX_TOKENS:
                 case.body[key] = MAX_TOKENS
+
+
+def conformance(case, response) -> str | None:
+    try:
+        case.validate_response(response, checks=CHECKS)
+    except BaseExceptionGroup as failures:  # schemathesis' FailureGroup
+        return "; ".join(str(f).strip().splitlines()[0] for f in failures.exceptions)
+    return None
 
 
 def judge(response) -> str | None:
