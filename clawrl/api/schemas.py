@@ -145,10 +145,19 @@ class ChatCompletionRequest(_Open):
         return sorted(self.model_extra or {})
 
 
+# `_one_target` in the OpenAPI schema: a response_id or a session_id, not both.
+_ONE_TARGET = {
+    "oneOf": [
+        {"required": [given], "properties": {given: {"type": "string"}, other: {"type": "null"}}}
+        for given, other in (("response_id", "session_id"), ("session_id", "response_id"))
+    ]
+}
+
+
 class FeedbackRequest(BaseModel):
     """POST /v1/feedback: rate one answer (by its completion id) or a session's latest answer."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_ONE_TARGET)
 
     response_id: str | None = Field(None, min_length=1, max_length=200)
     session_id: str | None = Field(None, pattern=SESSION_ID_PATTERN)
