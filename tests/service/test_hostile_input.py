@@ -1,8 +1,8 @@
 """Hostile request bodies against the live server, over real HTTP: each gets a clear 4xx with the
 OpenAI error body, nothing is recorded, and the server goes on serving.
 
-The huge bodies are sent over a raw socket: an HTTP client that writes its whole body before it
-reads would see the server close the connection, not the early 413 it answers.
+The huge bodies are also sent over a raw socket, to show the 413 comes before the body: from the
+headers alone, or while a chunked body is still being sent.
 """
 
 from __future__ import annotations
@@ -90,6 +90,15 @@ def test_huge_body_is_refused_from_its_content_length(server):
     assert error["code"] == "request_too_large"
     assert recorded(server) == before
     assert server.health()["status"] == "ok"
+
+
+def test_an_ordinary_client_sending_50_mb_reads_the_413(server):
+    before = recorded(server)
+    body = json.dumps({"model": "clawrl", "messages": [{"role": "user", "content": "a" * HUGE}]}).encode()
+    r = post_raw(server, body)
+    error = assert_openai_error(r.status_code, r.json(), 413, "server.max_body_bytes")
+    assert error["code"] == "request_too_large"
+    assert recorded(server) == before
 
 
 def test_huge_chunked_body_stops_being_read_past_the_limit(server):
