@@ -152,9 +152,12 @@ def _is_loopback(host: str) -> bool:
 
 
 def prepare_run_dir(config: Any) -> Path:
-    """Create the run folder and prove it is writable by writing the resolved config."""
-    config.run_dir.mkdir(parents=True, exist_ok=True)
-    (config.run_dir / "logs").mkdir(exist_ok=True)
+    """Create the run folder and prove it is writable by writing the resolved config.
+
+    A folder created here is private to its owner (0700): it holds every recorded conversation.
+    An existing folder keeps the permissions it has."""
+    config.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (config.run_dir / "logs").mkdir(exist_ok=True, mode=0o700)
     return config.write()
 
 

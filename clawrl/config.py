@@ -42,6 +42,12 @@ class ServerConfig(_Section):
     default_max_tokens: int = Field(
         1024, gt=0, description="Completion length cap when a request gives no max_tokens."
     )
+    max_body_bytes: int = Field(
+        16 << 20,
+        gt=0,
+        description="Largest request body accepted, in bytes (16 MiB). A larger one is refused with 413 "
+        "from its Content-Length header, or as soon as a chunked body grows past it, before it is parsed.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log verbosity.")
 
 

@@ -12,9 +12,10 @@ from transformers import PreTrainedTokenizerBase
 
 from clawrl.algo import get_method
 from clawrl.algo.teacher import teacher_prompt
+from clawrl.api.body import BodyLimit
 from clawrl.api.collect import Collector
 from clawrl.api.completions import ChatService
-from clawrl.api.errors import install_error_handlers
+from clawrl.api.errors import install_error_handlers, without_422
 from clawrl.api.routes import health_router, v1_router
 from clawrl.api.versions import VersionWatcher
 from clawrl.config import Config
@@ -82,7 +83,9 @@ def create_app(
                 await collector.stop()
             await engine.stop()
 
-    app = FastAPI(title="clawrl", lifespan=lifespan)
+    # No /docs or /redoc: they pull Swagger's JavaScript from a CDN; /openapi.json describes the API.
+    app = FastAPI(title="clawrl", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(BodyLimit, max_bytes=server.max_body_bytes)
     app.state.chat = ChatService(
         engine, tokenizer, server.served_model_name, server.default_max_tokens, collector
     )
@@ -92,6 +95,7 @@ def create_app(
     api_key = server.api_key.get_secret_value() if server.api_key else None
     app.include_router(v1_router(api_key))
     app.include_router(health_router())
+    app.openapi = lambda: without_422(app)  # type: ignore[method-assign]
     return app
 
 

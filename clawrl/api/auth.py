@@ -10,7 +10,10 @@ from clawrl.api.errors import Unauthorized
 
 
 def bearer_guard(api_key: str | None):
-    """A FastAPI dependency that checks `Authorization: Bearer <key>` when a key is set."""
+    """A check of `Authorization: Bearer <key>` when a key is set: raises `Unauthorized`.
+
+    The /v1 routes run it before reading the body (`api.body.guarded_json_route`); it also works
+    as a FastAPI dependency, `Depends(bearer_guard(key))`."""
     expected = api_key.encode() if api_key else None
 
     async def check(request: Request) -> None:

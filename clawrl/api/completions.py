@@ -80,7 +80,7 @@ class ChatService:
                 code="model_not_found",
             )
         if req.unknown_fields():
-            log.info("ignoring unknown request fields: %s", ", ".join(req.unknown_fields()))
+            log.info("ignoring unknown request fields: %s", shown_names(req.unknown_fields()))
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         prompt = self._render(req, messages, tools)
@@ -254,3 +254,9 @@ class ChatService:
             prep.first_token_at,
             finish_reason,
         )
+
+
+def shown_names(names: list[str], most: int = 10, width: int = 40) -> str:
+    """Client-chosen names as a log shows them: quoted (a newline cannot forge a log line), cut short."""
+    shown = ", ".join(repr(name[:width]) for name in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")

@@ -8,6 +8,7 @@ answer, so SDKs raise their usual exception types with a readable message.
     ├── BadRequest           400 invalid_request_error
     ├── Unauthorized         401 authentication_error
     ├── NotFound             404 not_found_error
+    ├── PayloadTooLarge      413 invalid_request_error (over server.max_body_bytes)
     ├── EngineUnavailable    503 service_unavailable (the model itself failed)
     └── StoreUnavailable     503 service_unavailable (the store refuses writes: disk full, locked)
 """
@@ -15,11 +16,14 @@ answer, so SDKs raise their usual exception types with a readable message.
 from __future__ import annotations
 
 import logging
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 log = logging.getLogger(__name__)
@@ -46,12 +50,47 @@ class NotFound(APIError):
     status, type = 404, "not_found_error"
 
 
+class PayloadTooLarge(APIError):
+    status, type = 413, "invalid_request_error"
+
+
 class EngineUnavailable(APIError):
     status, type = 503, "service_unavailable"
 
 
 class StoreUnavailable(APIError):
     status, type = 503, "service_unavailable"
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """The body of every 4xx and 5xx, as the OpenAI API answers."""
+
+    error: ErrorDetail
+
+
+def documented_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries for these error statuses, all with the OpenAI error body."""
+    return {status: {"model": ErrorBody, "description": HTTPStatus(status).phrase} for status in statuses}
+
+
+def without_422(app: FastAPI) -> dict[str, Any]:
+    """The app's OpenAPI schema without FastAPI's 422 entries: clawrl answers validation errors 400."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                operation.get("responses", {}).pop("422", None)
+        for unused in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(unused, None)
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
@@ -69,7 +108,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     first = errors[0]
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
-        return f"the request body is not valid JSON: {first.get('msg')}", None
+        why = (first.get("ctx") or {}).get("error") or first.get("msg")
+        return f"the request body is not valid JSON: {why}", None
     param = ".".join(loc) or None
     where = f"{param}: " if param else ""
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
@@ -86,7 +126,13 @@ def install_error_handlers(app: FastAPI) -> None:
         message, param = _validation_message(exc)
         return JSONResponse(error_body(message, "invalid_request_error", param), status_code=400)
 
+    @app.exception_handler(Exception)
+    async def _bug(_: Request, exc: Exception) -> JSONResponse:
+        # Starlette logs the traceback after this answer; the client gets the OpenAI shape, no internals.
+        return JSONResponse(error_body("internal server error", "server_error"), status_code=500)
+
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+        code = "request_too_large" if exc.status_code == 413 else None
+        return JSONResponse(error_body(str(exc.detail), kind, code=code), status_code=exc.status_code)

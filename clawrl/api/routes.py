@@ -7,22 +7,31 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from clawrl.api.auth import bearer_guard
+from clawrl.api.body import guarded_json_route
 from clawrl.api.completions import ChatService
-from clawrl.api.errors import NotFound
+from clawrl.api.errors import NotFound, documented_errors
 from clawrl.api.schemas import ChatCompletionRequest, FeedbackRequest
 from clawrl.api.session_hints import hints_from
 
 STARTED = int(time.time())
+# With "stream": true the answer is server-sent events; without, a chat.completion object.
+STREAMED: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"application/json": {}, "text/event-stream": {}}, "description": "The answer"}
+}
 
 
 def v1_router(api_key: str | None) -> APIRouter:
-    router = APIRouter(prefix="/v1", dependencies=[Depends(bearer_guard(api_key))])
+    router = APIRouter(
+        prefix="/v1",
+        route_class=guarded_json_route(bearer_guard(api_key)),
+        responses=documented_errors(400, 401, 404, 413, 500, 503),
+    )
 
-    @router.post("/chat/completions")
+    @router.post("/chat/completions", responses=STREAMED)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         chat: ChatService = request.app.state.chat
         hints = hints_from(request.headers, body, request.app.state.affinity_keys)

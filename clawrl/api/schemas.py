@@ -19,8 +19,11 @@ class _Open(BaseModel):
 
 
 class ContentPart(_Open):
-    type: str
-    text: str | None = None
+    # The schema says what is served, text parts; validation lets others through to a 400 that names them.
+    model_config = ConfigDict(extra="allow", json_schema_extra={"required": ["type", "text"]})
+
+    type: str = Field(json_schema_extra={"const": "text"})
+    text: str | None = Field(None, json_schema_extra={"type": "string"})
 
 
 class FunctionCall(_Open):
@@ -34,7 +37,22 @@ class ToolCallIn(_Open):
     function: FunctionCall
 
 
+# The rule `_needs_content` checks, stated in the OpenAPI schema too, so that clients and the schema
+# fuzzer (tests/service/test_fuzz.py) know it: content, or an assistant message with tool calls.
+_CONTENT_OR_TOOL_CALLS = {
+    "anyOf": [
+        {"required": ["content"], "properties": {"content": {"type": ["string", "array"]}}},
+        {
+            "required": ["role", "tool_calls"],
+            "properties": {"role": {"const": "assistant"}, "tool_calls": {"type": "array", "minItems": 1}},
+        },
+    ]
+}
+
+
 class ChatMessage(_Open):
+    model_config = ConfigDict(extra="allow", json_schema_extra=_CONTENT_OR_TOOL_CALLS)
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -44,7 +62,9 @@ class ChatMessage(_Open):
     @model_validator(mode="after")
     def _needs_content(self) -> ChatMessage:
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError(f"a {self.role} message needs content")
+            raise ValueError(
+                f"a message with role {self.role!r} needs content (or, from the assistant, tool_calls)"
+            )
         return self
 
 
@@ -75,8 +95,17 @@ class ChatCompletionRequest(_Open):
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, ge=0.0, le=1.0)
-    n: int = 1
-    stop: str | list[str] | None = None
+    n: int = Field(1, json_schema_extra={"const": 1})
+    stop: str | list[str] | None = Field(
+        None,
+        json_schema_extra={
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "string"}, "maxItems": 4},
+                {"type": "null"},
+            ]
+        },
+    )
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -116,10 +145,19 @@ class ChatCompletionRequest(_Open):
         return sorted(self.model_extra or {})
 
 
+# `_one_target` in the OpenAPI schema: a response_id or a session_id, not both.
+_ONE_TARGET = {
+    "oneOf": [
+        {"required": [given], "properties": {given: {"type": "string"}, other: {"type": "null"}}}
+        for given, other in (("response_id", "session_id"), ("session_id", "response_id"))
+    ]
+}
+
+
 class FeedbackRequest(BaseModel):
     """POST /v1/feedback: rate one answer (by its completion id) or a session's latest answer."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_ONE_TARGET)
 
     response_id: str | None = Field(None, min_length=1, max_length=200)
     session_id: str | None = Field(None, pattern=SESSION_ID_PATTERN)

@@ -211,9 +211,11 @@ def _text_content(content: Any, role: str) -> str:
     texts = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind != "text" or not isinstance(part.get("text"), str):
+        if kind == "text" and not isinstance(part.get("text"), str):
+            raise ChatRenderError(f"a text part in a message with role {role!r} needs a 'text' string")
+        if kind != "text":
             raise ChatRenderError(
-                f"unsupported content part {kind!r} in a {role} message: only text is supported"
+                f"unsupported content part {kind!r} in a message with role {role!r}: only text is supported"
             )
         texts.append(part["text"])
     return "\n".join(texts)

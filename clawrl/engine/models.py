@@ -131,7 +131,8 @@ def load_model(
     config = scaled_config(AutoConfig.from_pretrained(path), max_context, rope_scaling)
     model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=resolve_dtype(dtype, dev))
     model = model.to(dev).eval()
-    context = getattr(model.config, "max_position_embeddings", None) or max_context or 2048
+    windows = [w for w in (getattr(model.config, "max_position_embeddings", None), max_context) if w]
+    context = min(windows) if windows else 2048  # a shorter max_context caps the window
     return LoadedModel(model, tokenizer, path, context, _stop_ids(model, tokenizer))
 
 

@@ -287,10 +287,17 @@ def export_merged(
     if out_dir.exists():
         raise FileExistsError(f"{out_dir} exists; export_merged never overwrites")
     source = base_dir if version_dir is None else Path(version_dir)
-    weights = base_dir if (source / ADAPTER_CONFIG).is_file() else source
+    adapter = (source / ADAPTER_CONFIG).is_file()
+    if adapter and not (source / ADAPTER_WEIGHTS).is_file():  # PEFT would fall back to a pickled .bin
+        raise AdapterError(f"{source} has no {ADAPTER_WEIGHTS}: clawrl reads adapters from safetensors only")
+    weights = base_dir if adapter else source
     config = scaled_config(AutoConfig.from_pretrained(weights), max_context, rope_scaling)
-    model = AutoModelForCausalLM.from_pretrained(weights, config=config, dtype="auto")
-    if (source / ADAPTER_CONFIG).is_file():
+    # A version folder is clawrl's own, written as safetensors: a pickled file put there is never read.
+    only_safetensors = True if weights != base_dir else None  # None: the base folder as transformers reads it
+    model = AutoModelForCausalLM.from_pretrained(
+        weights, config=config, dtype="auto", use_safetensors=only_safetensors
+    )
+    if adapter:
         model = PeftModel.from_pretrained(model, source).merge_and_unload()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", suffix=".tmp", dir=out_dir.parent))

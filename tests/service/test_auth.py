@@ -7,6 +7,7 @@ import openai
 import pytest
 
 from tests.conftest import RemoteServer
+from tests.timing import limit
 
 KEY = "test-key-0123456789"
 USER = [{"role": "user", "content": "hi"}]
@@ -52,3 +53,15 @@ def test_without_a_key_any_bearer_works(tiny_server):
         model="clawrl", messages=USER, max_tokens=2
     )
     assert r.choices
+
+
+@pytest.mark.parametrize("body", [b"{not json", b'{"messages": NaN}', b"[" * 100_000])
+def test_key_is_checked_before_the_body_is_read(keyed_server, body):
+    r = httpx.post(
+        keyed_server.url + "/v1/chat/completions",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=limit(10),
+    )
+    assert r.status_code == 401, r.text
+    assert r.json()["error"]["type"] == "authentication_error"

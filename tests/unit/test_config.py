@@ -76,3 +76,17 @@ def test_cli_config_errors_exit_with_usage(capsys):
         main(["serve", "--server.port", "many"])
     assert exc.value.code == 2
     assert "port" in capsys.readouterr().err
+
+
+def test_a_new_run_folder_is_private_and_an_existing_one_keeps_its_mode(tmp_path):
+    from clawrl.cli import prepare_run_dir
+
+    new = Config(run_dir=tmp_path / "parent" / "run")
+    prepare_run_dir(new)
+    assert (new.run_dir.stat().st_mode & 0o777) == 0o700
+    assert ((new.run_dir / "logs").stat().st_mode & 0o777) == 0o700
+    existing = tmp_path / "shared"
+    existing.mkdir()
+    existing.chmod(0o755)
+    prepare_run_dir(Config(run_dir=existing))
+    assert (existing.stat().st_mode & 0o777) == 0o755

@@ -238,3 +238,24 @@ def test_versions_are_atomic_ordered_and_never_overwritten(tmp_path: Path, tiny_
     assert [m["parent"] for m in list_versions(run)] == ["v0", "v1", "v9"]
     with pytest.raises(CheckpointError, match="no complete version"):
         load_version(run, "v12", peft_model)
+
+
+def pickled_copy(folder: Path, config: Path, weights: Path, pickled: str) -> Path:
+    """A version folder whose weights were swapped for a pickle of the same tensors."""
+    folder.mkdir()
+    (folder / config.name).write_text(config.read_text())
+    torch.save(load_file(weights), folder / pickled)
+    return folder
+
+
+def test_export_never_reads_a_pickled_file_put_in_a_version_folder(
+    tmp_path: Path, tiny_model_dir: Path, adapters
+):
+    v1_dir, _ = adapters["v1"]
+    adapter = v1_dir / "adapter_config.json", v1_dir / "adapter_model.safetensors", "adapter_model.bin"
+    full = tiny_model_dir / "config.json", tiny_model_dir / "model.safetensors", "pytorch_model.bin"
+    for name, files, error in (("adapter", adapter, AdapterError), ("full", full, OSError)):
+        swapped = pickled_copy(tmp_path / name, *files)
+        with pytest.raises(error, match="safetensors"):
+            export_merged(tiny_model_dir, swapped, tmp_path / f"out-{name}")
+        assert not (tmp_path / f"out-{name}").exists()
