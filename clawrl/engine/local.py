@@ -39,6 +39,7 @@ import torch
 
 from clawrl.engine.base import EngineFailed, EngineStats, SamplingParams, TokenEvent, WeightLoader
 from clawrl.engine.batch import DecodeBatch
+from clawrl.engine.memory import release_free_memory
 from clawrl.engine.prefix_cache import PrefixCache
 from clawrl.engine.sampling import RowSampler, Sampled, sample_rows, score_tokens
 
@@ -196,6 +197,7 @@ class LocalEngine:
                 _settle(job)
             if not (self._rows or self._waiting or self._chunking or self._parked or self._jobs):
                 self._wake.clear()
+                await loop.run_in_executor(self._thread, release_free_memory)
 
     def _plan(self) -> list[_Request] | _Request | str | None:
         """The next iteration: prefill a group (a list), a chunk of one long prompt (a request),
