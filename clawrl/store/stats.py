@@ -67,6 +67,11 @@ class StatsStore:
         rows = self._read("SELECT * FROM versions ORDER BY rowid DESC LIMIT ?", (limit,))
         return [{**dict(row), "metrics": json.loads(row["metrics"] or "{}")} for row in rows]
 
+    def session_row(self, session_id: str) -> dict[str, Any] | None:
+        """One session's row (id, source, times, end reason), or None."""
+        rows = self._read("SELECT * FROM sessions WHERE id = ?", (session_id,))
+        return dict(rows[0]) if rows else None
+
     def version_count(self) -> int:
         """How many versions exist, v0 included (the largest rowid: versions are never deleted)."""
         return int(self._read("SELECT coalesce(max(rowid), 0) FROM versions")[0][0])
