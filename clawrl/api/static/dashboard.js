@@ -121,7 +121,7 @@ function counts(store) {
 
 function render(st) {
   const now = st.now, store = st.store;
-  fill("model", st.model);
+  fill("model", `${st.model} · ${st.method}`);
   fill("served-version", st.served.version);
   fill("served-since", `since ${when(st.served.since)} (${ago(st.served.since, now)})`);
   fill("counts", counts(store));
