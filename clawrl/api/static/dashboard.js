@@ -29,7 +29,11 @@ function fill(id, ...children) {
   return node;
 }
 
-const num = (x, digits = 3) => (x === null || x === undefined ? "–" : Number(x).toFixed(digits).replace(/\.?0+$/, "") || "0");
+function num(x, digits = 3) {  // fixed digits, trailing zeros of the fraction dropped
+  if (x === null || x === undefined) return "–";
+  const s = Number(x).toFixed(digits);
+  return s.includes(".") ? s.replace(/\.?0+$/, "") : s;
+}
 const pct = (x) => (x === null || x === undefined ? "–" : `${Math.round(100 * x)}%`);
 const when = (t) => (t ? new Date(t * 1000).toLocaleString() : "–");
 
