@@ -57,6 +57,8 @@ def conversation(server, tiny_model_dir):
     wait_for(lambda: keyed_health(server)["judge"]["judged"] >= 1, 60, "the first turn's judgment")
     Publisher(server.run_dir, tiny_model_dir).publish(1)
     wait_for(lambda: keyed_health(server)["version"] == "v1", 30, "v1 served")
+    swaps = ("clawrl_swap_duration_seconds_count", ())
+    wait_for(lambda: scrape(server).get(swaps) == 1, 10, "the swap counted")  # reported just after it
     return [r1.usage, r2.usage, r3.usage], r1.id
 
 
