@@ -252,6 +252,11 @@ class TrainConfig(_Section):
     swap_poll_s: float = Field(
         1.0, gt=0, description="How often the server looks for a newly published version."
     )
+    loggers: list[Literal["jsonl", "tensorboard"]] = Field(
+        default_factory=lambda: ["jsonl"],
+        description="Where each step's metrics also go: 'jsonl' (<run_dir>/metrics.jsonl), "
+        "'tensorboard' (<run_dir>/tensorboard/, needs the tensorboard package).",
+    )
     lora: LoraConfig = Field(default_factory=LoraConfig)
 
 

@@ -1,7 +1,8 @@
-"""Bearer-key authentication for the /v1 routes."""
+"""API-key authentication: a bearer header for /v1 and /metrics; that or a cookie for /dashboard."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 
 from fastapi import Request
@@ -25,5 +26,26 @@ def bearer_guard(api_key: str | None):
             raise Unauthorized(
                 "invalid or missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key"
             )
+
+    return check
+
+
+COOKIE = "clawrl_dashboard"
+
+
+def dashboard_token(api_key: str) -> str:
+    """What the dashboard's cookie holds: an HMAC of the key, so a leaked cookie is not the API key."""
+    return hmac.new(api_key.encode(), b"clawrl-dashboard-cookie", hashlib.sha256).hexdigest()
+
+
+def browser_guard(api_key: str | None):
+    """`bearer_guard`, or the HttpOnly cookie `POST /dashboard/login` sets: for the dashboard's routes."""
+    bearer = bearer_guard(api_key)
+    token = dashboard_token(api_key).encode() if api_key else None
+
+    async def check(request: Request) -> None:
+        if token is not None and hmac.compare_digest(request.cookies.get(COOKIE, "").encode(), token):
+            return
+        await bearer(request)
 
     return check

@@ -36,6 +36,7 @@ def v1_router(api_key: str | None) -> APIRouter:
         chat: ChatService = request.app.state.chat
         hints = hints_from(request.headers, body, request.app.state.affinity_keys)
         prep = chat.prepare(body)
+        request.state.chat = prep  # read by the metrics middleware: tokens and time to first token
         await chat.begin(prep, hints)
         headers = {"X-Session-Id": prep.resolution.session_id} if prep.resolution else {}
         if body.stream:

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +50,13 @@ class VersionWatcher:
         targets: list[str],
         poll_s: float,
         eager: bool = False,
+        on_swap: Callable[[str, float], None] | None = None,
     ) -> None:
         self.engine, self.store, self.db = engine, store, db
         self._targets = targets
         self._poll = poll_s
         self._eager = eager
+        self._on_swap = on_swap  # told each swap's version and seconds (the metrics)
         self._merged: MergedLora | None = None
         self._failed: set[str] = set()  # versions that could not be loaded (logged once)
         self._task: asyncio.Task[None] | None = None
@@ -87,6 +91,7 @@ class VersionWatcher:
     async def serve(self, version: Version) -> bool:
         """Swap `version` in between two decoding steps; False (logged) if it cannot be read."""
         loop = asyncio.get_running_loop()
+        start = time.perf_counter()
         try:
             load = await loop.run_in_executor(None, self._loader, version)
             await self.engine.swap_weights(load, version.name)  # checks shapes before changing a weight
@@ -94,6 +99,8 @@ class VersionWatcher:
             log.error("cannot serve %s from %s, passing over it: %s", version.name, version.path, exc)
             self._failed.add(version.name)
             return False
+        if self._on_swap is not None:
+            self._on_swap(version.name, time.perf_counter() - start)
         return True
 
     def _loader(self, version: Version):

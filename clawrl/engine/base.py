@@ -70,6 +70,7 @@ class EngineStats:
     requests_finished: int = 0
     requests_cancelled: int = 0
     steps: int = 0
+    batch_rows: int = 0  # sequences summed over decoding steps (batch_rows / steps: mean batch size)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

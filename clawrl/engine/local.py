@@ -329,6 +329,7 @@ class LocalEngine:
             sampled = sample_rows(logits, [r.sampler for r in self._rows])
             events += [(req, self._emit(req, s)) for req, s in zip(self._rows, sampled, strict=True)]
             self._stats.steps += 1
+            self._stats.batch_rows += len(sampled)
             self._retire()
         return events
 

@@ -39,6 +39,7 @@ from clawrl.store.writer import StoreWriter
 from clawrl.types import Judgment, Turn, Vote
 
 log = logging.getLogger(__name__)
+_OUTCOMES = {1: "positive", 0: "neutral", -1: "negative"}  # a vote's value; None: failed
 
 
 class JudgeLoop:
@@ -62,8 +63,12 @@ class JudgeLoop:
         self._workers: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()  # session-end rules in flight
         self._recent: deque[bool] = deque(maxlen=5)  # last vote outcomes, True = failed
+        self._latencies: deque[float] = deque(maxlen=50)  # of the last votes, for the dashboard
         self.judged = 0
         self.failed_votes = 0
+        self.votes: Counter[tuple[str, str]] = Counter()  # (kind, outcome) -> votes cast
+        self.vote_seconds = 0.0  # summed latency of every vote cast
+        self.in_flight = 0  # judge calls waiting for their backend now
         self.last_error: str | None = None
 
     async def start(self) -> None:
@@ -106,6 +111,10 @@ class JudgeLoop:
             "queued": self._queue.qsize(),
             "judged": self.judged,
             "failed_votes": self.failed_votes,
+            "votes": {f"{kind}:{outcome}": n for (kind, outcome), n in sorted(self.votes.items())},
+            "in_flight": self.in_flight,
+            "latency_s": sum(self._latencies) / len(self._latencies) if self._latencies else None,
+            "vote_seconds": self.vote_seconds,
             "last_error": self.last_error,
         }
 
@@ -168,10 +177,14 @@ class JudgeLoop:
         for attempt in range(self.config.retries + 1):
             try:
                 async with self._calls:
-                    raw = await asyncio.wait_for(
-                        self.backend.complete(messages, self.config.temperature, self.config.max_tokens),
-                        self.config.timeout_s,
-                    )
+                    self.in_flight += 1
+                    try:
+                        raw = await asyncio.wait_for(
+                            self.backend.complete(messages, self.config.temperature, self.config.max_tokens),
+                            self.config.timeout_s,
+                        )
+                    finally:
+                        self.in_flight -= 1
                 return self._count(build(raw, time.perf_counter() - start, None))
             except (JudgeCallFailed, TimeoutError) as exc:
                 error = str(exc) or f"timeout after {self.config.timeout_s:g}s"
@@ -182,6 +195,9 @@ class JudgeLoop:
     def _count(self, vote: Vote) -> Vote:
         failed = vote.value is None  # the call failed, or its reply could not be parsed
         self._recent.append(failed)
+        self._latencies.append(vote.latency_s)
+        self.vote_seconds += vote.latency_s
+        self.votes[vote.kind, _OUTCOMES.get(vote.value, "failed")] += 1
         if failed:
             self.failed_votes += 1
             self.last_error = vote.error

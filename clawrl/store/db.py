@@ -7,7 +7,8 @@ Errors (clawrl.store.errors, re-exported here):
     ├── StoreBusy        another connection held the database lock past the busy timeout
     └── UnknownTurn      feedback, a judgment or a sample for a turn that was never recorded
 
-Judgments and samples live in `clawrl.store.training` (`TrainingStore`, mixed in).
+Judgments and samples live in `clawrl.store.training` (`TrainingStore`, mixed in); the
+dashboard's bounded reads in `clawrl.store.stats` (`StatsStore`).
 
 The methods are synchronous. The server calls them from one dedicated writer
 thread; the connection is shared (`check_same_thread=False`) and guarded by a
@@ -43,6 +44,7 @@ from clawrl.store.rows import (
     turn_from_row,
     turn_row,
 )
+from clawrl.store.stats import StatsStore
 from clawrl.store.training import TrainingStore
 from clawrl.store.versions import VersionStore
 from clawrl.types import Feedback, Message, Turn
@@ -112,7 +114,7 @@ def _connect_readonly(path: Path) -> sqlite3.Connection:
         return _connect(uri + "&immutable=1", uri=True)
 
 
-class Store(TrainingStore, VersionStore):
+class Store(TrainingStore, VersionStore, StatsStore):
     """Sessions, turns and feedback of one run; judgments and samples come from `TrainingStore`."""
 
     def __init__(self, conn: sqlite3.Connection, path: Path, readonly: bool = False) -> None:

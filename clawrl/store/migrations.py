@@ -118,11 +118,115 @@ M004_SAMPLE_STATUS_REASON = """
 ALTER TABLE samples ADD COLUMN status_reason TEXT NULL;
 """
 
+# Running totals for the dashboard and /metrics, kept by triggers in the writer's own
+# transactions, so a refresh reads a few small rows instead of counting big tables.
+# `counters`: turns by type, turns with a next state, sessions, samples by status.
+# `reward_by_version` / `reward_by_minute`: judged turns by the version that served them
+# (versions[0]) and by the minute they were served; only a turn's latest judgment counts
+# (a newer one takes the older one's contribution back out).
+M005_DASHBOARD_COUNTERS = """
+CREATE TABLE counters (name TEXT PRIMARY KEY, n INTEGER NOT NULL DEFAULT 0);
+INSERT INTO counters (name) VALUES ('sessions'), ('turns:main'), ('turns:side'), ('turns:next_state'),
+    ('samples:ready'), ('samples:trained'), ('samples:stale'), ('samples:skipped'), ('samples:superseded');
+INSERT OR REPLACE INTO counters (name, n) SELECT 'sessions', count(*) FROM sessions;
+INSERT OR REPLACE INTO counters (name, n)
+    SELECT 'turns:' || turn_type, count(*) FROM turns GROUP BY turn_type;
+INSERT OR REPLACE INTO counters (name, n)
+    SELECT 'turns:next_state', count(*) FROM turns WHERE next_state IS NOT NULL;
+INSERT OR REPLACE INTO counters (name, n) SELECT 'samples:' || status, count(*) FROM samples GROUP BY status;
+
+CREATE TRIGGER counters_session AFTER INSERT ON sessions BEGIN
+    UPDATE counters SET n = n + 1 WHERE name = 'sessions';
+END;
+CREATE TRIGGER counters_turn AFTER INSERT ON turns BEGIN
+    INSERT OR IGNORE INTO counters (name) VALUES ('turns:' || NEW.turn_type);
+    UPDATE counters SET n = n + 1 WHERE name = 'turns:' || NEW.turn_type;
+    UPDATE counters SET n = n + 1 WHERE name = 'turns:next_state' AND NEW.next_state IS NOT NULL;
+END;
+CREATE TRIGGER counters_next_state AFTER UPDATE OF next_state ON turns
+WHEN OLD.next_state IS NULL AND NEW.next_state IS NOT NULL BEGIN
+    UPDATE counters SET n = n + 1 WHERE name = 'turns:next_state';
+END;
+CREATE TRIGGER counters_sample AFTER INSERT ON samples BEGIN
+    INSERT OR IGNORE INTO counters (name) VALUES ('samples:' || NEW.status);
+    UPDATE counters SET n = n + 1 WHERE name = 'samples:' || NEW.status;
+END;
+CREATE TRIGGER counters_sample_status AFTER UPDATE OF status ON samples
+WHEN OLD.status != NEW.status BEGIN
+    INSERT OR IGNORE INTO counters (name) VALUES ('samples:' || NEW.status);
+    UPDATE counters SET n = n - 1 WHERE name = 'samples:' || OLD.status;
+    UPDATE counters SET n = n + 1 WHERE name = 'samples:' || NEW.status;
+END;
+
+CREATE TABLE reward_by_version (
+    version TEXT PRIMARY KEY,
+    judged INTEGER NOT NULL DEFAULT 0,    -- turns with a judgment
+    scored INTEGER NOT NULL DEFAULT 0,    -- ... whose judgment has a score
+    score_sum INTEGER NOT NULL DEFAULT 0,
+    positive INTEGER NOT NULL DEFAULT 0,
+    negative INTEGER NOT NULL DEFAULT 0,
+    hinted INTEGER NOT NULL DEFAULT 0     -- ... whose judgment accepted a hint
+);
+CREATE TABLE reward_by_minute (
+    minute INTEGER PRIMARY KEY,           -- unix minute the turn was served
+    judged INTEGER NOT NULL DEFAULT 0,
+    scored INTEGER NOT NULL DEFAULT 0,
+    score_sum INTEGER NOT NULL DEFAULT 0,
+    positive INTEGER NOT NULL DEFAULT 0,
+    negative INTEGER NOT NULL DEFAULT 0,
+    hinted INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO reward_by_version (version, judged, scored, score_sum, positive, negative, hinted)
+SELECT coalesce(json_extract(t.versions, '$[0]'), 'v0') AS v, count(*), sum(j.score IS NOT NULL),
+    sum(coalesce(j.score, 0)), sum(coalesce(j.score, 0) > 0), sum(coalesce(j.score, 0) < 0),
+    sum(j.hint IS NOT NULL)
+FROM judgments j JOIN turns t ON t.id = j.turn_id
+WHERE j.id = (SELECT max(id) FROM judgments WHERE turn_id = j.turn_id)
+GROUP BY v;
+INSERT INTO reward_by_minute (minute, judged, scored, score_sum, positive, negative, hinted)
+SELECT CAST(t.created_at / 60 AS INTEGER) AS m, count(*), sum(j.score IS NOT NULL),
+    sum(coalesce(j.score, 0)), sum(coalesce(j.score, 0) > 0), sum(coalesce(j.score, 0) < 0),
+    sum(j.hint IS NOT NULL)
+FROM judgments j JOIN turns t ON t.id = j.turn_id
+WHERE j.id = (SELECT max(id) FROM judgments WHERE turn_id = j.turn_id)
+GROUP BY m;
+
+-- The new judgment adds (sign 1) and the turn's previous one, if any, is taken out (sign -1).
+CREATE TRIGGER reward_judgment AFTER INSERT ON judgments BEGIN
+    INSERT INTO reward_by_version (version, judged, scored, score_sum, positive, negative, hinted)
+    SELECT coalesce(json_extract(t.versions, '$[0]'), 'v0'), d.sign, d.sign * (j.score IS NOT NULL),
+        d.sign * coalesce(j.score, 0), d.sign * (coalesce(j.score, 0) > 0),
+        d.sign * (coalesce(j.score, 0) < 0), d.sign * (j.hint IS NOT NULL)
+    FROM (SELECT NEW.id AS id, 1 AS sign
+          UNION ALL SELECT max(id), -1 FROM judgments WHERE turn_id = NEW.turn_id AND id < NEW.id) AS d
+    JOIN judgments j ON j.id = d.id JOIN turns t ON t.id = j.turn_id
+    WHERE true
+    ON CONFLICT (version) DO UPDATE SET judged = judged + excluded.judged, scored = scored + excluded.scored,
+        score_sum = score_sum + excluded.score_sum, positive = positive + excluded.positive,
+        negative = negative + excluded.negative, hinted = hinted + excluded.hinted;
+    INSERT INTO reward_by_minute (minute, judged, scored, score_sum, positive, negative, hinted)
+    SELECT CAST(t.created_at / 60 AS INTEGER), d.sign, d.sign * (j.score IS NOT NULL),
+        d.sign * coalesce(j.score, 0), d.sign * (coalesce(j.score, 0) > 0),
+        d.sign * (coalesce(j.score, 0) < 0), d.sign * (j.hint IS NOT NULL)
+    FROM (SELECT NEW.id AS id, 1 AS sign
+          UNION ALL SELECT max(id), -1 FROM judgments WHERE turn_id = NEW.turn_id AND id < NEW.id) AS d
+    JOIN judgments j ON j.id = d.id JOIN turns t ON t.id = j.turn_id
+    WHERE true
+    ON CONFLICT (minute) DO UPDATE SET judged = judged + excluded.judged, scored = scored + excluded.scored,
+        score_sum = score_sum + excluded.score_sum, positive = positive + excluded.positive,
+        negative = negative + excluded.negative, hinted = hinted + excluded.hinted;
+END;
+
+-- The dashboard lists the sessions most recently active.
+CREATE INDEX sessions_updated_at ON sessions(updated_at);
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_sample_judgment_session", M002_SAMPLE_JUDGMENT_SESSION),
     ("m003_version_parent", M003_VERSION_PARENT),
     ("m004_sample_status_reason", M004_SAMPLE_STATUS_REASON),
+    ("m005_dashboard_counters", M005_DASHBOARD_COUNTERS),
 ]
 
 _NAME = re.compile(r"m[0-9]{3}_[a-z0-9_]+")

@@ -14,7 +14,8 @@ Each pass:
    store. With fewer than `batch_size` usable samples left, wait again.
 4. Otherwise take the oldest `batch_size`, run one step, write
    `checkpoints/vN/` (weights, optimizer state, manifest), then publish vN in
-   the store in one transaction with marking those samples `trained`.
+   the store in one transaction with marking those samples `trained`; then
+   log its metrics (`train/loggers.py`: metrics.jsonl, TensorBoard).
 
 Crash safety: until that transaction commits, the samples stay `ready` and the
 version does not exist, so a crash at any point loses at most the step in
@@ -49,6 +50,7 @@ from clawrl.train.checkpoints import (
     save_version,
     set_aside,
 )
+from clawrl.train.loggers import StepLoggers
 from clawrl.train.policy import Policy
 from clawrl.train.trainer import triage
 from clawrl.types import Sample, Version
@@ -57,11 +59,14 @@ log = logging.getLogger("clawrl.trainer")
 
 
 class TrainLoop:
-    def __init__(self, store: Store, policy: Policy, run_dir: Path) -> None:
+    def __init__(
+        self, store: Store, policy: Policy, run_dir: Path, loggers: StepLoggers | None = None
+    ) -> None:
         self.store = store
         self.policy = policy
         self.cfg = policy.cfg
         self.run_dir = Path(run_dir)
+        self.loggers = loggers or StepLoggers([], run_dir)  # metrics.jsonl, TensorBoard (`train.loggers`)
         self.version = ""  # the version the policy is now; set by `resume`
         self.step = 0
         self._waiting_for: int | None = None
@@ -151,6 +156,7 @@ class TrainLoop:
             self.store.publish_version(version, trained=ids)
         self.version, self.step = name, version.step
         log.info(progress_line(version))
+        self.loggers.step(version)
         return True
 
 

@@ -32,6 +32,7 @@ import transformers
 from clawrl.config import Config
 from clawrl.engine.models import ModelNotFound, model_folder, served_context
 from clawrl.store.db import Store, StoreError
+from clawrl.train.loggers import StepLoggers
 from clawrl.train.loop import TrainLoop
 from clawrl.train.policy import build_policy
 
@@ -77,16 +78,20 @@ def run_trainer(config: Config, parent_pid: int | None = None) -> int:
     except (StoreError, ModelNotFound) as exc:
         log.error("%s", exc)
         return 2
+    loop = None
     try:
         m = config.model
         context = served_context(m.path, m.max_context)
-        loop = TrainLoop(store, build_policy(base, cfg, m.device, context, m.rope_scaling), config.run_dir)
+        policy = build_policy(base, cfg, m.device, context, m.rope_scaling)
+        loop = TrainLoop(store, policy, config.run_dir, StepLoggers(cfg.loggers, config.run_dir))
         loop.resume()
         loop.run(lambda: parent_pid is not None and os.getppid() != parent_pid)
         log.info("the server is gone; stopping")
     except KeyboardInterrupt:
         log.info("stopped")
     finally:
+        if loop is not None:
+            loop.loggers.close()
         store.close()
         lock.close()
     return 0

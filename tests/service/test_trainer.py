@@ -16,6 +16,7 @@ import sys
 import time
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from clawrl.store.db import Store
 from tests.conftest import RemoteServer
@@ -183,6 +184,17 @@ def test_a_trainer_killed_mid_step_is_restarted_and_resumes_without_reusing_a_sa
             json.loads(p.read_text())["step"] for p in (run_dir / "checkpoints").glob("v*/manifest.json")
         ]
         assert sorted(steps) == list(range(1, len(steps) + 1))  # the step count carried over the restart
+        # Both trainer lives appended to one metrics.jsonl: each published step once, the killed one never.
+        logged = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert logged == list(range(1, len(logged) + 1)) and len(logged) >= len(steps) - 1
+        metrics = {
+            (s.name, tuple(s.labels.items())): s.value
+            for family in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)
+            for s in family.samples
+        }
+        assert metrics["clawrl_trainer_restarts_total", ()] == 1
+        assert metrics["clawrl_trainer_status", (("status", "running"),)] == 1
+        assert metrics["clawrl_versions_published_total", ()] >= len(steps)
     finally:
         server.stop()
 

@@ -229,3 +229,49 @@ def test_a_broken_version_is_passed_over_and_training_goes_on(run, caplog):
     assert again.run_once()
     v3 = store.latest_version()
     assert (v3.name, v3.parent) == ("v3", "v1")
+
+
+def test_each_step_is_logged_to_metrics_jsonl_and_tensorboard(run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from clawrl.train.loggers import StepLoggers
+
+    config, store = run
+    policy = build_policy(config.model.path, config.train, "cpu")
+    loop = TrainLoop(store, policy, config.run_dir, StepLoggers(["jsonl", "tensorboard"], config.run_dir))
+    loop.resume()
+    add(store, 8)
+    assert loop.run_once() and loop.run_once()
+    loop.loggers.close()
+    lines = [json.loads(line) for line in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
+    versions = store.versions()[1:]
+    assert [(x["version"], x["step"], x["parent"]) for x in lines] == [("v1", 1, "v0"), ("v2", 2, "v1")]
+    assert [x["loss"] for x in lines] == [v.metrics["loss"] for v in versions]
+    assert all(x["samples"] == 4 and x["tokens_per_s"] > 0 for x in lines)
+    events = EventAccumulator(str(config.run_dir / "tensorboard"))
+    events.Reload()
+    loss = events.Scalars("train/loss")
+    assert [e.step for e in loss] == [1, 2]
+    assert [e.value for e in loss] == pytest.approx([v.metrics["loss"] for v in versions], rel=1e-6)
+    assert {"train/kl", "train/clip_frac", "train/tokens_per_s"} <= set(events.Tags()["scalars"])
+
+
+def test_jsonl_is_the_default_logger_and_a_restart_appends(run):
+    config, store = run
+    assert config.train.loggers == ["jsonl"]
+    from clawrl.train.loggers import StepLoggers
+
+    for _ in range(2):  # two trainer lives on one run folder
+        loop = TrainLoop(
+            store,
+            build_policy(config.model.path, config.train, "cpu"),
+            config.run_dir,
+            StepLoggers(config.train.loggers, config.run_dir),
+        )
+        loop.resume()
+        add(store, 4, start=4 * store.latest_version().step)
+        assert loop.run_once()
+        loop.loggers.close()
+    steps = [json.loads(line)["step"] for line in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+    assert not (config.run_dir / "tensorboard").exists()

@@ -1,0 +1,102 @@
+"""GET /dashboard: one page that shows, live, whether the model is learning and what is broken.
+
+The page (`api/static/dashboard.html` with its script and style, shipped in the
+package: no build step, no CDN, charts drawn as SVG by the script) polls
+`/dashboard/state.json` (the `PipelineState` snapshot: cached for a second,
+bounded reads) every two seconds and redraws. `/dashboard/session?id=` shows
+one session: the messages, the answers, the judge's votes, score and hint.
+
+Every user text (prompts, answers, judge replies) reaches the browser as JSON
+and is put on the page with `textContent`, never as HTML; a strict
+Content-Security-Policy (scripts and styles from this server only, no inline
+script) is a second fence.
+
+Auth, when `server.api_key` is set: `Authorization: Bearer <key>` as for /v1,
+or, for a browser, the key typed once into the login form the page shows
+(`POST /dashboard/login`), which sets an HttpOnly, SameSite=Strict cookie
+holding an HMAC of the key (never the key, and never in a URL, so never in a
+log or the browser history). See docs/security.md.
+"""
+
+from __future__ import annotations
+
+import hmac
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse, RedirectResponse
+
+from clawrl.api.auth import COOKIE, browser_guard, dashboard_token
+from clawrl.api.errors import NotFound, Unauthorized
+
+STATIC = resources.files("clawrl.api") / "static"
+ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+PAGES = ("dashboard.html", "session.html", "login.html")
+HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+    "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+LOGIN_FAILED = "That is not this server's API key."
+MAX_LOGIN_BYTES = 4096
+
+
+def dashboard_router(api_key: str | None) -> APIRouter:
+    router = APIRouter(prefix="/dashboard", include_in_schema=False)
+    guard = browser_guard(api_key)
+    files = {name: (STATIC / name).read_bytes() for name in (*PAGES, *ASSETS)}
+
+    def page(name: str, status: int = 200, note: str = "") -> Response:
+        body = files[name].replace(b"<!--note-->", note.encode())  # `note`: fixed text, never a user's
+        return Response(body, status, media_type="text/html; charset=utf-8", headers=HEADERS)
+
+    async def authorized(request: Request) -> bool:
+        try:
+            await guard(request)
+        except Unauthorized:  # the page shows the login form instead
+            return False
+        return True
+
+    @router.get("")
+    async def dashboard(request: Request) -> Response:
+        return page("dashboard.html") if await authorized(request) else page("login.html", 401)
+
+    @router.get("/session")
+    async def session_page(request: Request) -> Response:
+        return page("session.html") if await authorized(request) else page("login.html", 401)
+
+    @router.post("/login")
+    async def login(request: Request) -> Response:
+        body = await request.body()
+        given = parse_qs(body[:MAX_LOGIN_BYTES].decode(errors="replace")).get("key", [""])[0]
+        if api_key is not None and not hmac.compare_digest(given.encode(), api_key.encode()):
+            return page("login.html", 401, LOGIN_FAILED)
+        response = RedirectResponse("/dashboard", status_code=303, headers=HEADERS)
+        if api_key is not None:
+            response.set_cookie(
+                COOKIE, dashboard_token(api_key), path="/dashboard", httponly=True, samesite="strict"
+            )
+        return response
+
+    @router.get("/static/{name}")
+    async def asset(name: str) -> Response:
+        if name not in ASSETS:
+            raise NotFound(f"no dashboard asset {name!r}")
+        return Response(files[name], media_type=ASSETS[name], headers=HEADERS)
+
+    @router.get("/state.json", dependencies=[Depends(guard)])
+    async def state(request: Request) -> JSONResponse:
+        return JSONResponse(await request.app.state.pipeline.snapshot(), headers=HEADERS)
+
+    @router.get("/session.json", dependencies=[Depends(guard)])
+    async def session(request: Request, id: str = "") -> JSONResponse:
+        found: dict[str, Any] | None = await request.app.state.pipeline.session(id)
+        if found is None:
+            raise NotFound(f"no session {id[:80]!r} in this run", param="id", code="session_not_found")
+        return JSONResponse(found, headers=HEADERS)
+
+    return router

@@ -1,0 +1,214 @@
+"""The pipeline at a glance: one snapshot that the dashboard polls and /metrics exposes.
+
+`PipelineState.snapshot()` gathers what the server knows in memory (the served
+version and its swaps, the engine's counters, the judge's votes, the trainer
+process) and what the store knows (running totals, rewards by version and by
+minute, the latest versions and sessions). The store part is read through a
+read-only connection of its own, in a worker thread: the dashboard never takes
+the writer's lock or thread, and every query is bounded (`store/stats.py`).
+A snapshot is reused for `ttl` seconds, so ten open tabs and a scraper cost
+what one does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from clawrl.engine.base import Engine
+from clawrl.judge.worker import JudgeLoop
+from clawrl.store.db import Store
+from clawrl.train.supervisor import TrainerSupervisor
+from clawrl.types import Turn
+
+RECENT_VERSIONS = 100  # versions listed (and charted) on the dashboard
+RECENT_SESSIONS = 20
+SESSION_TURNS = 200  # turns shown on one session's page
+REWARD_WINDOW_S = 24 * 3600.0  # reward over time: the last day, by minute
+TRAIN_KEYS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm", "mean_reward", "tokens_per_s")
+
+
+@dataclass
+class Served:
+    """Which version the engine serves, since when, and how its swaps went."""
+
+    version: str
+    since: float = field(default_factory=time.time)
+    swaps: int = 0
+    last_swap_s: float | None = None
+
+
+class PipelineState:
+    """The snapshot behind /dashboard/state.json and /metrics, and one session's page."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        model: str,
+        method: str,
+        max_batch_size: int,
+        batch_size: int | None,
+        store_path: Path | None = None,
+        judge: JudgeLoop | None = None,
+        trainer: TrainerSupervisor | None = None,
+        ttl: float = 1.0,
+    ) -> None:
+        self.engine, self.judge, self.trainer = engine, judge, trainer
+        self.model, self.method = model, method
+        self.max_batch_size, self.batch_size = max_batch_size, batch_size
+        self.served = Served(engine.version)
+        self._store_path = store_path
+        self._reader: Store | None = None
+        self._ttl = ttl
+        self._cached: tuple[float, dict[str, Any]] | None = None
+        self._lock = asyncio.Lock()
+
+    def swapped(self, version: str, seconds: float) -> None:
+        """Called by the version watcher once `version` is served (`seconds` from finding it)."""
+        self.served = Served(version, time.time(), self.served.swaps + 1, seconds)
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    async def snapshot(self) -> dict[str, Any]:
+        """The current state (reused for `ttl` seconds); non-finite numbers become None (JSON)."""
+        async with self._lock:
+            now = time.monotonic()
+            if self._cached is None or now - self._cached[0] >= self._ttl:
+                stored = await asyncio.to_thread(self._read_store) if self._store_path else None
+                self._cached = (time.monotonic(), finite(self._build(stored)))
+            return self._cached[1]
+
+    async def session(self, session_id: str) -> dict[str, Any] | None:
+        """One session for its page: its row and up to `SESSION_TURNS` turns with their judgments."""
+        if self._store_path is None:
+            return None
+        async with self._lock:  # the reader connection is shared with `snapshot`
+            return finite(await asyncio.to_thread(self._read_session, session_id))
+
+    def _read_session(self, session_id: str) -> dict[str, Any] | None:
+        r = self._open_reader()
+        row = r.session_row(session_id)
+        if row is None:
+            return None
+        turns = list(islice(r.turns(session_id), SESSION_TURNS))
+        return row | {"turns": [turn_view(t, r.judgment_for(t.id)) for t in turns]}
+
+    def _open_reader(self) -> Store:
+        if self._reader is None:
+            assert self._store_path is not None
+            self._reader = Store.open(self._store_path, readonly=True)
+        return self._reader
+
+    def _build(self, stored: dict[str, Any] | None) -> dict[str, Any]:
+        stats = self.engine.stats()
+        if self.served.version != self.engine.version:  # swapped by someone else than the watcher
+            self.served = Served(self.engine.version, time.time(), self.served.swaps)
+        return {
+            "now": time.time(),
+            "model": self.model,
+            "method": self.method,
+            "served": asdict(self.served) | {"fingerprint": f"{self.model}-{self.served.version}"},
+            "engine": asdict(stats) | {"max_batch_size": self.max_batch_size},
+            "judge": self.judge.health() if self.judge is not None else {"status": "off"},
+            "trainer": self._trainer(stored),
+            "store": stored,
+        }
+
+    def _trainer(self, stored: dict[str, Any] | None) -> dict[str, Any]:
+        health = self.trainer.health() if self.trainer is not None else {"status": "off"}
+        latest = next(
+            (v for v in (stored or {}).get("versions", []) if v["metrics"].get("loss") is not None), None
+        )
+        trained = None
+        if latest is not None:
+            m = latest["metrics"]
+            trained = {"version": latest["name"], "step": latest["step"], "created_at": latest["created_at"]}
+            trained |= {key: m.get(key) for key in TRAIN_KEYS}
+        return health | {"batch_size": self.batch_size, "latest": trained}
+
+    def _read_store(self) -> dict[str, Any]:
+        """The store's part of a snapshot (runs in a worker thread)."""
+        r = self._open_reader()
+        counters = r.counters()
+        by_version = r.reward_by_version()
+        return {
+            "counts": _counts(counters, by_version),
+            "versions": [_version(v, by_version.get(v["name"])) for v in r.recent_versions(RECENT_VERSIONS)],
+            "version_count": r.version_count(),
+            "reward_by_version": {name: _rates(row) for name, row in by_version.items()},
+            "reward_over_time": [
+                {"t": row["minute"] * 60} | _rates(row)
+                for row in r.reward_by_minute(time.time() - REWARD_WINDOW_S)
+            ],
+            "sessions": r.recent_sessions(RECENT_SESSIONS),
+        }
+
+
+def _counts(counters: dict[str, int], by_version: dict[str, dict[str, int]]) -> dict[str, Any]:
+    samples = {k.removeprefix("samples:"): n for k, n in counters.items() if k.startswith("samples:")}
+    judged = sum(row["judged"] for row in by_version.values())
+    return {
+        "sessions": counters.get("sessions", 0),
+        "turns": counters.get("turns:main", 0) + counters.get("turns:side", 0),
+        "main": counters.get("turns:main", 0),
+        "side": counters.get("turns:side", 0),
+        "next_state": counters.get("turns:next_state", 0),
+        "judged": judged,
+        "hinted": sum(row["hinted"] for row in by_version.values()),
+        "samples": samples,
+    }
+
+
+def _rates(row: dict[str, int]) -> dict[str, Any]:
+    """Judged-turn totals with their means: mean score of the scored turns, share with a hint."""
+    mean = row["score_sum"] / row["scored"] if row["scored"] else None
+    hint_rate = row["hinted"] / row["judged"] if row["judged"] else None
+    return dict(row) | {"mean_score": mean, "hint_rate": hint_rate}
+
+
+def _version(v: dict[str, Any], served: dict[str, int] | None) -> dict[str, Any]:
+    """A version row for the page: its own metrics, and how the turns it served were judged."""
+    status = v.get("status") or v["metrics"].get("status") or "published"
+    canary = v.get("canary")  # a canary gate's figures (JSON text), where the store has them
+    if isinstance(canary, str):
+        canary = json.loads(canary)
+    return v | {"status": status, "canary": canary, "served": None if served is None else _rates(served)}
+
+
+def turn_view(t: Turn, judgment: dict[str, Any] | None) -> dict[str, Any]:
+    """A turn as its session's page shows it: what was new in the request, the answer, the judgment."""
+    last_answer = max((i for i, m in enumerate(t.messages) if m.get("role") == "assistant"), default=-1)
+    return {
+        "id": t.id,
+        "index": t.index,
+        "type": t.turn_type,
+        "created_at": t.created_at,
+        "versions": t.versions,
+        "finish_reason": t.finish_reason,
+        "new_messages": t.messages[last_answer + 1 :],
+        "response": t.response_text,
+        "tool_calls": t.tool_calls,
+        "next_state": t.next_state,
+        "judgment": judgment,
+    }
+
+
+def finite(value: Any) -> Any:
+    """`value` with NaN and infinities replaced by None, so it is valid JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
