@@ -194,6 +194,29 @@ class LoraConfig(_Section):
     )
 
 
+class DistributedConfig(_Section):
+    num_processes: int = Field(
+        1,
+        ge=1,
+        description="Trainer processes (ranks). 1: one plain process, no process group. More: `clawrl "
+        "train` (and the trainer `clawrl serve` starts) launches a group through accelerate "
+        "(torch's elastic launcher); rank 0 alone reads the store and publishes.",
+    )
+    strategy: Literal["ddp"] = Field(
+        "ddp",
+        description="How the ranks share the work: 'ddp' (accelerate wraps the model in "
+        "DistributedDataParallel; every rank holds the whole model). FSDP is not offered: accelerate "
+        "runs it on accelerators only, so it could not be tested here (README, 'Several trainer processes').",
+    )
+    mixed_precision: Literal["no", "bf16"] = Field(
+        "bf16",
+        description="Autocast of the ranks' forward passes; on a GPU only (a CPU group trains in float32).",
+    )
+    main_process_port: int = Field(
+        0, ge=0, le=65535, description="Rendezvous port of the group on 127.0.0.1; 0 picks a free one."
+    )
+
+
 class TrainConfig(_Section):
     enabled: bool = Field(
         True,
@@ -253,6 +276,17 @@ class TrainConfig(_Section):
         1.0, gt=0, description="How often the server looks for a newly published version."
     )
     lora: LoraConfig = Field(default_factory=LoraConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+
+    @model_validator(mode="after")
+    def _every_rank_gets_a_sample(self) -> TrainConfig:
+        if self.batch_size < self.distributed.num_processes:
+            raise ValueError(
+                f"train.batch_size ({self.batch_size}) must be at least "
+                f"train.distributed.num_processes ({self.distributed.num_processes}): each rank trains "
+                "at least one sample of a step"
+            )
+        return self
 
 
 class Config(_Section):
@@ -289,6 +323,12 @@ class Config(_Section):
         path = self.run_dir / "config.json"
         path.write_text(json.dumps(self.dump(), indent=2) + "\n")
         return path
+
+
+def launched_world_size() -> int:
+    """How many ranks the launcher that started this process runs (`WORLD_SIZE`, set by torch's elastic
+    launcher under `accelerate launch` or torchrun); 1 when this process was not started as a rank."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 class ConfigError(ValueError):
