@@ -331,6 +331,11 @@ def launched_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def launched_rank() -> int:
+    """This process's rank in the group its launcher runs (`RANK`); 0 when not started as a rank."""
+    return int(os.environ.get("RANK", "0"))
+
+
 class ConfigError(ValueError):
     """A config file or override that cannot be applied."""
 

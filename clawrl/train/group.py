@@ -100,18 +100,14 @@ class AccelerateGroup(Group):
 
     def __init__(self, cfg: DistributedConfig) -> None:
         from accelerate import Accelerator
-        from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
+        from accelerate.utils import InitProcessGroupKwargs
 
         cuda = torch.cuda.is_available()
         self.accelerator = Accelerator(
             cpu=not cuda,
             mixed_precision=cfg.mixed_precision if cuda else "no",
-            kwargs_handlers=[
-                # Buffers (RoPE tables) are equal on every rank: broadcasting them at each forward is waste.
-                DistributedDataParallelKwargs(broadcast_buffers=False),
-                # Rank 0 broadcasts a plan every poll; a rank only waits long while rank 0 saves or loads.
-                InitProcessGroupKwargs(timeout=timedelta(minutes=30)),
-            ],
+            # Rank 0 broadcasts a plan every poll; a rank only waits long while rank 0 saves or loads.
+            kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(minutes=30))],
         )
         self.rank = self.accelerator.process_index
         self.world = self.accelerator.num_processes
