@@ -89,8 +89,10 @@ def launch_group(config: Config, parent_pid: int | None, steps: int | None) -> i
 
 
 def _first_failure(exc: Exception) -> str:
+    """The rank that failed first; the agent's own SIGTERM to the others comes after it."""
     failures = getattr(exc, "failures", {}) or {}
-    for rank, failure in sorted(failures.items()):
+    order = sorted(failures.items(), key=lambda kv: (kv[1].exitcode == -signal.SIGTERM, kv[1].timestamp))
+    for rank, failure in order:
         code = failure.exitcode
         why = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
         return f"rank {rank} (pid {failure.pid}): {why}"
