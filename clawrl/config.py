@@ -253,6 +253,12 @@ class TrainConfig(_Section):
         "into micro-batches under this budget, so memory stays bounded for long samples. Activation "
         "memory grows linearly with it; raise it on a GPU.",
     )
+    activation_checkpointing: bool = Field(
+        True,
+        description="Keep only each layer's input during the gradient pass and recompute the rest in "
+        "the backward pass: the same gradients, about a third more compute, and a fraction of the "
+        "activation memory (bench/train.py --parts memory).",
+    )
     poll_s: float = Field(2.0, gt=0, description="How often the trainer looks for ready samples.")
     nice: int = Field(
         10,
@@ -263,8 +269,8 @@ class TrainConfig(_Section):
     threads: int | None = Field(
         None,
         gt=0,
-        description="torch CPU threads of the trainer. None: half the CPU cores (at least 1), so the "
-        "trainer's thread team never fights the engine's for every core.",
+        description="torch CPU threads of the trainer, shared out among its ranks. None: half the CPU "
+        "cores (at least 1), so the trainer's thread team never fights the engine's for every core.",
     )
     restart_backoff_s: float = Field(
         2.0,

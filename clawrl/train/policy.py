@@ -76,6 +76,8 @@ def build_policy(
     # Train in float32 on a CPU; on a GPU the base is bf16 and PEFT keeps the adapter in float32.
     base = load_model(Path(base_dir), device, "auto", max_context, rope_scaling).model
     reference: nn.Module | None = None
+    if cfg.activation_checkpointing:  # recomputed layers give the same gradients (no dropout in them)
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.weights == "lora":
         lora = cfg.lora
         # A fixed seed for LoRA's random A: every run (and every rank of a group) starts from the same v0.

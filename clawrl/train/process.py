@@ -124,6 +124,9 @@ def _launcher(config: Config, parent_pid: int | None, steps: int | None) -> int:
 
 
 def _train(config: Config, group: Group, parent_pid: int | None, steps: int | None) -> int:
+    if config.train.batch_size < group.world:  # a rank without a sample could not join the reduction
+        log.error("train.batch_size %d < the group's %d ranks", config.train.batch_size, group.world)
+        return 2
     store = None
     try:
         if group.is_main:  # rank 0 alone reads and writes the store

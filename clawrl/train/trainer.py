@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from clawrl.config import TrainConfig
+from clawrl.engine.memory import release_free_memory
 from clawrl.train.advantages import batch_advantages
 from clawrl.train.batch import left_pad, pack, pad_rows, score
 from clawrl.train.checkpoints import version_number
@@ -153,6 +154,7 @@ class Trainer:
         )
         self.optimizer.step()
         self.model.eval()
+        release_free_memory()  # the step's freed activations go back to the OS, not kept until the next
         summed = group.sum(dict(sums))
         return self._metrics(samples, summed, total, float(grad_norm), time.perf_counter() - start)
 
