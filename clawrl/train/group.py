@@ -109,6 +109,9 @@ class AccelerateGroup(Group):
             # Rank 0 broadcasts a plan every poll; a rank only waits long while rank 0 saves or loads.
             kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(minutes=30))],
         )
+        kind = self.accelerator.distributed_type
+        if not kind.name.startswith("MULTI_"):  # e.g. an accelerate config file that asks for FSDP
+            raise RuntimeError(f"clawrl's trainer group runs DDP; accelerate set up {kind.name} instead")
         self.rank = self.accelerator.process_index
         self.world = self.accelerator.num_processes
         self.grad_scale = float(self.world)  # DDP averages the ranks' gradients; the loss is a sum share

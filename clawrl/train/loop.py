@@ -29,8 +29,8 @@ parent. It does not crash, so the supervisor does not restart it in a loop.
 
 Several ranks (`train.distributed.num_processes` > 1, `train/group.py`): rank 0
 alone reads and marks samples in the store, loads versions first, writes
-checkpoints and publishes. Each pass it decides a `Plan` (stop; follow a
-version; train these samples) and broadcasts it; the other ranks load the
+checkpoints and publishes. Each pass it broadcasts whether to stop, then a
+`Plan` (follow a version; train these samples); the other ranks load the
 version it names from the run folder (shared by all ranks) and train their
 share of the same samples. The other ranks never touch the store. Rank 0
 broadcasts a plan at every poll, so no rank waits in a collective for long.
@@ -71,7 +71,7 @@ log = logging.getLogger("clawrl.trainer")
 class Plan:
     """One pass, as rank 0 decided it for every rank."""
 
-    stop: bool = False
+    at: tuple[str, int]  # the version and step rank 0 is at (after its last publish)
     follow: Version | None = None  # load this version first (rank 0 already has)
     batch: list[Sample] | None = None  # then train one step on these
 
@@ -160,8 +160,10 @@ class TrainLoop:
     def run_once(self) -> bool:
         """One pass (see the module docstring), on every rank; True when rank 0 published a version."""
         plan = self.group.broadcast(self._plan() if self._main else None)
-        if plan.follow is not None and not self._main:
-            self._load(plan.follow)
+        if not self._main:
+            if plan.follow is not None:
+                self._load(plan.follow)
+            self.version, self.step = plan.at  # what rank 0 published last: the weights every rank holds
         if not plan.batch:
             self._state("waiting")
             return False
@@ -170,7 +172,6 @@ class TrainLoop:
             log.info("step %d: training %s on %d samples", self.step + 1, self.version, len(plan.batch))
         metrics = self.policy.trainer.step(plan.batch)
         if not self._main:
-            self.step += 1
             return False
         self._state("publishing")
         return self._publish(plan.batch, metrics)
@@ -192,9 +193,9 @@ class TrainLoop:
             if self._waiting_for != waiting:
                 log.info("waiting for samples: %d/%d ready", waiting, self.cfg.batch_size)
                 self._waiting_for = waiting
-            return Plan(follow=follow)
+            return Plan((self.version, self.step), follow)
         self._waiting_for = None
-        return Plan(follow=follow, batch=usable[: self.cfg.batch_size])
+        return Plan((self.version, self.step), follow, usable[: self.cfg.batch_size])
 
     def _usable(self) -> list[Sample]:
         """The usable ready samples, oldest first; the rest are marked stale or skipped, with a reason."""
