@@ -88,6 +88,7 @@ def score(
         attention_mask=batch.attention_mask,
         position_ids=batch.position_ids,
         logits_to_keep=r_max + 1,
+        use_cache=False,  # whole sequences are scored: no KV cache to keep
     )
     # logits [B, R_max + 1, V]: position j predicts the token after it; the last one predicts nothing.
     logp, entropy = chunked_token_logprobs(out.logits, batch.targets, temperatures, with_entropy)

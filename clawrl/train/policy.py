@@ -78,7 +78,6 @@ def build_policy(
     reference: nn.Module | None = None
     if cfg.activation_checkpointing:  # recomputed layers give the same gradients (no dropout in them)
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        base.config.use_cache = False  # the trainer scores whole sequences; no KV cache to keep
     if cfg.weights == "lora":
         lora = cfg.lora
         # A fixed seed for LoRA's random A: every run (and every rank of a group) starts from the same v0.
