@@ -54,12 +54,11 @@ def test_a_rank_killed_mid_step_fails_the_step_and_the_group_is_restarted(tmp_pa
     run_dir = tmp_path / "run"
     server = start(run_dir, tiny_model_dir)
     try:
-        _load(server, lambda h: _number(h) >= 1, timeout=limit(240), max_tokens=48, clients=2)
         health = server.health()["trainer"]
         assert health["num_processes"] == 2 and health["status"] == "running"
         group = wait_for(
             lambda: (r := ranks(server)) and all(x["state"] == "waiting" for x in r) and r,
-            60,
+            120,
             "both ranks waiting for samples",
         )
         assert [r["rank"] for r in group] == [0, 1] and group[0]["version"] == server.health()["version"]
@@ -104,5 +103,6 @@ def test_a_rank_killed_mid_step_fails_the_step_and_the_group_is_restarted(tmp_pa
         after = wait_for(lambda: (r := ranks(server)) and all(x["pid"] for x in r) and r, 60, "new ranks")
         assert victim not in {r["pid"] for r in after}
         trained_once(run_dir)  # every version's samples are `trained`, none in two versions
+        wait_for(lambda: _number(server.health()) >= 1, 30, "the server serving the new group's version")
     finally:
         server.stop()
