@@ -1,8 +1,9 @@
 """What training costs serving, and how fast it trains.
 
-Run: .venv/bin/python bench/train.py [--model DIR] [--rounds 2]
+Run: .venv/bin/python bench/train.py [--model DIR] [--rounds 2] [--processes 1,2] [--baseline-ref main]
 
-Three measurements, each against a baseline taken in the same run:
+Five measurements, each against a baseline taken in the same run (the last
+two are in bench/train_scale.py, and run only when named in --parts):
 
 1. Step throughput. `Trainer.step` (LoRA, micro-batches, PPO loss with KL)
    on 16 samples of 96 prompt + 64 response tokens, against a bare PEFT loop
@@ -21,6 +22,12 @@ Three measurements, each against a baseline taken in the same run:
    while the clients go on. Phases alternate `--rounds` times. Printed: p50 /
    p95 / p99 request latency in each, the p99 ratio (target <= 1.5), versions
    published during the training phases, and failed requests (target 0).
+4. Memory (`--parts memory`). Peak RSS of one trainer step on eval-like
+   samples (8 samples, rl and opd, 200-token prompts, 128-token answers) with
+   this code and with `--baseline-ref` (default main), each in a fresh process.
+5. Processes (`--parts processes`). `clawrl train` with 1 and with N ranks
+   (`--processes 1,2`) on the same samples: step time, training tokens/s and
+   their ratio to 1 process, and the trainer's peak RSS.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from pathlib import Path
 
 import httpx
 import torch
+import train_scale
 from common import RemoteServer
 
 from clawrl.config import Config, TrainConfig
@@ -228,7 +236,15 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="model folder (default: the embedded SmolLM2-135M)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--requests", type=int, default=8, help="requests per client per phase")
-    parser.add_argument("--parts", default="step,swap,latency", help="which measurements (comma list)")
+    parser.add_argument(
+        "--parts", default="step,swap,latency", help="which measurements (comma list; also memory, processes)"
+    )
+    parser.add_argument("--processes", default="1,2", help="trainer process counts for `processes`")
+    parser.add_argument("--steps", type=int, default=3, help="steps per run of `processes` (first: warm-up)")
+    parser.add_argument("--baseline-ref", default="main", help="git revision `memory` compares against")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="torch threads of the trainer (shared out among its ranks)"
+    )
     args = parser.parse_args()
     model = args.model or ensure_embedded(Config().cache_dir())
     parts = args.parts.split(",")
@@ -238,6 +254,11 @@ def main() -> None:
             f"step: trainer {step['trainer']:.0f} tokens/s, bare loop {step['bare']:.0f}, "
             f"ratio {step['ratio']:.2f}"
         )
+    if "memory" in parts:
+        print_memory(train_scale.memory(model, args.baseline_ref, args.threads), args.baseline_ref)
+    if "processes" in parts:
+        counts = [int(n) for n in args.processes.split(",")]
+        print_processes(train_scale.processes(model, counts, args.steps, args.threads))
     with tempfile.TemporaryDirectory() as tmp:
         if "swap" in parts:
             swap = swap_pause(model, Path(tmp), args.rounds)
@@ -249,6 +270,29 @@ def main() -> None:
             )
         if "latency" in parts:
             print_latency(latency_while_training(model, Path(tmp), args.rounds, args.requests))
+
+
+def print_memory(m: dict, ref: str) -> None:
+    base, this = m["baseline"], m["this"]
+    for name, r in ((ref, base), ("this", this)):
+        print(
+            f"memory {name:<8}: peak RSS {r['peak_mb']:.0f} MB in one step "
+            f"({r['loaded_mb']:.0f} MB after loading), step {r['step_s']:.1f} s"
+        )
+    print(
+        f"peak RSS this / {ref}: {this['peak_mb'] / base['peak_mb']:.2f}; "
+        f"step time {this['step_s'] / base['step_s']:.2f}"
+    )
+
+
+def print_processes(runs: dict) -> None:
+    one = runs[min(runs)]
+    for n, r in runs.items():
+        rss = f"{r['peak_mb']:.0f} MB"
+        print(
+            f"processes {n}: step {r['step_s']:.2f} s, {r['tokens_per_s']:.0f} tokens/s "
+            f"({r['tokens_per_s'] / one['tokens_per_s']:.2f} x {min(runs)} process), peak trainer RSS {rss}"
+        )
 
 
 def print_latency(lat: dict) -> None:

@@ -60,6 +60,16 @@ def _train_parsers(sub: Any) -> None:
         "`clawrl serve` already runs one; only one trainer may hold a run folder.",
     )
     train.add_argument("--exit-with-parent", type=int, help=argparse.SUPPRESS)
+    train.add_argument("--in-group", action="store_true", help=argparse.SUPPRESS)  # a rank of our launcher
+    train.add_argument(
+        "--launch",
+        choices=("auto", "accelerate", "none"),
+        default="auto",
+        help="accelerate: start train.distributed.num_processes ranks through accelerate; none: train in "
+        "this process (also as a rank under `accelerate launch -m clawrl train`); auto (default): "
+        "accelerate when num_processes > 1",
+    )
+    train.add_argument("--steps", type=int, help="stop after publishing this many versions")
     train.set_defaults(run=cmd_train)
     rollback = sub.add_parser(
         "rollback",
@@ -192,10 +202,20 @@ def cmd_train(config: Any, args: argparse.Namespace) -> int:
     """`clawrl train`: the trainer loop in this process, until stopped."""
     (config.run_dir / "logs").mkdir(parents=True, exist_ok=True)
     supervised = args.exit_with_parent is not None
-    setup_logging(config.server.log_level, config.run_dir / "logs" / "trainer.log", bare_console=supervised)
+    level, logfile = config.server.log_level, config.run_dir / "logs" / "trainer.log"
+    rank = _rank()
+    if rank > 0:  # rank 0 speaks for the group; the others log warnings and errors only
+        level, logfile = "warning", logfile.with_name(f"trainer-rank{rank}.log")
+    setup_logging(level, logfile, bare_console=supervised)
     from clawrl.train.process import run_trainer
 
-    return run_trainer(config, args.exit_with_parent)
+    return run_trainer(config, args.exit_with_parent, args.launch, args.in_group, args.steps)
+
+
+def _rank() -> int:
+    from clawrl.config import launched_rank
+
+    return launched_rank()
 
 
 def cmd_rollback(config: Any, args: argparse.Namespace) -> int:

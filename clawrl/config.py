@@ -194,6 +194,29 @@ class LoraConfig(_Section):
     )
 
 
+class DistributedConfig(_Section):
+    num_processes: int = Field(
+        1,
+        ge=1,
+        description="Trainer processes (ranks). 1: one plain process, no process group. More: `clawrl "
+        "train` (and the trainer `clawrl serve` starts) launches a group through accelerate "
+        "(torch's elastic launcher); rank 0 alone reads the store and publishes.",
+    )
+    strategy: Literal["ddp"] = Field(
+        "ddp",
+        description="How the ranks share the work: 'ddp' (accelerate wraps the model in "
+        "DistributedDataParallel; every rank holds the whole model). FSDP is not offered: accelerate "
+        "runs it on accelerators only, so it could not be tested here (README, 'Several trainer processes').",
+    )
+    mixed_precision: Literal["no", "bf16"] = Field(
+        "bf16",
+        description="Autocast of the ranks' forward passes; on a GPU only (a CPU group trains in float32).",
+    )
+    main_process_port: int = Field(
+        0, ge=0, le=65535, description="Rendezvous port of the group on 127.0.0.1; 0 picks a free one."
+    )
+
+
 class TrainConfig(_Section):
     enabled: bool = Field(
         True,
@@ -230,6 +253,12 @@ class TrainConfig(_Section):
         "into micro-batches under this budget, so memory stays bounded for long samples. Activation "
         "memory grows linearly with it; raise it on a GPU.",
     )
+    activation_checkpointing: bool = Field(
+        True,
+        description="Keep only each layer's input during the gradient pass and recompute the rest in "
+        "the backward pass: the same gradients, about a third more compute, and a fraction of the "
+        "activation memory (bench/train.py --parts memory).",
+    )
     poll_s: float = Field(2.0, gt=0, description="How often the trainer looks for ready samples.")
     nice: int = Field(
         10,
@@ -240,8 +269,8 @@ class TrainConfig(_Section):
     threads: int | None = Field(
         None,
         gt=0,
-        description="torch CPU threads of the trainer. None: half the CPU cores (at least 1), so the "
-        "trainer's thread team never fights the engine's for every core.",
+        description="torch CPU threads of the trainer, shared out among its ranks. None: half the CPU "
+        "cores (at least 1), so the trainer's thread team never fights the engine's for every core.",
     )
     restart_backoff_s: float = Field(
         2.0,
@@ -258,6 +287,17 @@ class TrainConfig(_Section):
         "'tensorboard' (<run_dir>/tensorboard/, needs the tensorboard package).",
     )
     lora: LoraConfig = Field(default_factory=LoraConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+
+    @model_validator(mode="after")
+    def _every_rank_gets_a_sample(self) -> TrainConfig:
+        if self.batch_size < self.distributed.num_processes:
+            raise ValueError(
+                f"train.batch_size ({self.batch_size}) must be at least "
+                f"train.distributed.num_processes ({self.distributed.num_processes}): each rank trains "
+                "at least one sample of a step"
+            )
+        return self
 
 
 class Config(_Section):
@@ -294,6 +334,17 @@ class Config(_Section):
         path = self.run_dir / "config.json"
         path.write_text(json.dumps(self.dump(), indent=2) + "\n")
         return path
+
+
+def launched_world_size() -> int:
+    """How many ranks the launcher that started this process runs (`WORLD_SIZE`, set by torch's elastic
+    launcher under `accelerate launch` or torchrun); 1 when this process was not started as a rank."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def launched_rank() -> int:
+    """This process's rank in the group its launcher runs (`RANK`); 0 when not started as a rank."""
+    return int(os.environ.get("RANK", "0"))
 
 
 class ConfigError(ValueError):

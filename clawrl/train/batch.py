@@ -11,7 +11,8 @@ layout: position ids count real tokens only), and keeps the logits of the
 last `R_max + 1` positions, since only response tokens are scored:
 
     row i:  [pad ... pad | prompt_i | response_i]      response_i has R_i tokens
-    logits kept: [B, R_max, V]  -> row i's response predictions are its last R_i positions
+    logits kept: [B, R_max + 1, V] -> row i's response predictions are its last R_i positions
+                                      before the final one
 
 It returns per-token logprobs and entropies *left-aligned* ([B, R_max], row i
 valid on its first R_i entries, like a right-padded batch), which is the
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from clawrl.train.loss import token_logprobs
+from clawrl.train.logprobs import chunked_token_logprobs
 
 
 def pack(lengths: Sequence[int], budget: int) -> list[list[int]]:
@@ -69,18 +70,31 @@ def left_pad(prompts: Sequence[list[int]], responses: Sequence[list[int]], devic
 
 
 def score(
-    model: nn.Module, batch: Padded, temperatures: Tensor, with_entropy: bool = True
+    model: nn.Module,
+    batch: Padded,
+    temperatures: Tensor,
+    with_entropy: bool = True,
+    entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """(logp [B, R_max], entropy [B, R_max] or None), left-aligned; with a graph unless under no_grad."""
+    """(logp [B, R_max], entropy [B, R_max] or None), left-aligned; with a graph unless under no_grad.
+
+    The entropy carries a gradient only with `entropy_grad` (an entropy bonus); otherwise it is
+    a detached metric. Log-probs are taken a few positions at a time (`train/logprobs.py`), so no
+    full-vocabulary log-softmax copy of the logits is ever made.
+    """
     r_max = batch.targets.shape[1]
     out = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
         position_ids=batch.position_ids,
         logits_to_keep=r_max + 1,
+        use_cache=False,  # whole sequences are scored: no KV cache to keep
     )
-    logits = out.logits[:, :-1]  # [B, R_max, V]: position j predicts the token after it
-    logp, entropy = token_logprobs(logits, batch.targets, temperatures)
+    # logits [B, R_max + 1, V]: position j predicts the token after it; the last one predicts nothing.
+    logp, entropy = chunked_token_logprobs(out.logits, batch.targets, temperatures, with_entropy)
+    del out
+    if not entropy_grad:
+        entropy = entropy.detach()
     align = _left_align_index(batch.lengths, r_max, logp.device)
     logp = logp.gather(1, align)
     return logp, entropy.gather(1, align) if with_entropy else None

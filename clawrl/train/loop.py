@@ -28,6 +28,14 @@ or garbled) is logged and passed over, never retried: the trainer trains on
 from the newest version that loads, and its next version names that one as
 parent. It does not crash, so the supervisor does not restart it in a loop.
 
+Several ranks (`train.distributed.num_processes` > 1, `train/group.py`): rank 0
+alone reads and marks samples in the store, loads versions first, writes
+checkpoints and publishes. Each pass it broadcasts whether to stop, then a
+`Plan` (follow a version; train these samples); the other ranks load the
+version it names from the run folder (shared by all ranks) and train their
+share of the same samples. The other ranks never touch the store. Rank 0
+broadcasts a plan at every poll, so no rank waits in a collective for long.
+
 Writing a version's folder and row happens under `publish_lock`, which
 `clawrl rollback` takes too. A rollback published while a step runs is found
 under that lock: the step is dropped, and the next pass loads the rollback and
@@ -39,6 +47,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from clawrl.store.db import Store
@@ -50,65 +59,136 @@ from clawrl.train.checkpoints import (
     save_version,
     set_aside,
 )
+from clawrl.train.group import Group
 from clawrl.train.loggers import StepLoggers
 from clawrl.train.policy import Policy
+from clawrl.train.ranks import RankStatus
 from clawrl.train.trainer import triage
 from clawrl.types import Sample, Version
 
 log = logging.getLogger("clawrl.trainer")
 
 
+@dataclass
+class Plan:
+    """One pass, as rank 0 decided it for every rank."""
+
+    at: tuple[str, int]  # the version and step rank 0 is at (after its last publish)
+    follow: Version | None = None  # load this version first (rank 0 already has)
+    batch: list[Sample] | None = None  # then train one step on these
+
+
 class TrainLoop:
+    """The loop of one rank; `store` is rank 0's (None on the others, which never touch it)."""
+
     def __init__(
-        self, store: Store, policy: Policy, run_dir: Path, loggers: StepLoggers | None = None
+        self,
+        store: Store | None,
+        policy: Policy,
+        run_dir: Path,
+        group: Group | None = None,
+        status: RankStatus | None = None,
+        loggers: StepLoggers | None = None,
     ) -> None:
         self.store = store
         self.policy = policy
         self.cfg = policy.cfg
         self.run_dir = Path(run_dir)
+        self.group = group or policy.trainer.group
+        self.status = status
         self.loggers = loggers or StepLoggers([], run_dir)  # metrics.jsonl, TensorBoard (`train.loggers`)
         self.version = ""  # the version the policy is now; set by `resume`
         self.step = 0
+        self._current: Version | None = None
         self._waiting_for: int | None = None
         self._broken: set[str] = set()  # published versions whose folder cannot be loaded
 
+    @property
+    def _main(self) -> bool:
+        return self.group.is_main
+
+    def _state(self, state: str) -> None:
+        if self.status is not None:
+            self.status.set(state, self.version, self.step)
+
     def resume(self) -> None:
-        """Set unpublished checkpoint folders aside and load the latest published version."""
-        published = {v.name for v in self.store.versions()}
-        root = self.run_dir / CHECKPOINTS
-        for folder in sorted(root.glob("v*")) if root.is_dir() else []:
-            if folder.is_dir() and folder.name not in published:
-                set_aside(folder, "unpublished")
-        self._follow(self.store.latest_version())
+        """Set unpublished checkpoint folders aside and load the latest published version (every rank)."""
+        self._state("loading")
+        if self._main:
+            assert self.store is not None
+            published = {v.name for v in self.store.versions()}
+            root = self.run_dir / CHECKPOINTS
+            for folder in sorted(root.glob("v*")) if root.is_dir() else []:
+                if folder.is_dir() and folder.name not in published:
+                    set_aside(folder, "unpublished")
+            self._follow(self.store.latest_version())
+        version = self.group.broadcast(self._current)
+        if not self._main:
+            self._load(version)
 
     def _follow(self, version: Version) -> None:
         """Become `version`; if it cannot be loaded, the newest earlier version that can."""
         try:
-            self.policy.load(Path(version.path) if version.path else None)
+            self._load(version)
         except CheckpointError as exc:
             log.error("cannot train from %s, passing over it: %s", version.name, exc)
             self._broken.add(version.name)
             self._follow(self._target())
             return
-        self.version, self.step = version.name, version.step
-        log.info("training from %s (step %d)", version.name, version.step)
+        if self._main:
+            log.info("training from %s (step %d)", version.name, version.step)
+
+    def _load(self, version: Version) -> None:
+        self.policy.load(Path(version.path) if version.path else None)
+        self.version, self.step, self._current = version.name, version.step, version
 
     def _target(self) -> Version:
         """The newest published version that is not known to be broken (v0, the base, never is)."""
+        assert self.store is not None
         return next(v for v in reversed(self.store.versions()) if v.name not in self._broken)
 
-    def run(self, should_stop: Callable[[], bool]) -> None:
-        """Train until `should_stop()` is true (checked between steps and while waiting)."""
-        while not should_stop():
-            if not self.run_once():
+    def run(self, should_stop: Callable[[], bool], steps: int | None = None) -> None:
+        """Train until `should_stop()` is true on rank 0 (checked between steps and while waiting),
+        or until `steps` versions are published. Every rank of a group calls this."""
+        published = 0
+        while True:
+            stop = self._main and (should_stop() or (steps is not None and published >= steps))
+            if self.group.broadcast(stop):
+                self._state("stopped")
+                return
+            if self.run_once():
+                published += 1
+            elif self._main:  # the other ranks wait in the next broadcast
                 time.sleep(self.cfg.poll_s)
 
     def run_once(self) -> bool:
-        """One pass (see the module docstring); True when it published a version."""
+        """One pass (see the module docstring), on every rank; True when rank 0 published a version."""
+        plan = self.group.broadcast(self._plan() if self._main else None)
+        if not self._main:
+            if plan.follow is not None:
+                self._load(plan.follow)
+            self.version, self.step = plan.at  # what rank 0 published last: the weights every rank holds
+        if not plan.batch:
+            self._state("waiting")
+            return False
+        self._state("training")
+        if self._main:
+            log.info("step %d: training %s on %d samples", self.step + 1, self.version, len(plan.batch))
+        metrics = self.policy.trainer.step(plan.batch)
+        if not self._main:
+            return False
+        self._state("publishing")
+        return self._publish(plan.batch, metrics)
+
+    def _plan(self) -> Plan:
+        """Rank 0: follow a version published elsewhere, then the next batch, if a full one is ready."""
+        assert self.store is not None
         latest = self.store.latest_version()
+        follow = None
         if latest.name != self.version and latest.name not in self._broken:
             log.info("%s was published elsewhere (parent %s); following it", latest.name, latest.parent)
             self._follow(latest)
+            follow = self._current
         # Count first: while waiting, each poll is one count, not a read of every sample's tokens.
         ready = self.store.count_samples("ready")
         usable = self._usable() if ready >= self.cfg.batch_size else []
@@ -117,12 +197,9 @@ class TrainLoop:
             if self._waiting_for != waiting:
                 log.info("waiting for samples: %d/%d ready", waiting, self.cfg.batch_size)
                 self._waiting_for = waiting
-            return False
+            return Plan((self.version, self.step), follow)
         self._waiting_for = None
-        batch = usable[: self.cfg.batch_size]
-        log.info("step %d: training %s on %d samples", self.step + 1, self.version, len(batch))
-        metrics = self.policy.trainer.step(batch)
-        return self._publish(batch, metrics)
+        return Plan((self.version, self.step), follow, usable[: self.cfg.batch_size])
 
     def _usable(self) -> list[Sample]:
         """The usable ready samples, oldest first; the rest are marked stale or skipped, with a reason."""
@@ -154,7 +231,7 @@ class TrainLoop:
             path = save_version(self.run_dir, name, self.policy.model, self.policy.optimizer, manifest)
             version = Version(name, self.step + 1, str(path), metrics, parent=self.version)
             self.store.publish_version(version, trained=ids)
-        self.version, self.step = name, version.step
+        self.version, self.step, self._current = name, version.step, version
         log.info(progress_line(version))
         self.loggers.step(version)
         return True

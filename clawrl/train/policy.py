@@ -27,6 +27,7 @@ from torch import nn
 from clawrl.config import TrainConfig
 from clawrl.engine.models import load_model
 from clawrl.train.checkpoints import load_folder
+from clawrl.train.group import Group
 from clawrl.train.trainer import Trainer
 from clawrl.train.weights import LoraSettings, attach_lora, load_full_weights, read_full_weights
 
@@ -64,18 +65,25 @@ def build_policy(
     device: str = "auto",
     max_context: int | None = None,
     rope_scaling: str = "yarn",
+    group: Group | None = None,
 ) -> Policy:
     """Load the base model from `base_dir` and make it trainable as `cfg.weights` says.
 
     `max_context` and `rope_scaling` must be the server's (`serve.py`): the policy trained is the
-    policy served, RoPE scaling included.
+    policy served, RoPE scaling included. `group`: the ranks this process trains with (default:
+    alone); `device` is then this rank's.
     """
     # Train in float32 on a CPU; on a GPU the base is bf16 and PEFT keeps the adapter in float32.
     base = load_model(Path(base_dir), device, "auto", max_context, rope_scaling).model
     reference: nn.Module | None = None
+    if cfg.activation_checkpointing:  # recomputed layers give the same gradients (no dropout in them)
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.weights == "lora":
         lora = cfg.lora
-        model = attach_lora(base, LoraSettings(lora.rank, lora.alpha, lora.dropout, list(lora.targets)))
+        # A fixed seed for LoRA's random A: every run (and every rank of a group) starts from the same v0.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = attach_lora(base, LoraSettings(lora.rank, lora.alpha, lora.dropout, list(lora.targets)))
     else:
         model = base
         if cfg.kl_coef > 0 or cfg.opd_teacher == "reference":
@@ -84,4 +92,5 @@ def build_policy(
     model.eval()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return Policy(model, optimizer, Trainer(model, optimizer, cfg, reference), base_dir, cfg)
+    trainer = Trainer(model, optimizer, cfg, reference, group)
+    return Policy(model, optimizer, trainer, base_dir, cfg)

@@ -13,9 +13,15 @@ against a run folder. Either way:
 - started by a server (`--exit-with-parent PID`), it exits when that server is
   gone, so a SIGKILLed server leaves no trainer behind.
 
-Exit codes: 0 stopped (Ctrl-C, parent gone), 2 bad setup (no store, no
-model), 3 another trainer holds the run folder. A crash is a traceback and
-exit 1; the supervisor restarts it.
+With `train.distributed.num_processes` > 1 it launches a group of ranks
+through accelerate (`train/launch.py`) and holds the lock for them; each rank
+is `clawrl train --launch none --in-group` (`train/group.py`, `train/loop.py`:
+rank 0 alone reads the store and publishes). Under `accelerate launch -m clawrl
+train` (a group started by hand, e.g. across machines) rank 0 takes the lock.
+
+Exit codes: 0 stopped (Ctrl-C, parent gone, `--steps` done), 2 bad setup (no
+store, no model), 3 another trainer holds the run folder. A crash (or a
+failed rank of a group) is exit 1; the supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -29,12 +35,14 @@ from pathlib import Path
 import torch
 import transformers
 
-from clawrl.config import Config
+from clawrl.config import Config, launched_world_size
 from clawrl.engine.models import ModelNotFound, model_folder, served_context
 from clawrl.store.db import Store, StoreError
+from clawrl.train.group import Group, open_group
 from clawrl.train.loggers import StepLoggers
 from clawrl.train.loop import TrainLoop
 from clawrl.train.policy import build_policy
+from clawrl.train.ranks import RankStatus
 
 log = logging.getLogger("clawrl.trainer")
 LOCK = "trainer.lock"
@@ -61,19 +69,69 @@ def hold_lock(run_dir: Path):
     return handle
 
 
-def run_trainer(config: Config, parent_pid: int | None = None) -> int:
+def run_trainer(
+    config: Config,
+    parent_pid: int | None = None,
+    launch: str = "auto",
+    in_group: bool = False,
+    steps: int | None = None,
+) -> int:
+    """`clawrl train`: launch a group of ranks (`launch`), or train in this process (alone or as a rank).
+
+    `launch`: "accelerate" starts `train.distributed.num_processes` ranks (`train/launch.py`);
+    "none" trains here; "auto" (the default) launches when num_processes > 1, unless this process
+    already is a rank (started by `accelerate launch` or torchrun). `in_group`: a rank of our own
+    launcher, which holds the trainer lock. `steps`: stop after publishing that many versions.
+    """
     cfg = config.train
     transformers.utils.logging.disable_progress_bar()  # a log, not a terminal animation
     warnings.filterwarnings("ignore", category=FutureWarning)
+    world = launched_world_size()
+    if launch == "accelerate" or (launch == "auto" and cfg.distributed.num_processes > 1 and world == 1):
+        return _launcher(config, parent_pid, steps)
+    group = open_group(cfg.distributed, world, config.model.device)
+    lock = None
+    try:
+        if group.is_main and not in_group:  # our launcher holds the lock for its ranks
+            lock = hold_lock(config.run_dir)
+    except TrainerLocked as exc:
+        log.error("%s", exc)
+        group.close()
+        return 3
+    if not in_group:
+        _be_nice(cfg.nice)
+    torch.set_num_threads(max(1, (cfg.threads or max(1, (os.cpu_count() or 2) // 2)) // group.world))
+    try:
+        return _train(config, group, parent_pid, steps)
+    finally:
+        group.close()
+        if lock is not None:
+            lock.close()
+
+
+def _launcher(config: Config, parent_pid: int | None, steps: int | None) -> int:
+    from clawrl.train.launch import launch_group
+
     try:
         lock = hold_lock(config.run_dir)
     except TrainerLocked as exc:
         log.error("%s", exc)
         return 3
-    os.nice(cfg.nice)
-    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 2) // 2))
+    _be_nice(config.train.nice)  # the ranks inherit it
     try:
-        store = Store.open(config.run_dir / "clawrl.db")
+        return launch_group(config, parent_pid, steps)
+    finally:
+        lock.close()
+
+
+def _train(config: Config, group: Group, parent_pid: int | None, steps: int | None) -> int:
+    if config.train.batch_size < group.world:  # a rank without a sample could not join the reduction
+        log.error("train.batch_size %d < the group's %d ranks", config.train.batch_size, group.world)
+        return 2
+    store = None
+    try:
+        if group.is_main:  # rank 0 alone reads and writes the store
+            store = Store.open(config.run_dir / "clawrl.db")
         base = model_folder(config.model.path, config.cache_dir())
     except (StoreError, ModelNotFound) as exc:
         log.error("%s", exc)
@@ -82,16 +140,25 @@ def run_trainer(config: Config, parent_pid: int | None = None) -> int:
     try:
         m = config.model
         context = served_context(m.path, m.max_context)
-        policy = build_policy(base, cfg, m.device, context, m.rope_scaling)
-        loop = TrainLoop(store, policy, config.run_dir, StepLoggers(cfg.loggers, config.run_dir))
+        device = group.device if group.world > 1 else m.device
+        policy = build_policy(base, config.train, device, context, m.rope_scaling, group)
+        status = RankStatus(config.run_dir, group.rank, os.getppid()) if group.world > 1 else None
+        loggers = StepLoggers(config.train.loggers if group.is_main else [], config.run_dir)
+        loop = TrainLoop(store, policy, config.run_dir, group, status, loggers)
         loop.resume()
-        loop.run(lambda: parent_pid is not None and os.getppid() != parent_pid)
-        log.info("the server is gone; stopping")
+        loop.run(lambda: parent_pid is not None and os.getppid() != parent_pid, steps)
+        log.info("stopping" if steps is not None else "the server is gone; stopping")
     except KeyboardInterrupt:
         log.info("stopped")
     finally:
         if loop is not None:
             loop.loggers.close()
-        store.close()
-        lock.close()
+        if store is not None:
+            store.close()
     return 0
+
+
+def _be_nice(level: int) -> None:
+    """Run at niceness `level` (never lower than it is: an unprivileged process cannot)."""
+    current = os.getpriority(os.PRIO_PROCESS, 0)
+    os.setpriority(os.PRIO_PROCESS, 0, max(current, level))

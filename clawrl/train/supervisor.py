@@ -10,6 +10,14 @@ Serving never waits on any of this; `/healthz` shows `trainer`:
 
     {"status": "starting" | "running" | "restarting" | "stopped",
      "pid", "restarts", "last_exit", "last_error", "restart_in_s"}
+
+With `train.distributed.num_processes` N > 1 the child is the group's launcher
+(`train/launch.py`): `pid` is the launcher's, a failed rank ends the whole
+group and the group is restarted as one. `/healthz` then adds
+`"num_processes": N` and `"ranks"`: one entry per rank (`train/ranks.py`),
+
+    {"rank", "pid", "state": "starting" | "loading" | "waiting" | "training" | "publishing"
+                             | "stopped" | "exited", "version", "step", "for_s"}
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from clawrl.config import TrainConfig
+from clawrl.train.ranks import read_ranks
 
 log = logging.getLogger("clawrl.trainer")
 _LEVELS = {name: getattr(logging, name) for name in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}
@@ -46,6 +55,7 @@ class TrainerSupervisor:
             str(os.getpid()),
         ]
         self.cfg = cfg
+        self.run_dir = Path(run_dir)
         self.status = "starting"
         self.restarts = 0
         self.last_exit: int | None = None
@@ -75,14 +85,20 @@ class TrainerSupervisor:
 
     def health(self) -> dict[str, Any]:
         wait = None if self._restart_at is None else max(0.0, self._restart_at - time.monotonic())
-        return {
+        pid = self._proc.pid if self._proc is not None and self.status == "running" else None
+        health: dict[str, Any] = {
             "status": self.status,
-            "pid": self._proc.pid if self._proc is not None and self.status == "running" else None,
+            "pid": pid,
             "restarts": self.restarts,
             "last_exit": self.last_exit,
             "last_error": self.last_error,
             "restart_in_s": None if wait is None else round(wait, 1),
         }
+        world = self.cfg.distributed.num_processes
+        if world > 1:
+            health["num_processes"] = world
+            health["ranks"] = [] if pid is None else read_ranks(self.run_dir, pid, world)
+        return health
 
     async def _supervise(self) -> None:
         failures = 0

@@ -33,13 +33,16 @@ from typing import Any
 import torch
 
 from clawrl.config import TrainConfig
+from clawrl.engine.memory import release_free_memory
 from clawrl.train.advantages import batch_advantages
 from clawrl.train.batch import left_pad, pack, pad_rows, score
 from clawrl.train.checkpoints import version_number
+from clawrl.train.group import Group, split_by_tokens
 from clawrl.train.loss import policy_loss
 from clawrl.types import Sample
 
 log = logging.getLogger(__name__)
+_SUMMED = ("pg_loss", "kl", "entropy", "clip_frac")  # each micro-batch's share of the step's mean
 
 
 @dataclass
@@ -92,6 +95,9 @@ class Trainer:
     `model` is a `peft.PeftModel` (the reference is the same model with the
     adapter off) or, for full fine-tuning, a plain model with `reference` a
     frozen copy of the base (None when neither KL nor a reference teacher needs it).
+    Under a group of ranks (`train/group.py`) every rank calls `step` with the
+    same samples and trains its share; the gradient pass runs through the
+    group's (DDP) wrapper, the passes without gradient through the model itself.
     """
 
     def __init__(
@@ -100,11 +106,14 @@ class Trainer:
         optimizer: torch.optim.Optimizer,
         cfg: TrainConfig,
         reference: torch.nn.Module | None = None,
+        group: Group | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.cfg = cfg
         self.frozen = reference
+        self.group = group or Group()
+        self.wrapped = self.group.prepare(model)
         self.device = next(model.parameters()).device
 
     @contextmanager
@@ -122,23 +131,32 @@ class Trainer:
                 raise ValueError("full fine-tuning needs a frozen reference for KL or a reference teacher")
 
     def step(self, samples: list[Sample]) -> dict[str, Any]:
-        """One optimizer step over `samples`, in micro-batches; returns the step's metrics."""
+        """One optimizer step over `samples` (this rank's share of them), in micro-batches; the metrics."""
         start = time.perf_counter()
+        group = self.group
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total = sum(_tokens(s) for s in samples)
-        sums: Counter[str] = Counter()
-        for group in pack([_length(s) for s in samples], self.cfg.micro_batch_tokens):
-            terms = self._micro_loss([samples[i] for i in group], total)
-            terms.loss.backward()
-            for key in ("pg_loss", "kl", "entropy", "clip_frac"):
+        total = sum(_tokens(s) for s in samples)  # the step's tokens, on every rank: the mean's denominator
+        share = split_by_tokens([_length(s) for s in samples], group.world)[group.rank]
+        mine = [samples[i] for i in share]
+        groups = pack([_length(s) for s in mine], self.cfg.micro_batch_tokens)
+        sums: Counter[str] = Counter({k: 0.0 for k in _SUMMED})
+        for k, micro in enumerate(groups):
+            # DDP reduces the gradients in the backward of this rank's last micro-batch only.
+            with group.no_sync(self.wrapped, skip=k < len(groups) - 1):
+                terms = self._micro_loss([mine[i] for i in micro], total)
+                group.backward(terms.loss * group.grad_scale)
+            for key in _SUMMED:
                 sums[key] += float(getattr(terms, key))
+            del terms
         grad_norm = torch.nn.utils.clip_grad_norm_(
             [p for p in self.model.parameters() if p.requires_grad], self.cfg.grad_clip
         )
         self.optimizer.step()
         self.model.eval()
-        return self._metrics(samples, dict(sums), total, float(grad_norm), time.perf_counter() - start)
+        release_free_memory()  # the step's freed activations go back to the OS, not kept until the next
+        summed = group.sum(dict(sums))
+        return self._metrics(samples, summed, total, float(grad_norm), time.perf_counter() - start)
 
     def _metrics(
         self, samples: list[Sample], sums: dict[str, float], total: int, grad_norm: float, took: float
@@ -161,14 +179,15 @@ class Trainer:
         }
 
     def _micro_loss(self, group: list[Sample], total: int):
-        """The loss of one micro-batch, as its share of the step's token-level mean."""
+        """The loss of one micro-batch, as its share of the step's token-level mean.
+
+        The passes without gradient (teacher, reference) run first, so their logits are gone
+        before the gradient pass builds its graph: the peak is one of them, not their sum.
+        """
         cfg, device = self.cfg, self.device
         temps = torch.tensor([s.temperature for s in group], device=device)
         batch = left_pad([s.prompt_ids for s in group], [s.response_ids for s in group], device)
-        logp, entropy = score(self.model, batch, temps)
-        if not cfg.entropy_coef and entropy is not None:
-            entropy = entropy.detach()  # reported, not trained: free its [B, T, V] graph
-        width = logp.shape[1]
+        width = batch.targets.shape[1]
         old = pad_rows([s.logprobs for s in group], width, device)
         mask = pad_rows([s.loss_mask or [1] * len(s.response_ids) for s in group], width, device)
         adv = batch_advantages(group, old, self._teacher(group, temps, width), cfg.w_rl, cfg.w_opd)
@@ -176,6 +195,8 @@ class Trainer:
         if cfg.kl_coef:
             with self._scorer(reference=True) as module:
                 ref = score(module, batch, temps, with_entropy=False)[0]
+        # The entropy is reported; it carries a gradient only when it is trained (entropy_coef > 0).
+        logp, entropy = score(self.wrapped, batch, temps, entropy_grad=cfg.entropy_coef > 0)
         return policy_loss(
             logp,
             old,

@@ -1,0 +1,96 @@
+"""Chosen tokens' log-probs and entropies from full-vocabulary logits, a few positions at a time.
+
+The same numbers as `loss.token_logprobs` (log softmax(logits / T) at the
+target, and the entropy of that distribution), without its full-size copies.
+`token_logprobs` keeps, per micro-batch of P scored positions and a vocabulary
+of V (49,152 for SmolLM2), several [P, V] float32 tensors alive at once: the
+scaled logits, the log-softmax (saved for backward), its exp and their
+product (saved for the entropy's backward), then their gradients. At the
+default 2,048-token micro-batch one such tensor is 400 MB.
+
+Here, the forward pass walks the positions in chunks of about `CHUNK_ELEMENTS`
+logits and keeps only, per position, the log-normaliser `lse` and the
+entropy `H`. The backward pass recomputes each chunk's softmax and writes the
+gradient straight into one [B, L, V] tensor (the one the LM head's backward
+needs anyway). With z = logits / T, p = softmax(z), log p = z - lse:
+
+    d logp_t / d z_j = 1[j = t] - p_j
+    d H      / d z_j = -p_j (log p_j + H)
+    d        / d logits = (d / d z) / T
+
+`chunked_token_logprobs(logits, targets, T)` scores the first `targets.shape[1]`
+positions of `logits` [B, L, V] (the model's kept logits, with the position
+after the last target left out), so no sliced copy of the logits is made.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+CHUNK_ELEMENTS = 1 << 23  # logits per chunk: 32 MB of float32 temporaries each
+
+
+class _ChunkedLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor, temp: Tensor, with_entropy: bool):  # type: ignore[override]
+        b, n = targets.shape
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        logp = torch.empty(b, n, dtype=dtype, device=logits.device)
+        lse = torch.empty_like(logp)
+        entropy = torch.zeros_like(logp)
+        for lo, hi in _chunks(b, n, logits.shape[-1]):
+            z = logits[:, lo:hi].to(dtype) / temp  # [B, c, V]
+            lse[:, lo:hi] = torch.logsumexp(z, dim=-1)
+            z -= lse[:, lo:hi, None]  # log p, in place
+            logp[:, lo:hi] = z.gather(-1, targets[:, lo:hi, None])[..., 0]
+            if with_entropy:
+                entropy[:, lo:hi] = -(z.exp() * z).sum(-1)
+            del z
+        ctx.save_for_backward(logits, targets, temp, lse, entropy)
+        ctx.with_entropy = with_entropy
+        ctx.set_materialize_grads(False)
+        if not with_entropy:
+            ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp: Tensor | None, grad_entropy: Tensor | None):  # type: ignore[override]
+        logits, targets, temp, lse, entropy = ctx.saved_tensors
+        grad = torch.zeros_like(logits)
+        b, n = targets.shape
+        for lo, hi in _chunks(b, n, logits.shape[-1]):
+            logq = logits[:, lo:hi].to(lse.dtype) / temp - lse[:, lo:hi, None]  # log p [B, c, V]
+            p = logq.exp()
+            g = torch.zeros_like(p)
+            if grad_logp is not None:
+                gl = grad_logp[:, lo:hi, None]
+                g.sub_(p * gl).scatter_add_(-1, targets[:, lo:hi, None], gl)
+            if grad_entropy is not None and ctx.with_entropy:
+                g.sub_(p * (logq + entropy[:, lo:hi, None]) * grad_entropy[:, lo:hi, None])
+            grad[:, lo:hi] = g / temp
+            del logq, p, g
+        return grad, None, None, None
+
+
+def _chunks(rows: int, positions: int, vocab: int) -> list[tuple[int, int]]:
+    step = max(1, CHUNK_ELEMENTS // max(1, rows * vocab))
+    return [(lo, min(lo + step, positions)) for lo in range(0, positions, step)]
+
+
+def chunked_token_logprobs(
+    logits: Tensor, targets: Tensor, temperature: float | Tensor, with_entropy: bool = True
+) -> tuple[Tensor, Tensor]:
+    """(logp [B, T], entropy [B, T]) of targets [B, T] under softmax(logits[:, :T] / temperature).
+
+    As `loss.token_logprobs`: temperature is a float or a per-sequence [B] tensor, 0 means 1,
+    half-precision logits are scored in float32, negative targets read as token 0. Without
+    `with_entropy` the entropy is zeros (and not differentiable).
+    """
+    if logits.dim() != 3 or logits.shape[0] != targets.shape[0] or logits.shape[1] < targets.shape[1]:
+        raise ValueError(f"logits {tuple(logits.shape)} do not cover targets {tuple(targets.shape)}")
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    temp = torch.as_tensor(temperature, dtype=dtype, device=logits.device)
+    temp = torch.where(temp > 0, temp, torch.ones_like(temp))
+    temp = temp.reshape(-1, 1, 1) if temp.dim() == 1 else temp.reshape(1, 1, 1)
+    return _ChunkedLogprobs.apply(logits, targets.clamp(min=0), temp, with_entropy)

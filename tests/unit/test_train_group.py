@@ -1,0 +1,126 @@
+"""Several trainer ranks (accelerate, gloo on the CPU) make the same version as one process.
+
+The real `clawrl train` command runs one step on a run folder's ready samples,
+once alone and once as a group of 2 ranks launched through accelerate, on
+copies of the same store. The published weights and the step's metrics must
+agree within float tolerance: the samples are split across the ranks, the
+gradients reduced by DDP, and the loss is still the step's token-level mean.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from clawrl.config import Config
+from clawrl.store.db import Store
+from clawrl.train.group import split_by_tokens
+from clawrl.types import Sample
+from tests.conftest import ROOT
+from tests.timing import limit
+from tests.unit.test_store import make_turn
+
+PROMPT = [1, 9690, 198, 4093, 198, 1780, 314, 2, 198, 1, 520, 9531, 198, 30, 31, 32, 33, 34]
+
+
+def samples() -> list[Sample]:
+    """rl and opd samples of different prompt, hint and response lengths."""
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(6):
+        n = 2 + 5 * (i % 3) + i  # 2 .. 17 response tokens
+        response = torch.randint(100, 40000, (n,), generator=gen).tolist()
+        prompt = PROMPT[: 6 + 2 * i]
+        opd = i % 2 == 1
+        out.append(
+            Sample(
+                turn_id=f"t{i}",
+                kind="opd" if opd else "rl",
+                prompt_ids=prompt,
+                response_ids=response,
+                logprobs=(-10.8 + 0.3 * torch.randn(n, generator=gen)).tolist(),  # near the tiny model's
+                version="v0",
+                temperature=[1.0, 0.7, 0.0][i % 3],
+                reward=0.0 if opd else (1.0 if i % 4 == 0 else -1.0),
+                teacher_prompt_ids=prompt + [520, 9531, 33 + i, 198] if opd else None,
+            )
+        )
+    return out
+
+
+def run_folder(tmp_path, name: str, model_dir, weights: str) -> Config:
+    config = Config(
+        run_dir=tmp_path / name,
+        model={"path": str(model_dir)},
+        train={
+            "weights": weights,
+            "batch_size": 6,
+            "lr": 1e-3,
+            "micro_batch_tokens": 48,  # several micro-batches per rank: DDP reduces on the last only
+            "nice": 0,
+            "lora": {"rank": 4, "alpha": 8},
+        },
+    )
+    config.run_dir.mkdir()
+    config.write()
+    with Store.open(config.run_dir / "clawrl.db") as store:
+        store.upsert_session("s1", "header", 1.0)
+        for i in range(6):
+            store.insert_turn(make_turn(f"t{i}", "s1", i, created_at=10.0 + i))
+        store.insert_samples(samples())
+    return config
+
+
+def train_one_step(config: Config, processes: int) -> tuple[dict[str, torch.Tensor], dict]:
+    cmd = [sys.executable, "-m", "clawrl", "train", "--run-dir", str(config.run_dir), "--steps", "1"]
+    cmd += ["--train.distributed.num-processes", str(processes), "--train.threads", str(processes)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=limit(180))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    folder = config.run_dir / "checkpoints" / "v1"
+    files = ["adapter_model.safetensors"] if config.train.weights == "lora" else ["model.safetensors"]
+    weights = {k: v for f in files for k, v in load_file(folder / f).items()}
+    manifest = json.loads((folder / "manifest.json").read_text())
+    with Store.open(config.run_dir / "clawrl.db", readonly=True) as store:
+        assert store.count_samples("trained") == 6 and store.count_samples("ready") == 0
+        assert [v.name for v in store.versions()] == ["v0", "v1"]
+    return weights, manifest
+
+
+@pytest.mark.parametrize("weights", ["lora", "full"])
+def test_two_ranks_publish_the_same_version_as_one_process(tmp_path, tiny_model_dir, weights):
+    one, one_manifest = train_one_step(run_folder(tmp_path, "one", tiny_model_dir, weights), 1)
+    two, two_manifest = train_one_step(run_folder(tmp_path, "two", tiny_model_dir, weights), 2)
+    base = load_file(tiny_model_dir / "model.safetensors") if weights == "full" else {}
+    assert one.keys() == two.keys()
+    moved = 0
+    for key, value in one.items():
+        torch.testing.assert_close(two[key], value, rtol=1e-4, atol=1e-6, msg=key)
+        moved += not torch.equal(value, base.get(key, torch.zeros_like(value)))
+    assert moved > 0  # the step changed weights (LoRA B starts at zero)
+    m1, m2 = one_manifest["metrics"], two_manifest["metrics"]
+    assert m1["tokens"] == m2["tokens"] and m1["samples_opd"] == m2["samples_opd"] == 3
+    # The loss and the gradient norm (before clipping) see any scaling error of the ranks' shares.
+    for key in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm"):
+        assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-7), key
+    assert m1["grad_norm"] > 0
+    assert sorted(one_manifest["samples"]) == sorted(two_manifest["samples"])
+
+
+def test_samples_are_split_across_ranks_by_tokens():
+    assert split_by_tokens([10, 1, 1, 8, 2], 2) == [[0, 1], [2, 3, 4]]  # 11 and 11 tokens
+    assert split_by_tokens([5, 5, 5], 3) == [[0], [1], [2]]
+    assert split_by_tokens([3, 1], 1) == [[0, 1]]
+    shares = split_by_tokens(list(range(1, 17)), 4)
+    assert sorted(i for share in shares for i in share) == list(range(16))
+    loads = [sum(i + 1 for i in share) for share in shares]
+    assert max(loads) - min(loads) <= 1
+
+
+def test_a_batch_smaller_than_the_group_is_refused():
+    with pytest.raises(ValueError, match="at least train.distributed.num_processes"):
+        Config(train={"batch_size": 2, "distributed": {"num_processes": 3}})
