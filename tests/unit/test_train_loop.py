@@ -238,7 +238,7 @@ def test_each_step_is_logged_to_metrics_jsonl_and_tensorboard(run):
 
     config, store = run
     policy = build_policy(config.model.path, config.train, "cpu")
-    loop = TrainLoop(store, policy, config.run_dir, StepLoggers(["jsonl", "tensorboard"], config.run_dir))
+    loop = TrainLoop(store, policy, config.run_dir, loggers=StepLoggers(["jsonl", "tensorboard"], config.run_dir))
     loop.resume()
     add(store, 8)
     assert loop.run_once() and loop.run_once()
@@ -266,7 +266,7 @@ def test_jsonl_is_the_default_logger_and_a_restart_appends(run):
             store,
             build_policy(config.model.path, config.train, "cpu"),
             config.run_dir,
-            StepLoggers(config.train.loggers, config.run_dir),
+            loggers=StepLoggers(config.train.loggers, config.run_dir),
         )
         loop.resume()
         add(store, 4, start=4 * store.latest_version().step)
