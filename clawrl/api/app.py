@@ -41,9 +41,9 @@ def create_app(
     server = config.server
     collector = _collector(config, store) if store is not None else None
     watcher = None
-    if collector is not None and isinstance(engine, LocalEngine):
+    if collector is not None:
         t = config.train
-        eager = t.enabled and t.weights == "lora"
+        eager = t.enabled and t.weights == "lora" and isinstance(engine, LocalEngine)
         watcher = VersionWatcher(engine, collector.store, collector.db, t.lora.targets, t.swap_poll_s, eager)
     if collector is not None and config.judge.enabled:
         collector.judge = _judge(config, collector, engine, tokenizer)
