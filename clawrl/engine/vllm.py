@@ -18,7 +18,7 @@ local engine treats as "the most likely token": it is sent as a greedy request.
 score at another temperature is refused rather than silently wrong.
 
 Versions (`serve_version`): a LoRA version is loaded into the running server
-with `POST /v1/load_lora_adapter` under a new name per version (`clawrl-vN`),
+with `POST /v1/load_lora_adapter` under a new name per version (`clawrl-vN-<hash of its folder>`),
 new requests name it, requests in flight finish on the adapter they started
 with, and the previous adapter is unloaded once none is using it. v0 (or a
 rollback to it) is the base model. A version vLLM refuses, or whose rank is
@@ -31,6 +31,7 @@ is loaded again before the server counts as up.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections import Counter
@@ -146,7 +147,8 @@ class VLLMEngine:
             "temperature": params.temperature if params.top_p > 0 else 0.0,
             "top_p": params.top_p if params.top_p > 0 else 1.0,
             "logprobs": params.top_logprobs,  # 0: the sampled token's logprob alone
-            "stop_token_ids": sorted(params.stop_token_ids),
+            # As on the local engine, ignore_eos ignores every stop token (vLLM would still stop on these).
+            "stop_token_ids": [] if params.ignore_eos else sorted(params.stop_token_ids),
             "ignore_eos": params.ignore_eos,
             "stream": True,
             "stream_options": {"include_usage": False},
@@ -219,7 +221,8 @@ class VLLMEngine:
                 f"cannot serve {version.name} from {folder}: its LoRA rank {rank} is above vLLM's "
                 f"--max-lora-rank {self._max_rank} (engine.vllm.max_lora_rank)"
             )
-        name = f"clawrl-{version.name}"
+        # A new name per version and folder: gateways sharing one vLLM server never collide.
+        name = f"clawrl-{version.name}-{hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:8]}"
         body = {"lora_name": name, "lora_path": str(folder.resolve())}
         try:
             await self._call("POST", "/v1/load_lora_adapter", body)

@@ -52,6 +52,7 @@ class VLLMUnavailable(EngineError):
 class ServerHealth:
     status: str = "starting"  # starting | ok | down
     url: str = ""
+    pid: int | None = None  # of the server clawrl started (None: attached)
     restarts: int = 0
     last_exit: int | None = None
     last_error: str | None = None
@@ -150,6 +151,7 @@ class VLLMServer:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 (one syscall, see _die_with_parent)
             )
+        self.health.pid = self._proc.pid
         log.info("started vLLM (pid %d) at %s; its log: %s", self._proc.pid, self.url, self._log_path)
 
     def _check_alive(self) -> None:
