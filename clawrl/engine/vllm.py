@@ -107,14 +107,17 @@ class VLLMEngine:
             raise EngineFailed(f"the vLLM server at {self.server.url} is {self.server.health.status}")
         name, version = self._serving
         self._inflight[name] += 1
-        done = False
+        done = failed = False
         try:
             async for event in self._stream(name, version.name if version else "v0", prompt_ids, params):
                 done = event.finish_reason is not None
                 yield event
+        except EngineFailed:
+            failed = True
+            raise
         finally:
             self._stats.requests_finished += done
-            self._stats.requests_cancelled += not done
+            self._stats.requests_cancelled += not (done or failed)  # closed early: its client left
             self._inflight[name] -= 1
             await self._unload_idle()
 
