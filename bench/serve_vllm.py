@@ -100,17 +100,29 @@ def chunk_gaps(client: OpenAI, max_tokens: int, during=None) -> tuple[float, set
 
 
 def swap(server: RemoteServer, model_dir: Path) -> dict:
-    """Publish v1 (a rank-16 LoRA) while a stream runs; time publish -> first token of v1."""
+    """Publish v1 (a rank-16 LoRA) while a stream runs; time publish -> first token of v1.
+
+    The checkpoint is written before the stream starts (the trainer writes it in its own
+    process); only the store row that publishes it is written during the stream."""
+    from clawrl.store.db import Store
+    from clawrl.train.checkpoints import save_version
     from clawrl.train.weights import LoraSettings
+    from clawrl.types import Version
     from tests.service.test_hot_swap import Publisher  # loads torch and the model: only here
 
     publisher = Publisher(server.run_dir, model_dir, LoraSettings(16, 32))
+    path = save_version(
+        server.run_dir, "v1", publisher.model, publisher.optimizer, {"step": 1, "samples": []}
+    )
+    del publisher
     client = server.client()
     figures: dict = {}
     baseline, _ = chunk_gaps(client, 160)
 
     def publish_and_wait() -> None:
-        start = publisher_publish(publisher)
+        start = time.perf_counter()
+        with Store.open(server.run_dir / "clawrl.db") as store:
+            store.publish_version(Version("v1", 1, str(path), {"samples": 0}, "v0"), trained=[])
         while True:
             stream = client.chat.completions.create(
                 model="clawrl", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, stream=True
@@ -126,20 +138,6 @@ def swap(server: RemoteServer, model_dir: Path) -> dict:
     assert versions == {"clawrl-v0"}, f"the stream in flight must finish on v0, saw {versions}"
     figures |= {"max_gap_without_swap_s": baseline, "max_gap_across_swap_s": across}
     return figures
-
-
-def publisher_publish(publisher) -> float:
-    """Write the checkpoint (not timed: the trainer does it), then time from the store row on."""
-    from clawrl.store.db import Store
-    from clawrl.train.checkpoints import save_version
-    from clawrl.types import Version
-
-    manifest = {"step": 1, "samples": []}
-    path = save_version(publisher.run_dir, "v1", publisher.model, publisher.optimizer, manifest)
-    start = time.perf_counter()
-    with Store.open(publisher.run_dir / "clawrl.db") as store:
-        store.publish_version(Version("v1", 1, str(path), {"samples": 0}, "v0"), trained=[])
-    return start
 
 
 def run_vllm(folder: Path, args: argparse.Namespace) -> dict:
