@@ -21,6 +21,7 @@ server that stops answering is reported down until it answers again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import logging
 import os
@@ -85,6 +86,11 @@ def vllm_env(v: VLLMConfig) -> dict[str, str]:
     }
 
 
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the whole group is gone already
+        os.killpg(pgid, sig)
+
+
 def _die_with_parent() -> None:  # runs in the child between fork and exec: one syscall, no locks
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -128,17 +134,21 @@ class VLLMServer:
             await asyncio.gather(self._task, return_exceptions=True)
         await asyncio.to_thread(self.close)
 
-    def close(self) -> None:
-        """Stop the started server and its engine process (its whole process group)."""
+    def close(self) -> int | None:
+        """Stop the started server and its engine processes (its whole process group); return how
+        its main process ended (None: nothing was started)."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                _signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+        _signal_group(proc.pid, signal.SIGKILL)  # what is left of the group: vLLM's engine processes
+        return proc.returncode
 
     def _spawn(self) -> None:
         assert self._command is not None and self._log_path is not None
@@ -181,7 +191,7 @@ class VLLMServer:
                     if self.health.status != "ok":
                         await self._ready()
                     continue
-                self._down(exited)
+                self._down(self._proc is not None and self._proc.poll() is not None)
                 if self._command is not None:
                     await self._restart(http)
 
@@ -199,7 +209,9 @@ class VLLMServer:
         """Start the server again after a backoff, until it answers (the delay doubles each try)."""
         delay = self.config.restart_backoff_s
         while True:
-            await asyncio.to_thread(self.close)
+            code = await asyncio.to_thread(self.close)
+            if code is not None:  # how the server that went away ended (it may have died after the check)
+                self.health.last_exit = code
             log.info("restarting vLLM in %.0f s", delay)
             await asyncio.sleep(delay)
             self.health.restarts += 1

@@ -111,7 +111,7 @@ def test_lora_versions_load_into_vllm_at_run_time(tmp_path, vllm_gateway, embedd
         with client.chat.completions.create(
             model="clawrl",
             messages=[{"role": "user", "content": "Count slowly."}],
-            max_tokens=120,
+            max_tokens=60,
             stream=True,
             extra_body={"ignore_eos": True},
         ) as stream:
@@ -131,8 +131,11 @@ def test_lora_versions_load_into_vllm_at_run_time(tmp_path, vllm_gateway, embedd
         assert version() == "v2" and _greedy(client)[0] == "clawrl-v2"
     finally:
         server.stop()
-    versions = {turn.id: turn.versions for turn in _turns(run_dir)}
-    assert sorted(map(tuple, versions.values())) == sorted([("v0",), ("v1",), ("v1",), ("v2",), ("v2",)])
+    turns = _turns(run_dir)
+    assert sorted(tuple(t.versions) for t in turns) == [("v0",), ("v1",), ("v1",), ("v2",), ("v2",)]
+    in_flight = next(t for t in turns if t.messages[0]["content"] == "Count slowly.")
+    first_on_v2 = min(t.created_at for t in turns if t.versions == ["v2"])
+    assert in_flight.versions == ["v1"] and in_flight.finished_at > first_on_v2, "it was in flight"
 
 
 def _serve(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -140,12 +143,10 @@ def _serve(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=limit(timeout))
 
 
-def test_vllm_that_cannot_be_reached_or_started_is_a_clear_exit(tmp_path, embedded_model_dir):
+def test_vllm_that_cannot_be_reached_is_a_clear_exit(tmp_path, embedded_model_dir):
     model = ["--model", str(embedded_model_dir), "--run-dir", str(tmp_path / "run"), "--engine.kind", "vllm"]
     down = _serve(*model, "--engine.vllm.url", f"http://127.0.0.1:{free_port()}")
     assert down.returncode == 2 and "no vLLM server answers at" in down.stderr, down.stderr[-2000:]
-    missing = _serve(*model, "--engine.vllm.start", "true", "--engine.vllm.python", str(tmp_path / "nope"))
-    assert missing.returncode == 2 and "no vLLM python at" in missing.stderr, missing.stderr[-2000:]
     rank = _serve(*model, "--engine.vllm.url", "http://127.0.0.1:1", "--train.lora.rank", "32")
     assert rank.returncode == 2 and "train.lora.rank is 32" in rank.stderr and "= 16" in rank.stderr
 
@@ -179,4 +180,4 @@ def test_vllm_dying_mid_stream_is_a_503_and_it_is_restarted(vllm_gateway):
     assert vllm["restarts"] == 1 and vllm["pid"] != pid and vllm["last_exit"] == -signal.SIGKILL
     assert _greedy(client)[0] == "clawrl-v0"
     wait_for(lambda: _turns(server.run_dir, recorded + 1), 30, "the turns recorded before, and one more")
-    assert "the vLLM server exited" in server.output()
+    assert "restarting vLLM in" in server.output()

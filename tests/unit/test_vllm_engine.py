@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from clawrl.config import VLLMConfig
+from clawrl.config import VLLMConfig, load_config
 from clawrl.engine.base import EngineFailed, SamplingParams
 from clawrl.engine.vllm import VLLMEngine
-from clawrl.engine.vllm_server import VLLMServer, vllm_command
+from clawrl.engine.vllm_server import VLLMServer, VLLMUnavailable, vllm_command
+from clawrl.engine.vllm_setup import vllm_python
 
 
 def _engine() -> VLLMEngine:
@@ -64,3 +65,9 @@ def test_the_started_server_records_what_the_sampler_used():
     assert cmd[cmd.index("--logprobs-mode") + 1] == "processed_logprobs"
     assert cmd[cmd.index("--max-lora-rank") + 1] == "8" and cmd[cmd.index("--max-model-len") + 1] == "512"
     assert "--enable-lora" not in vllm_command("py", "/m", 1, VLLMConfig(), 512, lora=False)  # type: ignore[arg-type]
+
+
+def test_a_missing_vllm_venv_says_how_to_make_one(tmp_path):
+    config = load_config(None, {"engine": {"kind": "vllm", "vllm": {"start": True, "python": str(tmp_path)}}})
+    with pytest.raises(VLLMUnavailable, match="no vLLM python at .*run scripts/setup-vllm"):
+        vllm_python(config)
