@@ -17,6 +17,10 @@ local engine treats as "the most likely token": it is sent as a greedy request.
 `score` uses vLLM's prompt logprobs, computed from the raw logits (T = 1): a
 score at another temperature is refused rather than silently wrong.
 
+Background requests (local judge calls) are ordinary requests to vLLM: it has
+no "only while idle" admission like the local engine's (its priority scheduling
+could give them a lower priority; not wired).
+
 Versions (`serve_version`): a LoRA version is loaded into the running server
 with `POST /v1/load_lora_adapter` under a new name per version (`clawrl-vN-<hash of its folder>`),
 new requests name it, requests in flight finish on the adapter they started
@@ -48,7 +52,6 @@ from clawrl.types import Version
 
 log = logging.getLogger(__name__)
 TOKEN_PREFIX = "token_id:"  # how vLLM names tokens with return_tokens_as_token_ids
-BACKGROUND_PRIORITY = 10  # judge calls: vLLM runs lower values first (with --scheduling-policy priority)
 
 
 class VLLMEngine:
@@ -60,7 +63,6 @@ class VLLMEngine:
         max_context: int,
         stop_token_ids: frozenset[int],
         max_lora_rank: int,
-        priority: bool = False,
     ) -> None:
         self.server = server
         self.model_name = model_name
@@ -68,7 +70,6 @@ class VLLMEngine:
         self.stop_token_ids = stop_token_ids
         self.version = "v0"
         self._max_rank = max_lora_rank
-        self._priority = priority
         self._base = ""  # vLLM's name of the base model, read at start
         self._serving: tuple[str, Version | None] = ("", None)  # vLLM model name, version (None: v0)
         self._inflight: Counter[str] = Counter()  # requests in flight per vLLM model name
@@ -161,8 +162,6 @@ class VLLMEngine:
         }
         if params.seed is not None:
             body["seed"] = params.seed
-        if params.background and self._priority:
-            body["priority"] = BACKGROUND_PRIORITY
         return body
 
     def _events(self, chunk: dict[str, Any], version: str, first: bool) -> list[TokenEvent]:
