@@ -7,6 +7,7 @@ it runs last.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -18,6 +19,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from clawrl.config import VLLMConfig
+from clawrl.engine.vllm import VLLMEngine
+from clawrl.engine.vllm_server import VLLMServer
 from clawrl.eval.server import free_port
 from clawrl.store.db import Store
 from clawrl.train.weights import LoraSettings
@@ -76,6 +80,25 @@ def test_recorded_ids_are_those_vllm_saw_and_produced(tmp_path, vllm_gateway, em
         local = _local_logprobs(model, turn.prompt_ids, turn.response_ids, temperature)
         diff = (local - torch.tensor(turn.logprobs)).abs()
         assert diff.mean() < 0.06 and diff.max() < 0.35, (temperature, diff.tolist())
+    # Engine.score on vLLM (its prompt logprobs, temperature 1) agrees with the same forward.
+    scored = asyncio.run(_vllm_score(vllm_gateway.vllm_url, turn.prompt_ids, turn.response_ids))
+    diff = (_local_logprobs(model, turn.prompt_ids, turn.response_ids, 1.0) - torch.tensor(scored)).abs()
+    assert diff.mean() < 0.06 and diff.max() < 0.35, diff.tolist()
+
+
+async def _vllm_score(url: str, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+    engine = VLLMEngine(
+        VLLMServer(VLLMConfig(), url),
+        model_name="m",
+        max_context=512,
+        stop_token_ids=frozenset(),
+        max_lora_rank=16,
+    )
+    await engine.start()
+    try:
+        return await engine.score(prompt_ids, response_ids)
+    finally:
+        await engine.stop()
 
 
 def _greedy(client, text="Name a colour."):
