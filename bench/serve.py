@@ -16,6 +16,9 @@ server/bare, both measured in the same run. The bare loop runs first and its mod
 before the server starts, so the two never compete for the CPU. Run it with
 
     .venv/bin/python bench/serve.py [--max-tokens 64] [--requests 2] [--clients 1,8] [--json out.json]
+
+`--engine vllm` measures the gateway on vLLM instead (bench/serve_vllm.py): against vLLM
+directly, against the local engine, and a LoRA hot swap.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clients", default="1,8", help="comma-separated concurrency levels (default 1,8)")
     p.add_argument("--model", type=Path, help="model folder (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--json", type=Path, help="also write every figure to this JSON file")
+    p.add_argument("--engine", choices=["local", "vllm"], default="local", help="vllm: bench/serve_vllm.py")
     args = p.parse_args(argv)
     args.clients = [int(c) for c in args.clients.split(",") if c.strip()]
     if args.max_tokens < 1 or args.requests < 1 or not args.clients or min(args.clients) < 1:
@@ -289,6 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     hf_logging.disable_progress_bar()
     folder = args.model or ensure_embedded(Config().cache_dir())
+    if args.engine == "vllm":
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from bench.serve_vllm import main as vllm_main
+
+        return vllm_main(args, folder)
     meta = {"model": folder.name, "max_tokens": args.max_tokens, "requests": args.requests,
             "clients": args.clients, "threads": torch.get_num_threads()}  # fmt: skip
     meta["load_start"] = os.getloadavg()[0]

@@ -82,7 +82,58 @@ class ModelConfig(_Section):
     )
 
 
+class VLLMConfig(_Section):
+    start: bool = Field(
+        False,
+        description="Start and supervise a vLLM server (restarted with backoff if it dies; its log is "
+        "<run_dir>/logs/vllm.log). False: attach to the one at `url`.",
+    )
+    url: str | None = Field(
+        None,
+        description="A vLLM server already running, e.g. http://127.0.0.1:8001, started with the flags "
+        "`start` would use (README). Mutually exclusive with start.",
+    )
+    python: str | None = Field(
+        None,
+        description="The python of the venv vLLM is installed in. None: the venv scripts/setup-vllm "
+        "creates in the cache folder.",
+    )
+    port: int = Field(0, ge=0, le=65535, description="Port of the vLLM server clawrl starts (0: a free one).")
+    args: list[str] = Field(
+        default_factory=list,
+        description="Extra arguments for vLLM's api_server, e.g. ['--gpu-memory-utilization', '0.5'].",
+    )
+    kv_cache_gib: float = Field(
+        1.0, gt=0, description="CPU build only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."
+    )
+    max_lora_rank: int = Field(
+        16, gt=0, description="vLLM's --max-lora-rank: the largest LoRA rank it can serve."
+    )
+    max_loras: int = Field(
+        2, ge=2, description="vLLM's --max-loras: adapters in one batch (a swap briefly serves two)."
+    )
+    startup_timeout_s: float = Field(
+        600.0, gt=0, description="How long a starting vLLM server may take to answer /health."
+    )
+    restart_backoff_s: float = Field(
+        2.0, gt=0, description="A vLLM server that died is restarted after this, doubling each time."
+    )
+    restart_backoff_max_s: float = Field(60.0, gt=0, description="Longest delay between two restarts.")
+    health_poll_s: float = Field(1.0, gt=0, description="How often clawrl checks the vLLM server is alive.")
+
+    @model_validator(mode="after")
+    def _one_server(self) -> VLLMConfig:
+        if self.start and self.url:
+            raise ValueError("engine.vllm: give either start = true or url, not both")
+        return self
+
+
 class EngineConfig(_Section):
+    kind: Literal["local", "vllm"] = Field(
+        "local",
+        description="'local': clawrl's own PyTorch engine in this process; 'vllm': a vLLM server "
+        "(engine.vllm), started by clawrl or already running.",
+    )
     max_batch_size: int = Field(16, gt=0, description="Most sequences decoded together in one step.")
     max_prefill_tokens: int = Field(
         4096,
@@ -112,6 +163,13 @@ class EngineConfig(_Section):
         description="Let a prompt reuse KV computed by an earlier policy version. Off: a weight swap empties "
         "the cache, so every token comes from the weights being served.",
     )
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+
+    @model_validator(mode="after")
+    def _vllm_server(self) -> EngineConfig:
+        if self.kind == "vllm" and not (self.vllm.start or self.vllm.url):
+            raise ValueError("engine.kind 'vllm' needs engine.vllm.start = true or engine.vllm.url")
+        return self
 
 
 class CollectConfig(_Section):
@@ -311,6 +369,17 @@ class Config(_Section):
     method: Literal["rl", "opd", "combine"] = Field(
         "combine", description="How judged turns become samples: binary RL, on-policy distillation, or both."
     )
+
+    @model_validator(mode="after")
+    def _lora_fits_vllm(self) -> Config:
+        rank, most = self.train.lora.rank, self.engine.vllm.max_lora_rank
+        if self.engine.kind == "vllm" and self.train.weights == "lora" and rank > most:
+            raise ValueError(
+                f"train.lora.rank is {rank} but vLLM serves LoRA ranks up to engine.vllm.max_lora_rank "
+                f"= {most}: every version would be refused. Raise --engine.vllm.max-lora-rank to {rank} "
+                f"or lower --train.lora.rank to {most}"
+            )
+        return self
 
     def cache_dir(self) -> Path:
         """The folder holding converted models, resolved from config and environment."""

@@ -1,23 +1,35 @@
-"""Start the server: load the model, build the engine and the app, run uvicorn."""
+"""Start the server: load the model (or reach vLLM), build the engine and the app, run uvicorn."""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 import uvicorn
 
 from clawrl.api.app import create_app
 from clawrl.config import Config
+from clawrl.engine.base import Engine
 from clawrl.engine.local import LocalEngine
 from clawrl.engine.models import ModelNotFound, load_model, model_folder, served_context
 from clawrl.engine.prefix_cache import PrefixCache
+from clawrl.engine.vllm_server import VLLMUnavailable
 from clawrl.store.db import Store, StoreError
 
 log = logging.getLogger(__name__)
 
 
-def build_engine(config: Config) -> tuple[LocalEngine, object]:
+def build_engine(config: Config) -> tuple[Engine, Any]:
+    """The engine `engine.kind` names, and the tokenizer the gateway renders prompts with."""
+    if config.engine.kind == "vllm":
+        from clawrl.engine.vllm_setup import build_vllm_engine
+
+        return build_vllm_engine(config)
+    return build_local_engine(config)
+
+
+def build_local_engine(config: Config) -> tuple[LocalEngine, Any]:
     if config.engine.threads:
         torch.set_num_threads(config.engine.threads)
     folder = model_folder(config.model.path, config.cache_dir())
@@ -57,7 +69,7 @@ def run_server(config: Config) -> int:
         return 2
     try:
         engine, tokenizer = build_engine(config)
-    except ModelNotFound as exc:
+    except (ModelNotFound, VLLMUnavailable) as exc:
         log.error("%s", exc)
         return 2
     app = create_app(config, engine, tokenizer, store)
@@ -71,6 +83,9 @@ def run_server(config: Config) -> int:
             timeout_graceful_shutdown=5,
         )
     finally:
+        close = getattr(engine, "close", None)
+        if close is not None:  # a vLLM server clawrl started goes with it, whatever happened
+            close()
         if store is not None:
             store.close()
     return 0

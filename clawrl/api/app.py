@@ -62,9 +62,9 @@ def create_app(
     )
     metrics = Metrics(pipeline)
     watcher = None
-    if collector is not None and isinstance(engine, LocalEngine):
+    if collector is not None:
         t = config.train
-        eager = t.enabled and t.weights == "lora"
+        eager = t.enabled and t.weights == "lora" and isinstance(engine, LocalEngine)
         watcher = VersionWatcher(
             engine, collector.store, collector.db, t.lora.targets, t.swap_poll_s, eager, metrics.swapped
         )

@@ -79,6 +79,9 @@ class ChatService:
                 param="model",
                 code="model_not_found",
             )
+        status = self.engine.stats().status
+        if status != "ok":  # the vLLM server died and is being restarted: say so at once, do not queue
+            raise EngineUnavailable(f"the model server is {status}; try again shortly")
         if req.unknown_fields():
             log.info("ignoring unknown request fields: %s", shown_names(req.unknown_fields()))
         messages = [m.model_dump(exclude_none=True) for m in req.messages]

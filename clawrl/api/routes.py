@@ -79,19 +79,25 @@ def health_router() -> APIRouter:
     router = APIRouter()
 
     @router.get("/healthz")
-    async def healthz(request: Request) -> dict[str, Any]:
+    async def healthz(request: Request) -> JSONResponse:
+        """200 while the engine can serve; 503 (same body) while it cannot, e.g. vLLM restarting."""
         chat = request.app.state.chat
         store = chat.collector.writer.health() if chat.collector else None
-        return {
-            "status": "degraded" if store and not store["ok"] else "ok",
+        engine = chat.engine.stats()
+        status = "degraded" if store and not store["ok"] else "ok"
+        if engine.status != "ok":
+            status = f"engine {engine.status}"
+        body = {
+            "status": status,
             "model": chat.model_name,
             "version": chat.engine.version,
-            "engine": asdict(chat.engine.stats()),
+            "engine": asdict(engine),
             "open_sessions": len(chat.collector.tracker) if chat.collector else None,
             "store": store,
             "judge": _judge_health(chat),
             "trainer": request.app.state.trainer.health() if request.app.state.trainer else {"status": "off"},
         }
+        return JSONResponse(body, status_code=200 if engine.status == "ok" else 503)
 
     return router
 

@@ -17,6 +17,12 @@ the server serves the newest version newer than its own that loads, so a
 server started on a run whose latest checkpoint is broken serves the last good
 one, and a broken version published while serving leaves the weights as they
 are.
+
+An engine whose weights live in another process (the vLLM engine) loads the
+version itself (`serve_version`): a version it refuses (`VersionRefused`: a
+LoRA rank above vLLM's limit, an adapter vLLM cannot read, full weights) is
+passed over the same way; one it cannot try now (`EngineFailed`: the vLLM
+server is down) is tried again at the next poll.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from clawrl.engine.local import LocalEngine
+from clawrl.engine.base import EngineFailed, VersionLoading, VersionRefused, WeightSwapping
 from clawrl.store.db import Store
 from clawrl.train.checkpoints import version_number
 from clawrl.train.weights import (  # AdapterError is a ValueError
@@ -44,7 +50,7 @@ log = logging.getLogger(__name__)
 class VersionWatcher:
     def __init__(
         self,
-        engine: LocalEngine,
+        engine: WeightSwapping | VersionLoading,
         store: Store,
         db: Any,
         targets: list[str],
@@ -90,6 +96,8 @@ class VersionWatcher:
 
     async def serve(self, version: Version) -> bool:
         """Swap `version` in between two decoding steps; False (logged) if it cannot be read."""
+        if not hasattr(self.engine, "swap_weights"):  # weights in another process: it loads them itself
+            return await self._load(version)
         loop = asyncio.get_running_loop()
         start = time.perf_counter()
         try:
@@ -101,6 +109,19 @@ class VersionWatcher:
             return False
         if self._on_swap is not None:
             self._on_swap(version.name, time.perf_counter() - start)
+        return True
+
+    async def _load(self, version: Version) -> bool:
+        """Have an engine that loads versions itself serve `version` (the vLLM engine)."""
+        try:
+            await self.engine.serve_version(version)  # type: ignore[union-attr]
+        except VersionRefused as exc:
+            log.error("passing over %s: %s", version.name, exc)
+            self._failed.add(version.name)
+            return False
+        except EngineFailed as exc:  # the server is down or restarting: try again at the next poll
+            log.warning("cannot serve %s now: %s", version.name, exc)
+            return True  # stop looking at older versions this round
         return True
 
     def _loader(self, version: Version):

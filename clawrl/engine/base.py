@@ -5,16 +5,25 @@ log-probability under the temperature-scaled distribution the sampler drew from
 (the `logp_old` the trainer later needs), and scores given tokens. The IDs in and
 out are exactly what the model saw and produced; nobody re-tokenises text.
 
+Published versions reach an engine in one of two ways: the local engine merges
+them into its live weights between two decoding steps (`swap_weights`, given a
+loader by `api.versions.VersionWatcher`); the vLLM engine, whose weights live in
+another process, loads a LoRA adapter into the vLLM server (`serve_version`).
+
 Errors raised by engines:
     EngineError           the base class
-    └── EngineFailed      the model failed while decoding this request
+    ├── EngineFailed      the model failed while decoding this request (or its server is down)
+    └── VersionRefused    a published version this engine cannot serve (logged and skipped)
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from clawrl.types import Version
 
 FinishReason = str  # "stop" (a stop token), "length" (max_tokens or context), "abort"
 
@@ -25,6 +34,10 @@ class EngineError(RuntimeError):
 
 class EngineFailed(EngineError):
     """The model failed while decoding; the request is over."""
+
+
+class VersionRefused(EngineError):
+    """A version that cannot be served (an unreadable checkpoint, a rank vLLM cannot serve)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,7 @@ class EngineStats:
     requests_cancelled: int = 0
     steps: int = 0
     batch_rows: int = 0  # sequences summed over decoding steps (batch_rows / steps: mean batch size)
+    status: str = "ok"  # "ok", or why nothing can be served now (e.g. "down": the vLLM server died)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -79,7 +93,7 @@ WeightLoader = Callable[[Any], None]
 
 
 class Engine(Protocol):
-    """A model runtime. Implementations: `engine.local.LocalEngine`."""
+    """A model runtime. Implementations: `engine.local.LocalEngine`, `engine.vllm.VLLMEngine`."""
 
     model_name: str
     max_context: int
@@ -100,8 +114,24 @@ class Engine(Protocol):
         """log p(response_ids[i] | prompt, response[:i]) under softmax(logits / temperature)."""
         ...
 
+    def stats(self) -> EngineStats: ...
+
+
+class WeightSwapping(Engine, Protocol):
+    """An engine holding the weights in this process (the local engine)."""
+
     async def swap_weights(self, load: WeightLoader, version: str) -> None:
         """Apply `load(model)` between two decoding steps and serve `version` from then on."""
         ...
 
-    def stats(self) -> EngineStats: ...
+
+class VersionLoading(Engine, Protocol):
+    """An engine whose weights live elsewhere and that loads published versions itself (vLLM)."""
+
+    async def serve_version(self, version: Version) -> None:
+        """Serve `version` to new requests from now on; requests in flight carry on.
+
+        Raises `VersionRefused` for a version that cannot be served (nothing changes then),
+        `EngineFailed` when it cannot be tried now (worth trying again at the next poll).
+        """
+        ...

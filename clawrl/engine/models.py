@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedTokenizerBase,
+)
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +142,37 @@ def load_model(
     return LoadedModel(model, tokenizer, path, context, _stop_ids(model, tokenizer))
 
 
+@dataclass
+class LoadedTokenizer:
+    """A model folder's tokenizer, window and stop tokens, without its weights (another engine holds them)."""
+
+    tokenizer: PreTrainedTokenizerBase
+    path: Path
+    max_context: int
+    stop_token_ids: frozenset[int]
+
+
+def load_tokenizer(path: Path, max_context: int | None = None) -> LoadedTokenizer:
+    """The tokenizer, window and stop tokens of a model folder, reading no weights.
+
+    The window is `max_context` capped at the one the model was trained on: RoPE scaling
+    (`scaled_config`) is the local engine's; a vLLM server serves the model's own window.
+    """
+    if not (path / "config.json").is_file():
+        raise ModelNotFound(f"{path} is not a Hugging Face model folder (no config.json)")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if not tokenizer.chat_template:
+        raise ModelNotFound(f"{path}: the tokenizer has no chat template")
+    config = AutoConfig.from_pretrained(path)
+    try:
+        generation: Any = GenerationConfig.from_pretrained(path)
+    except OSError:  # no generation_config.json
+        generation = None
+    windows = [w for w in (trained_context(config), max_context) if w]
+    context = min(windows) if windows else 2048
+    return LoadedTokenizer(tokenizer, path, context, _stop_ids_of((generation, config), tokenizer))
+
+
 def trained_context(config: Any) -> int | None:
     """The window a model config was trained on (before any RoPE scaling of ours)."""
     rope = getattr(config, "rope_parameters", None) or {}
@@ -178,8 +215,12 @@ def scaled_config(config: Any, max_context: int | None, kind: str = "yarn") -> A
 
 
 def _stop_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    return _stop_ids_of((getattr(model, "generation_config", None), model.config), tokenizer)
+
+
+def _stop_ids_of(sources: tuple[Any, ...], tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config):
+    for source in sources:
         eos = getattr(source, "eos_token_id", None)
         ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     if tokenizer.eos_token_id is not None:

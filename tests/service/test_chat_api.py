@@ -1,4 +1,5 @@
-"""The chat completions API over HTTP, with the official openai client, on a tiny random model."""
+"""The chat completions API over HTTP, with the official openai client, on both engines: a tiny
+random model on the local engine, and the embedded model on vLLM behind the same gateway."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
+from tests.conftest import BOTH_ENGINES
+
 USER = [{"role": "user", "content": "Say something."}]
+pytestmark = BOTH_ENGINES
 
 
 def test_plain_chat_reports_exact_usage(tiny_server, tiny_model_dir):
@@ -138,7 +142,7 @@ def test_models_and_health(tiny_server):
 
 
 def test_concurrent_requests_are_decoded_together(tiny_server):
-    before = tiny_server.health()["engine"]
+    before = tiny_server.engine_counters()
 
     async def run():
         client = tiny_server.async_client()
@@ -156,7 +160,7 @@ def test_concurrent_requests_are_decoded_together(tiny_server):
 
     results = asyncio.run(run())
     assert [r.usage.completion_tokens for r in results] == [16] * 8
-    after = tiny_server.health()["engine"]
+    after = tiny_server.engine_counters()
     steps = after["steps"] - before["steps"]
     tokens = after["tokens_generated"] - before["tokens_generated"]
     assert tokens == 128
@@ -168,7 +172,7 @@ def _wait_idle(server, timeout=10.0):
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        engine = server.health()["engine"]
+        engine = server.engine_counters()
         if engine["active"] == 0 and engine["waiting"] == 0:
             return engine
         time.sleep(0.05)

@@ -49,6 +49,21 @@ def test_bad_overrides_are_rejected(args):
         load_config(None, parse_overrides(args))
 
 
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--engine.kind", "vllm"], "needs engine.vllm.start = true or engine.vllm.url"),
+        (["--engine.vllm.start", "true", "--engine.vllm.url", "http://x"], "not both"),
+        (["--engine.kind", "vllm", "--engine.vllm.url", "http://x", "--train.lora.rank", "32"], "is 32"),
+    ],
+)
+def test_vllm_settings_that_cannot_work_are_refused(args, needle):
+    with pytest.raises(ValidationError, match=needle) as caught:
+        load_config(None, parse_overrides(args))
+    if "rank" in args[-2]:  # both numbers, and how to fix it
+        assert "max_lora_rank = 16" in str(caught.value) and "--train.lora.rank to 16" in str(caught.value)
+
+
 def test_malformed_options_and_files(tmp_path):
     with pytest.raises(ConfigError):
         parse_overrides(["server.port"])

@@ -1,0 +1,188 @@
+"""`bench/serve.py --engine vllm`: the gateway on vLLM against vLLM alone and the local engine.
+
+All in one run, one after another on the same machine (the figures that matter are the ratios):
+
+* vllm direct: vLLM's own /v1/chat/completions (the server the gateway started), 1 and N
+  streaming clients, the same prompts, `ignore_eos`, the usage chunk's token counts;
+* vllm gateway: the same clients through `clawrl serve --engine.kind vllm` (rendering, recording
+  every turn in SQLite, token-ID streaming from vLLM's completions API);
+* local: `clawrl serve` on its own engine, after the vLLM server is stopped;
+* swap: while one client streams a long answer, a LoRA version (rank 16, every linear
+  projection, the trainer's shape) is published; "publish to first token" runs from the store
+  row to the first token of a request answered by the new version (the watcher polls every
+  0.2 s here). The longest gap between two streamed chunks across the swap is compared with
+  the same stream's without one.
+
+    .venv/bin/python bench/serve.py --engine vllm [--max-tokens 64] [--requests 2] [--clients 1,8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+from openai import AsyncOpenAI, OpenAI
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.serve import REQUEST_TIMEOUT_S, conversations, run_server  # noqa: E402
+from tests.conftest import RemoteServer  # noqa: E402  (the tests' own launcher)
+
+BASE_NAME = "clawrl-base"  # the name clawrl's started vLLM serves the base model under
+
+
+async def _stream(client: AsyncOpenAI, model: str, chat: list[dict], max_tokens: int) -> tuple[int, float]:
+    start = time.perf_counter()
+    ttft, tokens = None, None
+    stream = await client.chat.completions.create(
+        model=model,
+        messages=chat,
+        max_tokens=max_tokens,
+        temperature=1.0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    async for chunk in stream:
+        if ttft is None and chunk.choices and chunk.choices[0].delta.content:
+            ttft = time.perf_counter() - start
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    assert ttft is not None and tokens is not None, "a stream without content or usage"
+    return tokens, ttft
+
+
+async def phase(base_url: str, model: str, n: int, args: argparse.Namespace) -> dict:
+    """N concurrent streaming clients, `--requests` each, after one warm-up request."""
+    chats = conversations(n)
+    async with AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=REQUEST_TIMEOUT_S) as c:
+        await _stream(c, model, chats[0], args.max_tokens)
+
+        async def loop(chat):
+            return [await _stream(c, model, chat, args.max_tokens) for _ in range(args.requests)]
+
+        start = time.perf_counter()
+        results = [r for rs in await asyncio.gather(*(loop(chat) for chat in chats)) for r in rs]
+        wall = time.perf_counter() - start
+    tokens = sum(t for t, _ in results)
+    ttfts = [s for _, s in results]
+    return {"clients": n, "tokens": tokens, "tok_s": tokens / wall, "ttft_median_s": statistics.median(ttfts)}
+
+
+def chunk_gaps(client: OpenAI, max_tokens: int, during=None) -> tuple[float, set[str]]:
+    """The longest gap between two content chunks of one long stream; `during()` runs in a thread
+    once the stream has started. Returns (gap in s, the versions that answered)."""
+    stream = client.chat.completions.create(
+        model="clawrl",
+        messages=[{"role": "user", "content": "Tell me a long story about a lighthouse."}],
+        max_tokens=max_tokens,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    times, versions, worker = [], set(), None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            times.append(time.perf_counter())
+            versions.add(chunk.system_fingerprint)
+            if during is not None and worker is None and len(times) == 5:
+                worker = threading.Thread(target=during)
+                worker.start()
+    if worker is not None:
+        worker.join()
+    return max(b - a for a, b in zip(times, times[1:], strict=False)), versions
+
+
+def swap(server: RemoteServer, model_dir: Path) -> dict:
+    """Publish v1 (a rank-16 LoRA) while a stream runs; time publish -> first token of v1.
+
+    The checkpoint is written before the stream starts (the trainer writes it in its own
+    process); only the store row that publishes it is written during the stream."""
+    from clawrl.store.db import Store
+    from clawrl.train.checkpoints import save_version
+    from clawrl.train.weights import LoraSettings
+    from clawrl.types import Version
+    from tests.service.test_hot_swap import Publisher  # loads torch and the model: only here
+
+    publisher = Publisher(server.run_dir, model_dir, LoraSettings(16, 32))
+    path = save_version(
+        server.run_dir, "v1", publisher.model, publisher.optimizer, {"step": 1, "samples": []}
+    )
+    del publisher
+    client = server.client()
+    figures: dict = {}
+    baseline, _ = chunk_gaps(client, 160)
+
+    def publish_and_wait() -> None:
+        start = time.perf_counter()
+        with Store.open(server.run_dir / "clawrl.db") as store:
+            store.publish_version(Version("v1", 1, str(path), {"samples": 0}, "v0"), trained=[])
+        while True:
+            stream = client.chat.completions.create(
+                model="clawrl", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, stream=True
+            )
+            for chunk in stream:
+                content = chunk.choices and chunk.choices[0].delta.content is not None
+                if content and chunk.system_fingerprint == "clawrl-v1":
+                    figures["publish_to_first_token_s"] = time.perf_counter() - start
+                    return
+            time.sleep(0.02)
+
+    across, versions = chunk_gaps(client, 160, publish_and_wait)
+    assert versions == {"clawrl-v0"}, f"the stream in flight must finish on v0, saw {versions}"
+    figures |= {"max_gap_without_swap_s": baseline, "max_gap_across_swap_s": across}
+    return figures
+
+
+def run_vllm(folder: Path, args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory(prefix="clawrl-bench-vllm-") as tmp:
+        run_dir = Path(tmp) / "run"
+        start = ["--engine.kind", "vllm", "--engine.vllm.start", "true", "--judge.enabled", "false"]
+        more = ["--train.enabled", "false", "--train.swap-poll-s", "0.2", "--server.log-level", "warning"]
+        t0 = time.perf_counter()
+        server = RemoteServer(run_dir, ["--model", str(folder), *start, *more], timeout=600)
+        try:
+            out: dict = {"vllm_start_s": time.perf_counter() - t0, "direct": [], "gateway": []}
+            vllm_url = httpx.get(server.url + "/healthz").json()["engine"]["extra"]["vllm"]["url"]
+            for n in args.clients:
+                out["direct"].append(asyncio.run(phase(vllm_url + "/v1", BASE_NAME, n, args)))
+                out["gateway"].append(asyncio.run(phase(server.url + "/v1", "clawrl", n, args)))
+                d, g = out["direct"][-1]["tok_s"], out["gateway"][-1]["tok_s"]
+                print(f"  {n:>2} clients: vLLM direct {d:7.1f} tok/s, via the gateway {g:7.1f}", flush=True)
+            out["swap"] = swap(server, folder)
+        finally:
+            server.stop()
+    return out
+
+
+def main(args: argparse.Namespace, folder: Path) -> int:
+    print(f"vLLM (started by clawrl serve --engine.kind vllm) on {folder} ...", flush=True)
+    vllm = run_vllm(folder, args)
+    print("clawrl serve on the local engine ...", flush=True)
+    local = run_server(folder, args)
+    print(f"\nvLLM bench: {folder.name}, max_tokens={args.max_tokens}, {args.requests} requests/client")
+    print(f"vLLM start to healthy: {vllm['vllm_start_s']:.0f} s")
+    print(f"{'clients':>8}{'direct tok/s':>14}{'gateway tok/s':>15}{'local tok/s':>13}"
+          f"{'gateway/direct':>16}{'gateway/local':>15}{'TTFT gw/direct/local':>26}")  # fmt: skip
+    rows = []
+    for d, g, lo in zip(vllm["direct"], vllm["gateway"], local, strict=True):
+        row = {"clients": d["clients"], "gateway_over_direct": g["tok_s"] / d["tok_s"],
+               "gateway_over_local": g["tok_s"] / lo["tok_s"]}  # fmt: skip
+        rows.append(row)
+        ttft = f"{g['ttft_median_s']:.3f}/{d['ttft_median_s']:.3f}/{lo['ttft_median_s']:.3f} s"
+        over = f"{row['gateway_over_direct']:>15.2f}x{row['gateway_over_local']:>14.2f}x"
+        print(f"{d['clients']:>8}{d['tok_s']:>14.1f}{g['tok_s']:>15.1f}{lo['tok_s']:>13.1f}{over}{ttft:>26}")
+    s = vllm["swap"]
+    print(
+        f"swap: publish -> first token of v1 {s['publish_to_first_token_s']:.2f} s; longest chunk "
+        f"gap {s['max_gap_across_swap_s']:.3f} s across it vs {s['max_gap_without_swap_s']:.3f} s without"
+    )
+    if args.json:
+        args.json.write_text(json.dumps({"vllm": vllm, "local": local, "ratios": rows}, indent=2) + "\n")
+    return 0

@@ -1,0 +1,299 @@
+"""The vLLM engine: the same gateway in front of a vLLM server (`engine.kind = "vllm"`).
+
+The gateway renders the chat template itself, as with the local engine, and
+sends the prompt *token IDs* to vLLM's completions API (`"prompt": [ids]`,
+`"return_token_ids": true`); vLLM streams back the IDs it sampled with their
+logprobs. So the IDs recorded are exactly those vLLM saw and produced, and
+nothing is re-tokenised.
+
+Logprobs: the server runs with `--logprobs-mode processed_logprobs`, which is
+log_softmax(logits / T) for a request whose top_p is 1 (the default): what the
+local engine records and the trainer recomputes (vLLM computes in bfloat16 on
+CPU: measured within about 0.1 nats of a float32 forward). With top_p < 1 vLLM
+renormalises over the nucleus, so its value is log p - log(nucleus mass), higher
+than clawrl's full-vocabulary one (0 where the nucleus is one token). Greedy
+requests get T = 1, as with the local engine. vLLM refuses top_p = 0, which the
+local engine treats as "the most likely token": it is sent as a greedy request.
+`score` uses vLLM's prompt logprobs, computed from the raw logits (T = 1): a
+score at another temperature is refused rather than silently wrong.
+
+Background requests (local judge calls) are ordinary requests to vLLM: it has
+no "only while idle" admission like the local engine's (its priority scheduling
+could give them a lower priority; not wired).
+
+Versions (`serve_version`): a LoRA version is loaded into the running server
+with `POST /v1/load_lora_adapter` under a new name per version (`clawrl-vN-<hash of its folder>`),
+new requests name it, requests in flight finish on the adapter they started
+with, and the previous adapter is unloaded once none is using it. v0 (or a
+rollback to it) is the base model. A version vLLM refuses, or whose rank is
+above `engine.vllm.max_lora_rank`, raises `VersionRefused`. Full fine-tuning
+versions are refused too: vLLM's supported way to serve other full weights is
+a restart on the new folder (see the README), which clawrl does not do
+mid-run. After the supervisor restarts a dead server, the adapter being served
+is loaded again before the server counts as up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from clawrl.engine.base import EngineFailed, EngineStats, SamplingParams, TokenEvent, VersionRefused
+from clawrl.engine.vllm_server import VLLMServer
+from clawrl.train.weights import ADAPTER_CONFIG
+from clawrl.types import Version
+
+log = logging.getLogger(__name__)
+TOKEN_PREFIX = "token_id:"  # how vLLM names tokens with return_tokens_as_token_ids
+
+
+class VLLMEngine:
+    def __init__(
+        self,
+        server: VLLMServer,
+        *,
+        model_name: str,
+        max_context: int,
+        stop_token_ids: frozenset[int],
+        max_lora_rank: int,
+    ) -> None:
+        self.server = server
+        self.model_name = model_name
+        self.max_context = max_context
+        self.stop_token_ids = stop_token_ids
+        self.version = "v0"
+        self._max_rank = max_lora_rank
+        self._base = ""  # vLLM's name of the base model, read at start
+        self._serving: tuple[str, Version | None] = ("", None)  # vLLM model name, version (None: v0)
+        self._inflight: Counter[str] = Counter()  # requests in flight per vLLM model name
+        self._retired: set[str] = set()  # adapters to unload once no request uses them
+        self._http: httpx.AsyncClient | None = None
+        self._stats = EngineStats()
+        server.on_ready = self._reload
+
+    async def start(self) -> None:
+        # No read timeout: a stream waits as long as vLLM computes; a dead server closes the socket.
+        self._http = httpx.AsyncClient(base_url=self.server.url, timeout=httpx.Timeout(None, connect=10))
+        models = (await self._call("GET", "/v1/models"))["data"]
+        base = next((m for m in models if m.get("parent") is None), models[0])
+        self._base = base["id"]
+        self._serving = (self._base, None)
+        self.max_context = int(base.get("max_model_len") or self.max_context)
+        await self.server.start()
+
+    async def stop(self) -> None:
+        await self.server.stop()
+        if self._http is not None:
+            await self._http.aclose()
+
+    def close(self) -> None:
+        """Stop a vLLM server clawrl started (also when the app never ran)."""
+        self.server.close()
+
+    def stats(self) -> EngineStats:
+        self._stats.active = sum(self._inflight.values())
+        self._stats.status = self.server.health.status
+        self._stats.extra = {"vllm": self.server.report(), "model": self._serving[0]}
+        return self._stats
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
+        if not self.server.up:
+            raise EngineFailed(f"the vLLM server at {self.server.url} is {self.server.health.status}")
+        name, version = self._serving
+        self._inflight[name] += 1
+        done = failed = False
+        try:
+            async for event in self._stream(name, version.name if version else "v0", prompt_ids, params):
+                done = event.finish_reason is not None
+                yield event
+        except EngineFailed:
+            failed = True
+            raise
+        finally:
+            self._stats.requests_finished += done
+            self._stats.requests_cancelled += not (done or failed)  # closed early: its client left
+            self._inflight[name] -= 1
+            await self._unload_idle()
+
+    async def _stream(
+        self, name: str, version: str, prompt_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[TokenEvent]:
+        assert self._http is not None
+        body = self._body(name, prompt_ids, params)
+        try:
+            async with self._http.stream("POST", "/v1/completions", json=body) as response:
+                if response.status_code != 200:
+                    text = (await response.aread()).decode(errors="replace")
+                    raise EngineFailed(f"vLLM answered {response.status_code}: {text[:300]}")
+                first = True
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    for event in self._events(json.loads(line[6:]), version, first):
+                        first = False
+                        self._stats.tokens_generated += 1
+                        yield event
+        except httpx.HTTPError as exc:  # the server died or hung up mid-stream
+            raise EngineFailed(f"the vLLM server failed: {type(exc).__name__}: {exc}") from exc
+
+    def _body(self, name: str, prompt_ids: list[int], params: SamplingParams) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": name,
+            "prompt": prompt_ids,
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature if params.top_p > 0 else 0.0,
+            "top_p": params.top_p if params.top_p > 0 else 1.0,
+            "logprobs": params.top_logprobs,  # 0: the sampled token's logprob alone
+            # As on the local engine, ignore_eos ignores every stop token (vLLM would still stop on these).
+            "stop_token_ids": [] if params.ignore_eos else sorted(params.stop_token_ids),
+            "ignore_eos": params.ignore_eos,
+            "stream": True,
+            "stream_options": {"include_usage": False},
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        if params.seed is not None:
+            body["seed"] = params.seed
+        return body
+
+    def _events(self, chunk: dict[str, Any], version: str, first: bool) -> list[TokenEvent]:
+        """The tokens of one streamed chunk (vLLM may send several tokens per chunk)."""
+        if not chunk.get("choices"):
+            return []
+        choice = chunk["choices"][0]
+        ids: list[int] = choice.get("token_ids") or []
+        lp = choice.get("logprobs") or {}
+        logprobs, tops = lp.get("token_logprobs") or [], lp.get("top_logprobs") or []
+        if len(logprobs) != len(ids):
+            raise EngineFailed(f"vLLM sent {len(ids)} token ids but {len(logprobs)} logprobs")
+        cached = _cached_tokens(chunk) if first else 0
+        events = []
+        for i, token in enumerate(ids):
+            top = _top(tops[i] if i < len(tops) else None)
+            events.append(TokenEvent(token, float(logprobs[i]), version, top, None, cached if i == 0 else 0))
+        finish = choice.get("finish_reason")
+        if finish is not None:
+            if not events:
+                raise EngineFailed(f"vLLM finished ({finish}) without a last token")
+            events[-1] = _finished(events[-1], "stop" if finish == "stop" else "length")
+        return events
+
+    async def score(
+        self, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0
+    ) -> list[float]:
+        if not prompt_ids or not response_ids:
+            raise ValueError("score needs a non-empty prompt and response")
+        if temperature not in (0.0, 1.0):
+            raise ValueError("vLLM scores prompts at temperature 1 only (its prompt logprobs are raw)")
+        body = {
+            "model": self._serving[0],
+            "prompt": prompt_ids + response_ids,
+            "max_tokens": 1,
+            "temperature": 0,
+            "prompt_logprobs": 0,
+        }
+        result = await self._call("POST", "/v1/completions", body)
+        rows = result["choices"][0]["prompt_logprobs"][len(prompt_ids) :]
+        return [float(row[str(token)]["logprob"]) for row, token in zip(rows, response_ids, strict=True)]
+
+    async def serve_version(self, version: Version) -> None:
+        name = self._base if version.path is None else await self._load(version)
+        old = self._serving[0]
+        self._serving = (name, version if version.path else None)
+        self.version = version.name
+        if old not in (self._base, name):
+            self._retired.add(old)
+            await self._unload_idle()
+        log.info("now serving %s (vLLM model %s)", version.name, name)
+
+    async def _load(self, version: Version) -> str:
+        folder = Path(version.path or "")
+        config = _adapter_config(folder, version.name)
+        rank = max([int(config.get("r", 0)), *(int(r) for r in (config.get("rank_pattern") or {}).values())])
+        if rank > self._max_rank:
+            raise VersionRefused(
+                f"cannot serve {version.name} from {folder}: its LoRA rank {rank} is above vLLM's "
+                f"--max-lora-rank {self._max_rank} (engine.vllm.max_lora_rank)"
+            )
+        # A new name per version and folder: gateways sharing one vLLM server never collide.
+        name = f"clawrl-{version.name}-{hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:8]}"
+        body = {"lora_name": name, "lora_path": str(folder.resolve())}
+        try:
+            await self._call("POST", "/v1/load_lora_adapter", body)
+        except VLLMRefused as exc:
+            why = f"cannot serve {version.name} from {folder}: vLLM refused it: {exc}"
+            raise VersionRefused(why) from exc
+        return name
+
+    async def _unload_idle(self) -> None:
+        for name in [n for n in self._retired if self._inflight[n] == 0]:
+            self._retired.discard(name)
+            try:
+                await self._call("POST", "/v1/unload_lora_adapter", {"lora_name": name})
+            except (VLLMRefused, EngineFailed) as exc:  # already gone (e.g. after a restart)
+                log.warning("could not unload %s from vLLM: %s", name, exc)
+
+    async def _reload(self) -> None:
+        """After a restart the server has no adapter: load the one being served again."""
+        self._retired.clear()
+        name, version = self._serving
+        if version is not None:
+            try:
+                await self._load(version)
+            except VersionRefused:
+                self._serving, self.version = (self._base, None), "v0"
+                raise
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        assert self._http is not None
+        try:
+            response = await self._http.request(method, path, json=body, timeout=300)
+        except httpx.HTTPError as exc:
+            raise EngineFailed(f"the vLLM server at {self.server.url} failed: {exc}") from exc
+        if response.status_code >= 500:
+            raise EngineFailed(f"vLLM answered {response.status_code}: {response.text[:300]}")
+        if response.status_code != 200:
+            raise VLLMRefused(f"{response.status_code} {response.text[:300]}")
+        return response.json() if "json" in response.headers.get("content-type", "") else response.text
+
+
+class VLLMRefused(EngineFailed):
+    """vLLM answered a 4xx: it understood the request and will not do it."""
+
+
+def _adapter_config(folder: Path, version: str) -> dict[str, Any]:
+    try:
+        return json.loads((folder / ADAPTER_CONFIG).read_text())
+    except FileNotFoundError as exc:
+        raise VersionRefused(
+            f"cannot serve {version} from {folder}: it holds no LoRA adapter; the vLLM engine serves "
+            "LoRA versions only (full weights need a vLLM restart on the new folder, see the README)"
+        ) from exc
+    except (OSError, ValueError) as exc:
+        raise VersionRefused(f"cannot serve {version} from {folder}: {exc}") from exc
+
+
+def _top(entry: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    if not entry:
+        return ()
+    pairs = [(int(k.removeprefix(TOKEN_PREFIX)), float(v)) for k, v in entry.items()]
+    return tuple(sorted(pairs, key=lambda p: -p[1]))
+
+
+def _cached_tokens(chunk: dict[str, Any]) -> int:
+    details = (chunk.get("usage") or {}).get("prompt_tokens_details") or {}
+    return int(details.get("cached_tokens") or 0)
+
+
+def _finished(event: TokenEvent, reason: str) -> TokenEvent:
+    return TokenEvent(
+        event.token_id, event.logprob, event.version, event.top_logprobs, reason, event.cached_tokens
+    )

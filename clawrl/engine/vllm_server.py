@@ -1,0 +1,243 @@
+"""The vLLM server behind the vLLM engine: started and supervised by clawrl, or attached to.
+
+Started (`engine.vllm.start = true`): `python -m vllm.entrypoints.openai.api_server`
+from vLLM's own venv (scripts/setup-vllm makes one; `engine.vllm.python` names
+another), bound to 127.0.0.1, its output appended to `<run_dir>/logs/vllm.log`.
+It runs in a process group of its own and gets SIGTERM if clawrl dies (so a
+killed clawrl leaves no 3 GB server behind). `connect` starts it and waits for
+`/health` before clawrl serves anything; a server that exits or never answers
+is a `VLLMUnavailable` with the end of its log. While clawrl runs, `watch`
+checks `/health` (and the process) every `health_poll_s`; when the server is
+gone it is started again after `restart_backoff_s`, doubling up to
+`restart_backoff_max_s`, and `on_ready` (the engine reloading its adapter) runs
+before it counts as up again.
+
+Attached (`engine.vllm.url`): the same checks, but nothing is started; a
+server that stops answering is reported down until it answers again.
+
+    VLLMUnavailable (an EngineError): the server cannot be reached or started
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from clawrl.config import VLLMConfig
+from clawrl.engine.base import EngineError
+
+log = logging.getLogger(__name__)
+
+VENV = "vllm-cpu-0.32.0"  # the folder scripts/setup-vllm creates in the cache folder
+BASE_NAME = "clawrl-base"  # the name the started server serves the base model under
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class VLLMUnavailable(EngineError):
+    """The vLLM server cannot be reached or started."""
+
+
+@dataclass
+class ServerHealth:
+    status: str = "starting"  # starting | ok | down
+    url: str = ""
+    pid: int | None = None  # of the server clawrl started (None: attached)
+    restarts: int = 0
+    last_exit: int | None = None
+    last_error: str | None = None
+
+
+def vllm_command(
+    python: str, model: Path, port: int, v: VLLMConfig, max_context: int, lora: bool
+) -> list[str]:
+    """The api_server command line clawrl starts (the README lists the same flags for attaching)."""
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+    cmd += ["--served-model-name", BASE_NAME, "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--max-model-len", str(max_context), "--max-logprobs", "20"]
+    # The logprob clawrl records is log_softmax(logits / T), the distribution sampled from.
+    cmd += ["--logprobs-mode", "processed_logprobs", "--enable-prompt-tokens-details"]
+    if lora:
+        cmd += ["--enable-lora", "--max-lora-rank", str(v.max_lora_rank), "--max-loras", str(v.max_loras)]
+    return cmd + list(v.args)
+
+
+def vllm_env(v: VLLMConfig) -> dict[str, str]:
+    """Environment of the started server: offline, runtime LoRA loading on, a bounded CPU KV cache."""
+    return {
+        **os.environ,
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+        "VLLM_CPU_KVCACHE_SPACE": f"{v.kv_cache_gib:g}",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_DO_NOT_TRACK": "1",
+    }
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the whole group is gone already
+        os.killpg(pgid, sig)
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec: one syscall, no locks
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class VLLMServer:
+    def __init__(
+        self, v: VLLMConfig, url: str, command: list[str] | None = None, log_path: Path | None = None
+    ) -> None:
+        self.config = v
+        self.url = url.rstrip("/")
+        self._command = command  # None: attached, nothing to start
+        self._log_path = log_path
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.health = ServerHealth(url=self.url)
+        self.on_ready: Callable[[], Awaitable[None]] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def up(self) -> bool:
+        return self.health.status == "ok"
+
+    def connect(self) -> None:
+        """Start the server (if clawrl owns it) and wait until it answers; raise VLLMUnavailable."""
+        if self._command is not None:
+            self._spawn()
+        deadline = time.monotonic() + (self.config.startup_timeout_s if self._command else 5.0)
+        while not self._answers_sync():
+            self._check_alive()
+            if time.monotonic() > deadline:
+                self.close()
+                raise VLLMUnavailable(f"no vLLM server answers at {self.url}/health{self._log_tail()}")
+            time.sleep(0.5)
+        self.health.status = "ok"
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._watch(), name="clawrl-vllm-watch")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await asyncio.to_thread(self.close)
+
+    def close(self) -> int | None:
+        """Stop the started server and its engine processes (its whole process group); return how
+        its main process ended (None: nothing was started)."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                _signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+        _signal_group(proc.pid, signal.SIGKILL)  # what is left of the group: vLLM's engine processes
+        return proc.returncode
+
+    def _spawn(self) -> None:
+        assert self._command is not None and self._log_path is not None
+        with open(self._log_path, "ab") as out:  # the child keeps its own handle
+            self._proc = subprocess.Popen(
+                self._command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=vllm_env(self.config),
+                start_new_session=True,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 (one syscall, see _die_with_parent)
+            )
+        self.health.pid = self._proc.pid
+        log.info("started vLLM (pid %d) at %s; its log: %s", self._proc.pid, self.url, self._log_path)
+
+    def _check_alive(self) -> None:
+        if self._proc is not None and self._proc.poll() is not None:
+            code = self._proc.returncode
+            self._proc = None
+            raise VLLMUnavailable(f"the vLLM server exited with {code} before answering{self._log_tail()}")
+
+    def _answers_sync(self) -> bool:
+        try:
+            return httpx.get(self.url + "/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def _answers(self, http: httpx.AsyncClient) -> bool:
+        try:
+            return (await http.get(self.url + "/health", timeout=5)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def _watch(self) -> None:
+        async with httpx.AsyncClient() as http:
+            while True:
+                await asyncio.sleep(self.config.health_poll_s)
+                exited = self._proc is not None and self._proc.poll() is not None
+                if not exited and await self._answers(http):
+                    if self.health.status != "ok":
+                        await self._ready()
+                    continue
+                self._down(self._proc is not None and self._proc.poll() is not None)
+                if self._command is not None:
+                    await self._restart(http)
+
+    def _down(self, exited: bool) -> None:
+        if exited:
+            assert self._proc is not None
+            self.health.last_exit = self._proc.returncode
+        if self.health.status != "down":
+            why = f"exited with {self.health.last_exit}" if exited else "stopped answering"
+            self.health.last_error = f"the vLLM server {why}"
+            log.error("%s at %s", self.health.last_error, self.url)
+        self.health.status = "down"
+
+    async def _restart(self, http: httpx.AsyncClient) -> None:
+        """Start the server again after a backoff, until it answers (the delay doubles each try)."""
+        delay = self.config.restart_backoff_s
+        while True:
+            code = await asyncio.to_thread(self.close)
+            if code is not None:  # how the server that went away ended (it may have died after the check)
+                self.health.last_exit = code
+            log.info("restarting vLLM in %.0f s", delay)
+            await asyncio.sleep(delay)
+            self.health.restarts += 1
+            self._spawn()
+            deadline = time.monotonic() + self.config.startup_timeout_s
+            while self._proc is not None and self._proc.poll() is None and time.monotonic() < deadline:
+                if await self._answers(http):
+                    await self._ready()
+                    return
+                await asyncio.sleep(0.5)
+            delay = min(delay * 2, self.config.restart_backoff_max_s)
+
+    async def _ready(self) -> None:
+        if self.on_ready is not None:
+            try:
+                await self.on_ready()
+            except EngineError as exc:  # e.g. the served adapter could not be reloaded: serve the base
+                log.error("after the vLLM restart: %s", exc)
+        self.health.status = "ok"
+        log.info("vLLM at %s is up (restarts: %d)", self.url, self.health.restarts)
+
+    def _log_tail(self, lines: int = 15) -> str:
+        if self._log_path is None or not self._log_path.is_file():
+            return ""
+        tail = self._log_path.read_text(errors="replace").splitlines()[-lines:]
+        return f"; the end of {self._log_path}:\n" + "\n".join(tail)
+
+    def report(self) -> dict[str, object]:
+        return asdict(self.health)

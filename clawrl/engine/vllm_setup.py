@@ -1,0 +1,65 @@
+"""Building the vLLM engine from the config: find vLLM's python, start or reach the server.
+
+`build_vllm_engine` returns only once a vLLM server answers: one clawrl started
+(`engine.vllm.start`) or the one at `engine.vllm.url`. It raises
+`VLLMUnavailable` otherwise, and `clawrl serve` exits with status 2 and the
+reason (the end of vLLM's log when it was started here).
+
+The gateway loads the model folder's tokenizer only (the weights live in vLLM).
+The window is the model's own (the embedded model: 8,192 tokens): the YaRN RoPE
+scaling the local engine applies past it is not passed to vLLM; a longer window
+can be given through vLLM's own flags in `engine.vllm.args` (`--hf-overrides`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from clawrl.config import Config
+from clawrl.engine.models import load_tokenizer, model_folder, served_context
+from clawrl.engine.vllm import VLLMEngine
+from clawrl.engine.vllm_server import VENV, VLLMServer, VLLMUnavailable, vllm_command
+from clawrl.eval.server import free_port
+
+log = logging.getLogger(__name__)
+
+
+def vllm_python(config: Config) -> str:
+    """engine.vllm.python, else the venv scripts/setup-vllm creates in the cache folder."""
+    configured = config.engine.vllm.python
+    python = Path(configured).expanduser() if configured else config.cache_dir() / VENV / "bin" / "python"
+    if not python.is_file():
+        raise VLLMUnavailable(
+            f"no vLLM python at {python}: run scripts/setup-vllm (CPU), or `pip install vllm` in a venv "
+            "(GPU) and set engine.vllm.python to its python"
+        )
+    return str(python)
+
+
+def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
+    v = config.engine.vllm
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per token stream and health poll
+    folder = model_folder(config.model.path, config.cache_dir())
+    loaded = load_tokenizer(folder, served_context(config.model.path, config.model.max_context))
+    if v.start:
+        port = v.port or free_port()
+        lora = config.train.weights == "lora"
+        command = vllm_command(vllm_python(config), folder, port, v, loaded.max_context, lora)
+        log_path = config.run_dir / "logs" / "vllm.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        server = VLLMServer(v, f"http://127.0.0.1:{port}", command, log_path)
+        log.info("starting vLLM on %s (up to %.0f s): %s", folder, v.startup_timeout_s, " ".join(command))
+    else:
+        assert v.url is not None  # checked by the config
+        server = VLLMServer(v, v.url)
+    server.connect()
+    engine = VLLMEngine(
+        server,
+        model_name=config.server.served_model_name,
+        max_context=loaded.max_context,
+        stop_token_ids=loaded.stop_token_ids,
+        max_lora_rank=v.max_lora_rank,
+    )
+    return engine, loaded.tokenizer

@@ -1,0 +1,206 @@
+"""The gateway on vLLM (`--engine.kind vllm`): exact token IDs, hot-loaded LoRA versions, faults.
+
+Every gateway here talks to the session's one vLLM server (`vllm_gateway`, which started
+it with `--engine.vllm.start true` and supervises it). The fault test kills that server, so
+it runs last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+import openai
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from clawrl.config import VLLMConfig
+from clawrl.engine.vllm import VLLMEngine
+from clawrl.engine.vllm_server import VLLMServer
+from clawrl.eval.server import free_port
+from clawrl.store.db import Store
+from clawrl.train.weights import LoraSettings
+from tests.conftest import ROOT, attach_gateway
+from tests.service.test_hot_swap import Publisher
+from tests.timing import limit, wait_for
+
+
+def _turns(run_dir, expected: int | None = None):
+    """The turns recorded in `run_dir`; with `expected`, None until there are that many."""
+    with Store.open(run_dir / "clawrl.db", readonly=True) as store:
+        turns = list(store.turns())
+    return turns if expected is None or len(turns) == expected else None
+
+
+def _local_logprobs(model, prompt_ids, response_ids, temperature):
+    """log_softmax(logits / T) of `response_ids` under `model` (float32), as the trainer computes them."""
+    ids = torch.tensor([prompt_ids + response_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1]
+    logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+    return logp.gather(1, torch.tensor(response_ids)[:, None])[:, 0]
+
+
+def test_recorded_ids_are_those_vllm_saw_and_produced(tmp_path, vllm_gateway, embedded_model_dir):
+    run_dir = tmp_path / "run"
+    server = attach_gateway(run_dir, vllm_gateway, embedded_model_dir)
+    try:
+        client = server.client()
+        asked = {}
+        for temperature, seed in ((0.8, 7), (0.0, None), (1.0, 3)):
+            messages = [{"role": "user", "content": f"Tell me about rivers ({temperature})."}]
+            r = client.chat.completions.create(
+                model="clawrl",
+                messages=messages,
+                max_tokens=24,
+                temperature=temperature,
+                seed=seed,
+                extra_body={"ignore_eos": True},
+            )
+            asked[r.id] = (messages, temperature, r.choices[0].message.content)
+        turns = wait_for(lambda: _turns(run_dir, 3), 30, "three recorded turns")
+    finally:
+        server.stop()
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(embedded_model_dir, dtype=torch.float32).eval()
+    for turn in turns:
+        messages, temperature, content = asked[turn.id]
+        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert turn.prompt_ids == tokenizer.encode(rendered, add_special_tokens=False)
+        assert len(turn.response_ids) == len(turn.logprobs) == 24
+        assert tokenizer.decode(turn.response_ids) == content
+        assert turn.versions == ["v0"] and turn.temperature == temperature
+        # vLLM computes in bfloat16: its logprobs agree with a float32 forward to about 0.1 nats.
+        # Wrong IDs (a re-tokenisation, an off-by-one) would be off by nats.
+        local = _local_logprobs(model, turn.prompt_ids, turn.response_ids, temperature)
+        diff = (local - torch.tensor(turn.logprobs)).abs()
+        assert diff.mean() < 0.06 and diff.max() < 0.35, (temperature, diff.tolist())
+    # Engine.score on vLLM (its prompt logprobs, temperature 1) agrees with the same forward.
+    scored = asyncio.run(_vllm_score(vllm_gateway.vllm_url, turn.prompt_ids, turn.response_ids))
+    diff = (_local_logprobs(model, turn.prompt_ids, turn.response_ids, 1.0) - torch.tensor(scored)).abs()
+    assert diff.mean() < 0.06 and diff.max() < 0.35, diff.tolist()
+
+
+async def _vllm_score(url: str, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+    engine = VLLMEngine(
+        VLLMServer(VLLMConfig(), url),
+        model_name="m",
+        max_context=512,
+        stop_token_ids=frozenset(),
+        max_lora_rank=16,
+    )
+    await engine.start()
+    try:
+        return await engine.score(prompt_ids, response_ids)
+    finally:
+        await engine.stop()
+
+
+def _greedy(client, text="Name a colour."):
+    r = client.chat.completions.create(
+        model="clawrl",
+        messages=[{"role": "user", "content": text}],
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    return r.system_fingerprint, r.choices[0].message.content
+
+
+def _vllm_models(server) -> set[str]:
+    return {m["id"] for m in httpx.get(server.vllm_url + "/v1/models", timeout=limit(10)).json()["data"]}
+
+
+def test_lora_versions_load_into_vllm_at_run_time(tmp_path, vllm_gateway, embedded_model_dir):
+    run_dir = tmp_path / "run"
+    server = attach_gateway(run_dir, vllm_gateway, embedded_model_dir, "--train.swap-poll-s", "0.2")
+    try:
+        client = server.client()
+        version = lambda: server.health()["version"]  # noqa: E731
+        base = _greedy(client)
+        assert base[0] == "clawrl-v0"
+        publisher = Publisher(run_dir, embedded_model_dir, LoraSettings(4, 8))
+        publisher.publish(1)
+        wait_for(lambda: version() == "v1", 30, "v1 served")
+        v1 = _greedy(client)
+        assert v1[0] == "clawrl-v1" and v1[1] != base[1], "the adapter must change the answer"
+        assert any(m.startswith("clawrl-v1-") for m in _vllm_models(server))
+        # A request in flight when v2 arrives finishes on v1; new requests get v2; v1 is unloaded.
+        with client.chat.completions.create(
+            model="clawrl",
+            messages=[{"role": "user", "content": "Count slowly."}],
+            max_tokens=60,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        ) as stream:
+            chunks = iter(stream)
+            next(chunks), next(chunks)
+            publisher.publish(2)
+            wait_for(lambda: version() == "v2", 30, "v2 served")
+            assert _greedy(client)[0] == "clawrl-v2"
+            rest = list(chunks)
+        assert rest[-1].choices[0].finish_reason == "length"
+        models = _vllm_models(server)
+        assert any(m.startswith("clawrl-v2-") for m in models)
+        assert not any(m.startswith("clawrl-v1-") for m in models)
+        # A version vLLM cannot serve (rank 32 > --max-lora-rank 16) is logged and skipped.
+        Publisher(run_dir, embedded_model_dir, LoraSettings(32, 64)).publish(3)
+        wait_for(lambda: "rank 32 is above" in server.output(), 30, "v3 refused in the log")
+        assert version() == "v2" and _greedy(client)[0] == "clawrl-v2"
+    finally:
+        server.stop()
+    turns = _turns(run_dir)
+    assert sorted(tuple(t.versions) for t in turns) == [("v0",), ("v1",), ("v1",), ("v2",), ("v2",)]
+    in_flight = next(t for t in turns if t.messages[0]["content"] == "Count slowly.")
+    first_on_v2 = min(t.created_at for t in turns if t.versions == ["v2"])
+    assert in_flight.versions == ["v1"] and in_flight.finished_at > first_on_v2, "it was in flight"
+
+
+def _serve(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "clawrl", "serve", "--server.port", str(free_port()), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=limit(timeout))
+
+
+def test_vllm_that_cannot_be_reached_is_a_clear_exit(tmp_path, embedded_model_dir):
+    model = ["--model", str(embedded_model_dir), "--run-dir", str(tmp_path / "run"), "--engine.kind", "vllm"]
+    down = _serve(*model, "--engine.vllm.url", f"http://127.0.0.1:{free_port()}")
+    assert down.returncode == 2 and "no vLLM server answers at" in down.stderr, down.stderr[-2000:]
+    rank = _serve(*model, "--engine.vllm.url", "http://127.0.0.1:1", "--train.lora.rank", "32")
+    assert rank.returncode == 2 and "train.lora.rank is 32" in rank.stderr and "= 16" in rank.stderr
+
+
+@pytest.mark.slow
+def test_vllm_dying_mid_stream_is_a_503_and_it_is_restarted(vllm_gateway):
+    """Runs last: it kills the session's vLLM server (the supervisor starts it again)."""
+    server = vllm_gateway
+    client = server.client()
+    assert _greedy(client)[0] == "clawrl-v0"
+    recorded = len(_turns(server.run_dir))
+    pid = server.health()["engine"]["extra"]["vllm"]["pid"]
+    story = client.chat.completions.create(
+        model="clawrl",
+        messages=[{"role": "user", "content": "Tell a long story."}],
+        max_tokens=400,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    with pytest.raises(openai.APIError, match="failed"), story as stream:  # noqa: PT012
+        chunks = iter(stream)
+        next(chunks), next(chunks)
+        os.killpg(pid, signal.SIGKILL)
+        list(chunks)
+    down = lambda: (r := httpx.get(server.url + "/healthz", timeout=limit(10))).status_code == 503 and r  # noqa: E731
+    assert wait_for(down, 10, "/healthz answering 503").json()["status"] == "engine down"
+    with pytest.raises(openai.InternalServerError, match="down"):
+        _greedy(client)
+    wait_for(lambda: server.health()["status"] == "ok", 300, "vLLM restarted by the supervisor", every=0.5)
+    vllm = server.health()["engine"]["extra"]["vllm"]
+    assert vllm["restarts"] == 1 and vllm["pid"] != pid and vllm["last_exit"] == -signal.SIGKILL
+    assert _greedy(client)[0] == "clawrl-v0"
+    wait_for(lambda: _turns(server.run_dir, recorded + 1), 30, "the turns recorded before, and one more")
+    assert "restarting vLLM in" in server.output()

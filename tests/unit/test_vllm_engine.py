@@ -1,0 +1,73 @@
+"""The vLLM engine's pure parts: request bodies and streamed chunks to TokenEvents (no server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from clawrl.config import VLLMConfig, load_config
+from clawrl.engine.base import EngineFailed, SamplingParams
+from clawrl.engine.vllm import VLLMEngine
+from clawrl.engine.vllm_server import VLLMServer, VLLMUnavailable, vllm_command
+from clawrl.engine.vllm_setup import vllm_python
+
+
+def _engine() -> VLLMEngine:
+    server = VLLMServer(VLLMConfig(), "http://127.0.0.1:1")
+    return VLLMEngine(
+        server, model_name="m", max_context=512, stop_token_ids=frozenset({2}), max_lora_rank=16
+    )
+
+
+def test_the_body_sends_token_ids_and_asks_for_them_back():
+    params = SamplingParams(
+        max_tokens=5, temperature=0.7, seed=3, top_logprobs=2, stop_token_ids=frozenset({2})
+    )
+    body = _engine()._body("clawrl-base", [1, 2, 3], params)
+    assert body["prompt"] == [1, 2, 3] and body["return_token_ids"] and body["return_tokens_as_token_ids"]
+    assert body["stop_token_ids"] == [2] and body["seed"] == 3 and body["logprobs"] == 2
+    # ignore_eos ignores every stop token, as on the local engine; top_p 0 is greedy.
+    eos = _engine()._body(
+        "m", [1], SamplingParams(max_tokens=5, ignore_eos=True, stop_token_ids=frozenset({2}))
+    )
+    assert eos["stop_token_ids"] == [] and eos["ignore_eos"]
+    greedy = _engine()._body("m", [1], SamplingParams(max_tokens=5, temperature=0.9, top_p=0.0))
+    assert greedy["temperature"] == 0.0 and greedy["top_p"] == 1.0
+
+
+def test_a_chunk_with_several_tokens_becomes_several_events():
+    chunk = {
+        "choices": [
+            {
+                "token_ids": [7, 2],
+                "logprobs": {
+                    "token_logprobs": [-0.5, -0.1],
+                    "top_logprobs": [{"token_id:7": -0.5, "token_id:9": -1.5}, {"token_id:2": -0.1}],
+                },
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens_details": {"cached_tokens": 16}},
+    }
+    first, last = _engine()._events(chunk, "v1", first=True)
+    assert (first.token_id, first.logprob, first.version, first.cached_tokens) == (7, -0.5, "v1", 16)
+    assert first.top_logprobs == ((7, -0.5), (9, -1.5)) and first.finish_reason is None
+    assert (last.token_id, last.finish_reason, last.cached_tokens) == (2, "stop", 0)
+
+
+def test_a_chunk_whose_ids_and_logprobs_disagree_fails_the_request():
+    chunk = {"choices": [{"token_ids": [7, 8], "logprobs": {"token_logprobs": [-0.5]}}]}
+    with pytest.raises(EngineFailed, match="2 token ids but 1 logprobs"):
+        _engine()._events(chunk, "v0", first=False)
+
+
+def test_the_started_server_records_what_the_sampler_used():
+    cmd = vllm_command("py", "/m", 8001, VLLMConfig(max_lora_rank=8), 512, lora=True)  # type: ignore[arg-type]
+    assert cmd[cmd.index("--logprobs-mode") + 1] == "processed_logprobs"
+    assert cmd[cmd.index("--max-lora-rank") + 1] == "8" and cmd[cmd.index("--max-model-len") + 1] == "512"
+    assert "--enable-lora" not in vllm_command("py", "/m", 1, VLLMConfig(), 512, lora=False)  # type: ignore[arg-type]
+
+
+def test_a_missing_vllm_venv_says_how_to_make_one(tmp_path):
+    config = load_config(None, {"engine": {"kind": "vllm", "vllm": {"start": True, "python": str(tmp_path)}}})
+    with pytest.raises(VLLMUnavailable, match="no vLLM python at .*run scripts/setup-vllm"):
+        vllm_python(config)
