@@ -238,7 +238,9 @@ def test_each_step_is_logged_to_metrics_jsonl_and_tensorboard(run):
 
     config, store = run
     policy = build_policy(config.model.path, config.train, "cpu")
-    loop = TrainLoop(store, policy, config.run_dir, loggers=StepLoggers(["jsonl", "tensorboard"], config.run_dir))
+    loop = TrainLoop(
+        store, policy, config.run_dir, loggers=StepLoggers(["jsonl", "tensorboard"], config.run_dir)
+    )
     loop.resume()
     add(store, 8)
     assert loop.run_once() and loop.run_once()
