@@ -176,11 +176,14 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait(timeout=15)
 
 
-async def _stream(client: AsyncOpenAI, chat: list[dict], max_tokens: int) -> tuple[int, float]:
+async def stream_once(
+    client: AsyncOpenAI, chat: list[dict], max_tokens: int, model: str = SERVED_MODEL
+) -> tuple[int, float]:
+    """Stream one answer: (completion tokens from the usage chunk, seconds to the first content)."""
     start = time.perf_counter()
     ttft, tokens = None, None
     stream = await client.chat.completions.create(
-        model=SERVED_MODEL,
+        model=model,
         messages=chat,
         max_tokens=max_tokens,
         temperature=TEMPERATURE,
@@ -200,7 +203,7 @@ async def _stream(client: AsyncOpenAI, chat: list[dict], max_tokens: int) -> tup
 
 async def timed_request(client: AsyncOpenAI, chat: list[dict], max_tokens: int) -> tuple[int, float]:
     """(completion tokens from the usage chunk, seconds to the first content chunk)."""
-    return await asyncio.wait_for(_stream(client, chat, max_tokens), REQUEST_TIMEOUT_S)
+    return await asyncio.wait_for(stream_once(client, chat, max_tokens), REQUEST_TIMEOUT_S)
 
 
 async def client_loop(client: AsyncOpenAI, chat: list[dict], args: argparse.Namespace) -> list:

@@ -32,41 +32,20 @@ import httpx
 from openai import AsyncOpenAI, OpenAI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.serve import REQUEST_TIMEOUT_S, conversations, run_server  # noqa: E402
+from bench.serve import REQUEST_TIMEOUT_S, conversations, run_server, stream_once  # noqa: E402
 from tests.conftest import RemoteServer  # noqa: E402  (the tests' own launcher)
 
 BASE_NAME = "clawrl-base"  # the name clawrl's started vLLM serves the base model under
-
-
-async def _stream(client: AsyncOpenAI, model: str, chat: list[dict], max_tokens: int) -> tuple[int, float]:
-    start = time.perf_counter()
-    ttft, tokens = None, None
-    stream = await client.chat.completions.create(
-        model=model,
-        messages=chat,
-        max_tokens=max_tokens,
-        temperature=1.0,
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_body={"ignore_eos": True},
-    )
-    async for chunk in stream:
-        if ttft is None and chunk.choices and chunk.choices[0].delta.content:
-            ttft = time.perf_counter() - start
-        if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
-    assert ttft is not None and tokens is not None, "a stream without content or usage"
-    return tokens, ttft
 
 
 async def phase(base_url: str, model: str, n: int, args: argparse.Namespace) -> dict:
     """N concurrent streaming clients, `--requests` each, after one warm-up request."""
     chats = conversations(n)
     async with AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=REQUEST_TIMEOUT_S) as c:
-        await _stream(c, model, chats[0], args.max_tokens)
+        await stream_once(c, chats[0], args.max_tokens, model)
 
         async def loop(chat):
-            return [await _stream(c, model, chat, args.max_tokens) for _ in range(args.requests)]
+            return [await stream_once(c, chat, args.max_tokens, model) for _ in range(args.requests)]
 
         start = time.perf_counter()
         results = [r for rs in await asyncio.gather(*(loop(chat) for chat in chats)) for r in rs]

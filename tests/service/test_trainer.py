@@ -22,7 +22,7 @@ from clawrl.store.db import Store
 from tests.conftest import RemoteServer
 
 
-def start(run_dir, tiny_model_dir, batch_size: int) -> RemoteServer:
+def start(run_dir, tiny_model_dir, batch_size: int, *more: str) -> RemoteServer:
     return RemoteServer(
         run_dir,
         [
@@ -46,6 +46,7 @@ def start(run_dir, tiny_model_dir, batch_size: int) -> RemoteServer:
             # constant load it would then get ~5% of a 2-core machine and take minutes.
             "--train.nice",
             "0",
+            *more,
         ],
     )
 

@@ -15,35 +15,12 @@ import httpx
 
 from tests.conftest import RemoteServer
 from tests.service.test_trainer import _load, _number, trained_once
+from tests.service.test_trainer import start as start_trainer
 from tests.timing import limit, wait_for
 
 
 def start(run_dir, tiny_model_dir) -> RemoteServer:
-    return RemoteServer(
-        run_dir,
-        [
-            "--model",
-            str(tiny_model_dir),
-            "--train.enabled",
-            "true",
-            "--judge.backend",
-            "feedback",
-            "--method",
-            "rl",
-            "--train.batch-size",
-            "8",
-            "--train.poll-s",
-            "0.2",
-            "--train.swap-poll-s",
-            "0.2",
-            "--train.restart-backoff-s",
-            "0.5",
-            "--train.nice",
-            "0",
-            "--train.distributed.num-processes",
-            "2",
-        ],
-    )
+    return start_trainer(run_dir, tiny_model_dir, 8, "--train.distributed.num-processes", "2")
 
 
 def ranks(server) -> list[dict]:

@@ -125,7 +125,7 @@ function counts(store) {
 
 function render(st) {
   const now = st.now, store = st.store;
-  fill("model", `${st.model} · ${st.method}`);
+  fill("model", `model ${st.model} · method ${st.method}`);
   fill("served-version", st.served.version);
   fill("served-since", `since ${when(st.served.since)} (${ago(st.served.since, now)})`);
   fill("counts", counts(store));
