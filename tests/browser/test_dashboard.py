@@ -16,6 +16,7 @@ from playwright.sync_api import expect
 from tests.conftest import ROOT, RemoteServer
 from tests.service.scripted_judge import HINT, ScriptedJudge
 from tests.service.test_hot_swap import Publisher
+from tests.service.test_judge import two_turns
 from tests.timing import limit
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -76,13 +77,7 @@ def test_the_open_dashboard_follows_a_conversation_and_a_new_version(
     page.evaluate("window.__same_page = true")  # gone if anything reloads the page
 
     client = server.client(api_key=KEY)
-    messages = [{"role": "user", "content": f"Write a poem about the sea. {XSS}"}]
-    r1 = client.chat.completions.create(model="clawrl", messages=messages, max_tokens=6)
-    messages += [
-        {"role": "assistant", "content": r1.choices[0].message.content},
-        {"role": "user", "content": "No, that's wrong, redo it."},
-    ]
-    client.chat.completions.create(model="clawrl", messages=messages, max_tokens=6)
+    two_turns(client, f"Write a poem about the sea. {XSS}", "No, that's wrong, redo it.", 6)
     Publisher(server.run_dir, tiny_model_dir).publish(1)
 
     # Locator assertions poll without evaluating strings, which the page's CSP (rightly) refuses.

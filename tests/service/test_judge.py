@@ -45,15 +45,20 @@ def server(tmp_path_factory, tiny_model_dir, judge):
 
 
 def converse(server, first, reply):
-    client = server.client()
+    r1, r2 = two_turns(server.client(), first, reply)
+    return r1.id, r2
+
+
+def two_turns(client, first: str, reply: str, max_tokens: int = 5):
+    """Ask `first`, then send `reply` after the answer (the first answer's next state): (r1, r2)."""
     messages = [{"role": "user", "content": first}]
-    r1 = client.chat.completions.create(model="clawrl", messages=messages, max_tokens=5)
+    r1 = client.chat.completions.create(model="clawrl", messages=messages, max_tokens=max_tokens)
     messages += [
         {"role": "assistant", "content": r1.choices[0].message.content},
         {"role": "user", "content": reply},
     ]
-    r2 = client.chat.completions.create(model="clawrl", messages=messages, max_tokens=5)
-    return r1.id, r2
+    r2 = client.chat.completions.create(model="clawrl", messages=messages, max_tokens=max_tokens)
+    return r1, r2
 
 
 def judged(server, turn_id, timeout=30.0):

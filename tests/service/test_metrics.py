@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import RemoteServer
 from tests.service.scripted_judge import HINT, ScriptedJudge
 from tests.service.test_hot_swap import Publisher
+from tests.service.test_judge import two_turns
 from tests.timing import limit, wait_for
 
 KEY = "metrics-key-0123456789"
@@ -39,13 +40,7 @@ def conversation(server, tiny_model_dir):
     """Two main turns of one session (the second asks to redo the first), one streamed request of
     another session, then v1 published and served. Returns the usage the client was told."""
     client = server.client(api_key=KEY)
-    messages = [{"role": "user", "content": f"Write a poem about the sea. {XSS}"}]
-    r1 = client.chat.completions.create(model="clawrl", messages=messages, max_tokens=6)
-    messages += [
-        {"role": "assistant", "content": r1.choices[0].message.content},
-        {"role": "user", "content": "No, that's wrong, redo it."},
-    ]
-    r2 = client.chat.completions.create(model="clawrl", messages=messages, max_tokens=6)
+    r1, r2 = two_turns(client, f"Write a poem about the sea. {XSS}", "No, that's wrong, redo it.", 6)
     stream = client.chat.completions.create(
         model="clawrl",
         messages=[{"role": "user", "content": "Say hi."}],

@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from clawrl.store.db import Store
 from tests.conftest import RemoteServer
+from tests.timing import wait_for
 
 
 def start(run_dir, tiny_model_dir, batch_size: int, *more: str) -> RemoteServer:
@@ -49,6 +50,23 @@ def start(run_dir, tiny_model_dir, batch_size: int, *more: str) -> RemoteServer:
             *more,
         ],
     )
+
+
+def start_a_step(server, batch_size: int = 8) -> list:
+    """Ask `batch_size` answers, then rate them all at once (one full batch); return the answers
+    as soon as the server's log shows the trainer started a step on them."""
+    client = server.client()
+    answers = [
+        client.chat.completions.create(
+            model="clawrl", messages=[{"role": "user", "content": f"more {n}"}], max_tokens=48
+        )
+        for n in range(batch_size)
+    ]
+    started = server.output().count(": training v")
+    for r in answers:
+        httpx.post(server.url + "/v1/feedback", json={"response_id": r.id, "rating": 1}).raise_for_status()
+    wait_for(lambda: server.output().count(": training v") > started, 60, "a step started", every=0.01)
+    return answers
 
 
 async def _client(server, i: int, stop: asyncio.Event, seen: list, errors: list, max_tokens: int) -> None:
@@ -147,22 +165,7 @@ def test_a_trainer_killed_mid_step_is_restarted_and_resumes_without_reusing_a_sa
     try:
         _load(server, lambda h: _number(h) >= 1, timeout=180, max_tokens=48, clients=2)
         pid = server.health()["trainer"]["pid"]
-        client = server.client()
-        answers = [
-            client.chat.completions.create(
-                model="clawrl", messages=[{"role": "user", "content": f"more {n}"}], max_tokens=48
-            )
-            for n in range(8)
-        ]
-        started = server.output().count(": training v")
-        for r in answers:  # one full batch at once: the trainer starts a step, and is killed in it
-            httpx.post(
-                server.url + "/v1/feedback", json={"response_id": r.id, "rating": 1}
-            ).raise_for_status()
-        deadline = time.monotonic() + 60
-        while server.output().count(": training v") == started:
-            assert time.monotonic() < deadline, "the trainer did not start a step"
-            time.sleep(0.01)
+        start_a_step(server)  # the trainer is killed in it
         published = server.output().count("published v")
         os.kill(pid, signal.SIGKILL)
         time.sleep(0.5)

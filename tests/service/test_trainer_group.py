@@ -11,10 +11,8 @@ import os
 import signal
 import sqlite3
 
-import httpx
-
 from tests.conftest import RemoteServer
-from tests.service.test_trainer import _load, _number, trained_once
+from tests.service.test_trainer import _load, _number, start_a_step, trained_once
 from tests.service.test_trainer import start as start_trainer
 from tests.timing import limit, wait_for
 
@@ -40,19 +38,8 @@ def test_a_rank_killed_mid_step_fails_the_step_and_the_group_is_restarted(tmp_pa
         )
         assert [r["rank"] for r in group] == [0, 1] and group[0]["version"] == server.health()["version"]
         victim = group[1]["pid"]
-        client = server.client()
-        answers = [
-            client.chat.completions.create(
-                model="clawrl", messages=[{"role": "user", "content": f"more {n}"}], max_tokens=48
-            )
-            for n in range(8)
-        ]
-        started = server.output().count(": training v")
         published = server.output().count("published v")
-        for r in answers:  # one full batch at once: the group starts a step, and rank 1 is killed in it
-            rating = {"response_id": r.id, "rating": 1}
-            httpx.post(server.url + "/v1/feedback", json=rating).raise_for_status()
-        wait_for(lambda: server.output().count(": training v") > started, 60, "a step started")
+        answers = start_a_step(server)  # rank 1 is killed in it
         os.kill(victim, signal.SIGKILL)
 
         def statuses() -> list[str]:  # the killed step's samples
