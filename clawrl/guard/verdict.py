@@ -1,0 +1,34 @@
+"""The canary's verdict on one version: pure arithmetic on its figures.
+
+    drop = (base_score - score) / base_score      the relative fall of the canary score
+    held  when drop > guard.max_drop  or  kl > guard.max_kl
+
+A version that improves on the base has a negative drop. With no recent turn
+to measure it on, the KL is None and only the score decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PASSED, HELD, UNCHECKED = "passed", "held", "unchecked"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str  # passed | held
+    drop: float  # relative fall of the canary score below the base's (negative: better)
+    reason: str | None  # why it is held; None when it passed
+
+
+def decide(base: float, score: float, kl: float | None, max_drop: float, max_kl: float) -> Verdict:
+    """Held when the score falls more than `max_drop` (a fraction) below `base`, or `kl` exceeds `max_kl`."""
+    if base <= 0:
+        raise ValueError(f"the base canary score must be positive, got {base}")
+    drop = (base - score) / base
+    reasons = []
+    if drop > max_drop:
+        reasons.append(f"canary {score:.4f} is {drop:.1%} below the base's {base:.4f} (max {max_drop:.1%})")
+    if kl is not None and kl > max_kl:
+        reasons.append(f"KL(base || version) {kl:.4f} nats/token > {max_kl:g}")
+    return Verdict(HELD if reasons else PASSED, drop, "; ".join(reasons) or None)
