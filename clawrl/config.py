@@ -287,11 +287,21 @@ class TrainConfig(_Section):
         "'full': train every weight (a frozen reference copy is kept only if kl_coef > 0 or "
         "opd_teacher = 'reference'). Fixed for a run folder.",
     )
-    batch_size: int = Field(16, gt=0, description="Ready samples per training step.")
+    batch_size: int = Field(
+        8,
+        gt=0,
+        description="Ready samples per training step. 8 (was 16): a version as soon as a few rated "
+        "conversations are in, which is what a single user produces (README, 'Defaults that learn').",
+    )
     max_staleness: int = Field(
         2, ge=0, description="Samples more versions behind than this are marked stale."
     )
-    lr: float = Field(1e-4, gt=0, description="AdamW learning rate.")
+    lr: float = Field(
+        1e-3,
+        gt=0,
+        description="AdamW learning rate. 1e-3 (was 1e-4): a LoRA adapter on one user's few samples; the "
+        "canary gate (`guard`) holds a version that moved too far (README, 'Defaults that learn').",
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
     eps: float = Field(0.2, gt=0, description="PPO clip, low side: ratio >= 1 - eps.")
@@ -384,8 +394,16 @@ class GuardConfig(_Section):
         description="Hold a version whose canary score (the mean per-token probability of the general "
         "set's reference answers) falls more than this fraction below the base model's.",
     )
+    max_accuracy_drop: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="Hold a version whose share of right greedy answers on the general set falls more than "
+        "this fraction below the base model's. Looser than max_drop: 32 questions move in steps of 3%, and "
+        "a few flip either way as a small model learns anything.",
+    )
     max_kl: float = Field(
-        0.25,
+        0.5,
         gt=0,
         description="Hold a version whose forward KL(base || version), in nats per token on recent "
         "real prompts, exceeds this.",

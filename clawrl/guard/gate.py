@@ -2,9 +2,11 @@
 
 Right after a step, on the weights the trainer already holds:
 
-1. the canary score of the new weights on the general set's `canary` half,
-   against the base model's (computed once per trainer process: with LoRA the
-   base is the adapter switched off, so it costs no extra memory);
+1. the canary of the new weights on the general set's `canary` half: the
+   likelihood score of the reference answers and the accuracy of greedy
+   answers (`measure.py`), against the base model's (computed once per
+   trainer process: with LoRA the base is the adapter switched off, so it
+   costs no extra memory);
 2. the forward KL(base || new) on the newest `guard.kl_turns` real main turns
    of the store: the last `guard.kl_context` tokens of each prompt and the
    first `guard.kl_tokens` of its response. The cut keeps the check's cost
@@ -27,9 +29,11 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from clawrl.config import GuardConfig
-from clawrl.guard.general import Encoded, encode, load_items
-from clawrl.guard.measure import canary_score, forward_kl, reference_logprobs
+from clawrl.guard.general import Encoded, encode, is_right, load_items
+from clawrl.guard.measure import canary_score, forward_kl, greedy_answers, reference_logprobs
 from clawrl.guard.verdict import decide
 from clawrl.store.db import Store
 
@@ -40,34 +44,52 @@ class Canary:
     items: list[Encoded]
     cfg: GuardConfig
     budget: int  # padded tokens per forward pass (train.micro_batch_tokens)
-    _base: list[float] | None = field(default=None, repr=False)
+    tokenizer: Any = None
+    _base: tuple[float, float] | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, store: Store, tokenizer: Any, cfg: GuardConfig, budget: int) -> Canary:
-        return cls(store, encode(load_items("canary"), tokenizer), cfg, budget)
+        return cls(store, encode(load_items("canary"), tokenizer), cfg, budget, tokenizer)
 
-    def base_logprobs(self, policy: Any) -> list[float]:
-        """The base model's reference logprobs (measured on first use, then kept: the base never changes)."""
+    def measure(self, model: Any) -> tuple[float, float]:
+        """(likelihood score, accuracy) of `model` on the canary items."""
+        score = canary_score(reference_logprobs(model, self.items, self.budget))
+        tok = self.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        answers = greedy_answers(model, self.items, pad, tok.eos_token_id, self.budget)
+        texts = [tok.decode(a, skip_special_tokens=True) for a in answers]
+        right = [is_right(text, item.key) for text, item in zip(texts, self.items, strict=True)]
+        return score, sum(right) / len(right)
+
+    def base(self, policy: Any) -> tuple[float, float]:
+        """The base model's (score, accuracy), measured on first use, then kept: the base never changes."""
         if self._base is None:
             with policy.trainer.reference() as base:
-                self._base = reference_logprobs(base, self.items, self.budget)
+                self._base = self.measure(base)
         return self._base
 
     def check(self, policy: Any) -> tuple[str, dict[str, Any]]:
         """(status, figures) of the weights `policy` holds now."""
         start = time.perf_counter()
-        base = canary_score(self.base_logprobs(policy))
-        score = canary_score(reference_logprobs(policy.model, self.items, self.budget))
+        base, base_accuracy = self.base(policy)
+        with torch.no_grad():
+            score, accuracy = self.measure(policy.model)
         turns = self.store.recent_token_ids(self.cfg.kl_turns) if self.cfg.kl_turns else []
         turns = [(p[-self.cfg.kl_context :], r[: self.cfg.kl_tokens]) for p, r in turns]
         kl, tokens = None, 0
         if turns:
             kl, tokens = forward_kl(lambda: nullcontext(policy.model), policy.trainer.reference, turns)
-        verdict = decide(base, score, kl, self.cfg.max_drop, self.cfg.max_kl)
+        c = self.cfg
+        verdict = decide(
+            base, score, kl, c.max_drop, c.max_kl, (base_accuracy, accuracy), c.max_accuracy_drop
+        )
         return verdict.status, {
             "score": score,
             "base_score": base,
             "drop": verdict.drop,
+            "accuracy": accuracy,
+            "base_accuracy": base_accuracy,
+            "accuracy_drop": verdict.accuracy_drop,
             "kl": kl,
             "kl_turns": len(turns),
             "kl_tokens": tokens,

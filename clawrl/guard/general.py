@@ -2,7 +2,7 @@
 
 `general.jsonl` holds 48 everyday questions (facts, arithmetic, word forms),
 written for this project, each with a one-sentence reference answer and a
-`key` (the words, `|`-separated, a right answer contains). It has two halves:
+`key` (the words, `|`-separated, a right answer contains: `is_right`). It has two halves:
 
 - `canary` (32 items): what the canary scores on every version;
 - `replay` (16 items): what `train.replay_fraction` trains towards the base
@@ -18,6 +18,7 @@ version that stops ending its answers loses probability too.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,14 @@ class Encoded:
     id: str
     prompt_ids: list[int]
     reference_ids: list[int]
+    key: str = ""  # the item's key words, `|`-separated (see `is_right`)
+
+
+def is_right(answer: str, key: str) -> bool:
+    """Does `answer` contain one of `key`'s words, as a whole word (any case)? ("0" is not in "10".)"""
+    return any(
+        re.search(rf"(?<!\w){re.escape(k.strip())}(?!\w)", answer, re.IGNORECASE) for k in key.split("|")
+    )
 
 
 def load_items(split: str, path: Path = GENERAL_SET) -> list[Item]:
@@ -63,6 +72,7 @@ def encode(items: list[Item], tokenizer: Any) -> list[Encoded]:
             item.id,
             renderer.render([{"role": "user", "content": item.prompt}]).prompt_ids,
             list(tokenizer.encode(item.reference, add_special_tokens=False)) + end,
+            item.key,
         )
         for item in items
     ]

@@ -6,6 +6,11 @@
   `exp(mean logprob)`, the per-token geometric-mean probability of the
   references, a number in [0, 1] that falls smoothly as a model forgets,
   where exact-match on a few dozen items would move in steps of 3%.
+- `greedy_answers`: each item's greedy answer (up to `ANSWER_TOKENS` tokens);
+  the canary's *accuracy* is the share whose answer contains the item's key
+  (`general.is_right`). Unlike the likelihood, it does not rise when a
+  version merely learns to answer in fewer words: a model trained to be brief
+  gives the one-sentence references more probability without knowing more.
 - `forward_kl`: the mean per-token forward KL(pi_base || pi_new), summed over
   the full vocabulary, at the response positions of real turns:
 
@@ -35,6 +40,7 @@ from clawrl.guard.general import Encoded
 from clawrl.train.batch import Padded, left_pad, pack, score
 
 Scope = Callable[[], AbstractContextManager[nn.Module]]  # enters a model without gradient
+ANSWER_TOKENS = 24  # a general-set answer's key comes in its first sentence
 KL_BUDGET = 1024  # padded tokens per pass: [rows, R, vocab] logits twice, so smaller than training's
 
 
@@ -54,6 +60,35 @@ def reference_logprobs(model: nn.Module, items: Sequence[Encoded], budget: int) 
         logp, _ = score(model, batch, torch.ones(len(rows), device=device), with_entropy=False)
         for row, i in enumerate(group):
             out[i] = float(logp[row, : len(items[i].reference_ids)].mean())
+    return out
+
+
+@torch.no_grad()
+def greedy_answers(
+    model: nn.Module, items: Sequence[Encoded], pad_id: int, eos_id: int | None, budget: int
+) -> list[list[int]]:
+    """Each item's greedy answer tokens (at most ANSWER_TOKENS, up to the end of the turn), in item order."""
+    device = device_of(model)
+    out: list[list[int]] = [[] for _ in items]
+    for group in pack([len(i.prompt_ids) + ANSWER_TOKENS for i in items], budget):
+        width = max(len(items[i].prompt_ids) for i in group)
+        ids = torch.full((len(group), width), pad_id, dtype=torch.long, device=device)
+        mask = torch.zeros_like(ids)
+        for row, i in enumerate(group):
+            prompt = items[i].prompt_ids
+            ids[row, width - len(prompt) :] = torch.tensor(prompt, device=device)
+            mask[row, width - len(prompt) :] = 1
+        made = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=ANSWER_TOKENS,
+            do_sample=False,
+            pad_token_id=pad_id,
+            eos_token_id=eos_id,
+        )[:, width:]
+        for row, i in enumerate(group):
+            tokens = made[row].tolist()
+            out[i] = tokens[: tokens.index(eos_id)] if eos_id in tokens else tokens
     return out
 
 

@@ -43,4 +43,9 @@ def recheck(config: Config, store: Store, names: list[str] | None = None) -> Ite
     for version in versions:
         policy.load(Path(version.path) if version.path else None)
         status, figures = canary.check(policy)
-        yield {"version": version.name, "step": version.step, "recorded": version.status, "now": status} | figures
+        yield {
+            "version": version.name,
+            "step": version.step,
+            "recorded": version.status,
+            "now": status,
+        } | figures

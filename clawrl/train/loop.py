@@ -252,7 +252,9 @@ class TrainLoop:
             manifest = {"step": self.step + 1, "samples": ids, "metrics": metrics, "parent": self.version}
             manifest |= {"status": status, "canary": canary}
             path = save_version(self.run_dir, name, self.policy.model, self.policy.optimizer, manifest)
-            version = Version(name, self.step + 1, str(path), metrics, self.version, status=status, canary=canary)
+            version = Version(
+                name, self.step + 1, str(path), metrics, self.version, status=status, canary=canary
+            )
             self.store.publish_version(version, trained=ids)
         self.version, self.step, self._current = name, version.step, version
         self._seen = name

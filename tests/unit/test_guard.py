@@ -11,7 +11,7 @@ import torch
 from clawrl.config import Config, GuardConfig
 from clawrl.engine.chat import ChatRenderer
 from clawrl.guard.gate import Canary
-from clawrl.guard.general import encode, load_items
+from clawrl.guard.general import encode, is_right, load_items
 from clawrl.guard.measure import canary_score, forward_kl, reference_logprobs
 from clawrl.guard.replay import Replay
 from clawrl.guard.verdict import HELD, PASSED, decide
@@ -36,6 +36,20 @@ def test_a_drop_past_max_drop_or_a_kl_past_max_kl_holds_the_version_and_says_why
     assert drifted.status == HELD and drifted.reason == "KL(base || version) 0.3000 nats/token > 0.25"
     both = decide(0.5, 0.4, 0.3, 0.05, 0.25)
     assert both.reason.count(";") == 1
+
+
+def test_fewer_right_answers_than_max_accuracy_drop_allows_hold_the_version():
+    kept = decide(0.5, 0.5, 0.01, 0.05, 0.25, accuracy=(0.5, 0.45), max_accuracy_drop=0.2)
+    assert kept.status == PASSED and kept.accuracy_drop == pytest.approx(0.1)
+    lost = decide(0.5, 0.6, 0.01, 0.05, 0.25, accuracy=(0.5, 0.25), max_accuracy_drop=0.2)
+    assert lost.status == HELD and lost.reason == "right answers 25.0% are 50.0% below the base's 50.0%"
+    assert decide(0.5, 0.5, None, 0.05, 0.25, accuracy=(0.0, 0.0)).accuracy_drop is None
+
+
+def test_a_right_answer_contains_a_key_word_whole():
+    assert is_right("The capital of France is Paris.", "Paris")
+    assert is_right("there are 2,000 metres", "2,000|2000") and is_right("Seven days.", "seven|7")
+    assert not is_right("It is 10 degrees.", "0") and not is_right("Parisian food", "Paris")
 
 
 def test_a_base_score_of_zero_is_an_error_not_a_verdict():
@@ -149,6 +163,7 @@ def test_a_version_that_forgets_is_held_and_the_trainer_goes_on_from_the_last_se
     v1 = store.latest_version()
     assert v1.held and v1.canary["reason"] and v1.canary["kl"] > config.guard.max_kl
     assert set(v1.canary) >= {"score", "base_score", "drop", "kl", "kl_tokens", "seconds", "items"}
+    assert 0 <= v1.canary["accuracy"] <= 1 and 0 <= v1.canary["base_accuracy"] <= 1
     assert store.latest_servable_version().name == "v0"
     assert loop.run_once()  # the next step starts from v0 again, not from the held v1
     v2 = store.latest_version()
