@@ -13,9 +13,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import httpx
+
 from clawrl.store.db import Store
 from tests.service.test_trainer import start, start_a_step
-from tests.timing import wait_for
+from tests.timing import limit, wait_for
 
 
 def test_a_deliberately_broken_version_is_held_never_served_and_training_restarts_from_v0(
@@ -37,6 +39,14 @@ def test_a_deliberately_broken_version_is_held_never_served_and_training_restart
         assert guard["status"] == "on" and guard["last_held"]["version"] == "v1"
         assert guard["last_check"]["version"] == "v1" and guard["last_check"]["status"] == "held"
         assert "not serving v1: the canary gate held it" in server.output()
+
+        def dashboard_v1() -> dict | None:  # the dashboard's snapshot is cached for a second
+            state = httpx.get(server.url + "/dashboard/state.json", timeout=limit(30)).json()
+            return {v["name"]: v for v in (state["store"] or {}).get("versions", [])}.get("v1")
+
+        wait_for(lambda: dashboard_v1() is not None, 30, "v1 on the dashboard")
+        shown = dashboard_v1()
+        assert shown["status"] == "held" and "KL(base || version)" in shown["canary"]["reason"]
 
         # Never served: the engine stays on v0, and so does every answer after the hold.
         answer = server.client().chat.completions.create(
