@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from contextlib import nullcontext
 
@@ -218,3 +219,23 @@ def test_held_versions_are_listed_by_the_store_newest_first(db):
         assert [v.name for v in store.held_versions()] == ["v3", "v2"] and store.count_held() == 2
         assert store.latest_servable_version().name == "v4"
         assert store.versions()[2].canary == {"n": 2}
+
+
+def test_clawrl_canary_measures_every_version_again_without_changing_its_status(run, capsys):  # noqa: F811
+    from clawrl.cli import main
+
+    config, store = run
+    policy = build_policy(config.model.path, config.train, "cpu")
+    canary = lambda p: (HELD, {"score": 0.0, "drop": 1.0, "kl": None, "seconds": 0.0, "reason": "test"})  # noqa: E731
+    loop = TrainLoop(store, policy, config.run_dir, canary=canary)
+    loop.resume()
+    add(store, 4)
+    assert loop.run_once()
+    capsys.readouterr()
+    assert main(["canary", "--run-dir", str(config.run_dir), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["version"], r["recorded"]) for r in rows] == [("v0", "unchecked"), ("v1", "held")]
+    assert rows[0]["drop"] == 0.0 and rows[0]["kl"] == 0.0 and rows[1]["now"] in ("passed", "held")
+    assert store.versions()[1].status == "held"  # read-only: the recorded verdict stays
+    assert main(["canary", "v9", "--run-dir", str(config.run_dir)]) == 2
+    assert "no version v9" in capsys.readouterr().err
