@@ -1,13 +1,16 @@
 """The canary gate: every version the trainer makes is checked before it is served.
 
 - `general.py`, `general.jsonl`: the general capability set (canary and replay halves);
-- `measure.py`: reference log-likelihoods and the forward KL(base || new), in torch;
+- `measure.py`: reference log-likelihoods, greedy answers and the forward KL(base || new), in torch;
 - `verdict.py`: the pure rule that holds a version;
 - `gate.py`: the check the trainer runs after each step;
 - `replay.py`: `train.replay_fraction`, KL-anchored replay of the general set;
-- `status.py`: what `/healthz` and `clawrl versions` show.
+- `recheck.py`: `clawrl canary`, the same check on published versions, read-only.
 
-`trainer_hooks` is the trainer process's one call into this package.
+`trainer_hooks` is the trainer process's one call into this package. What the
+server does with a held version is in `clawrl/api/versions.py` (never served,
+`/healthz` `guard`); the store keeps each version's status and figures
+(`clawrl/store/versions.py`, migration m006).
 """
 
 from __future__ import annotations
