@@ -388,7 +388,7 @@ class GuardConfig(_Section):
         "that forgets is held (never served). Runs in the trainer process, off the serving path.",
     )
     max_drop: float = Field(
-        0.05,
+        0.02,
         ge=0,
         le=1,
         description="Hold a version whose canary score (the mean per-token probability of the general "
