@@ -14,17 +14,21 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 from clawrl.store.db import Store
 from tests.service.test_trainer import start, start_a_step
 from tests.timing import limit, wait_for
 
 
+@pytest.mark.parametrize("ranks", [1, 2], ids=["one-process", "two-ranks"])
 def test_a_deliberately_broken_version_is_held_never_served_and_training_restarts_from_v0(
-    tmp_path, tiny_model_dir
+    tmp_path, tiny_model_dir, ranks
 ):
+    """With two ranks, rank 0 checks and publishes, and both go back to v0 after the hold."""
     run_dir = tmp_path / "run"
     gate = ["--guard.enabled", "true", "--guard.max-kl", "0.01", "--train.lr", "0.5"]
+    gate += ["--train.distributed.num-processes", str(ranks)]
     server = start(run_dir, tiny_model_dir, 4, *gate)
     try:
         start_a_step(server, batch_size=4)
