@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import logging
 import sys
 from pathlib import Path
@@ -87,7 +88,16 @@ def _train_parsers(sub: Any) -> None:
     export.add_argument("--merged", type=Path, required=True, metavar="DIR", help="the folder to create")
     export.add_argument("--version", help="which version (default: the latest)")
     export.set_defaults(run=cmd_export)
-    for p in (train, rollback, export):
+    canary = sub.add_parser(
+        "canary",
+        help="measure the canary on published versions again",
+        description="Re-run the canary gate's check (general-set score, KL to the base on recent turns) on "
+        "the run's versions and print one line each. Read-only: statuses stay as the gate set them.",
+    )
+    canary.add_argument("versions", nargs="*", help="which versions (default: all)")
+    canary.add_argument("--json", action="store_true", help="one JSON object per version")
+    canary.set_defaults(run=cmd_canary)
+    for p in (train, rollback, export, canary):
         _common(p)
         p.add_argument("--model", help="local Hugging Face model folder (default: the run's, else embedded)")
 
@@ -240,6 +250,28 @@ def cmd_export(config: Any, args: argparse.Namespace) -> int:
     return _with_store(config.run_dir, act)
 
 
+def cmd_canary(config: Any, args: argparse.Namespace) -> int:
+    from clawrl.guard.recheck import recheck
+
+    def act(store: Any) -> int:
+        try:
+            for row in recheck(config, store, args.versions):
+                print(json.dumps(row) if args.json else _canary_line(row), flush=True)
+        except ValueError as exc:
+            return fail(str(exc))
+        return 0
+
+    return _with_store(config.run_dir, act)
+
+
+def _canary_line(r: dict[str, Any]) -> str:
+    kl = "-" if r["kl"] is None else f"{r['kl']:.4f}"
+    line = f"{r['version']:<5} step {r['step']:<4} canary {r['score']:.4f} ({-r['drop']:+.1%} vs base "
+    line += f"{r['base_score']:.4f}), right {r['accuracy']:.1%} (base {r['base_accuracy']:.1%}), KL {kl} "
+    line += f"on {r['kl_tokens']} tokens: {r['now']} (recorded {r['recorded']})"
+    return line + (f" ({r['reason']})" if r["reason"] else "")
+
+
 def _with_store(run_dir: Path, action: Any, readonly: bool = True) -> int:
     """Open the run's store (read-only by default: safe while the server runs) and run `action(store)`.
 
@@ -273,7 +305,7 @@ def cmd_records(args: argparse.Namespace) -> int:
 
 
 def cmd_versions(args: argparse.Namespace) -> int:
-    """`clawrl versions`: one line per version: name, step, samples, metrics, checkpoint."""
+    """`clawrl versions`: one line per version: name, step, samples, metrics, checkpoint, canary."""
 
     def act(store: Any) -> None:
         for v in store.versions():
@@ -292,7 +324,18 @@ def _version_line(v: Any) -> str:
     if m.get("rollback_of"):
         shown = f"rollback of {m['rollback_of']} {shown}".strip()
     where = v.path or "base model"
-    return f"{v.name:<5} step {v.step:<4} samples {m.get('samples', '-')!s:<4} {shown} {where}".rstrip()
+    line = f"{v.name:<5} step {v.step:<4} samples {m.get('samples', '-')!s:<4} {shown} {where}".rstrip()
+    return line + _canary_text(v)
+
+
+def _canary_text(v: Any) -> str:
+    """' | passed: canary 0.5123 (-0.4%) KL 0.0123', or ' | HELD: ...' with the reason; '' unchecked."""
+    c = v.canary
+    if not c:
+        return ""
+    kl = "-" if c.get("kl") is None else f"{c['kl']:.4f}"
+    text = f" | {'HELD' if v.held else v.status}: canary {c['score']:.4f} ({-c['drop']:+.1%}) KL {kl}"
+    return text + (f" ({c['reason']})" if c.get("reason") else "")
 
 
 def _records_action(store: Any, args: argparse.Namespace) -> None:

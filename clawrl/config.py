@@ -287,11 +287,21 @@ class TrainConfig(_Section):
         "'full': train every weight (a frozen reference copy is kept only if kl_coef > 0 or "
         "opd_teacher = 'reference'). Fixed for a run folder.",
     )
-    batch_size: int = Field(16, gt=0, description="Ready samples per training step.")
+    batch_size: int = Field(
+        8,
+        gt=0,
+        description="Ready samples per training step. 8 (was 16): a version as soon as a few rated "
+        "conversations are in, which is what a single user produces (README, 'Defaults that learn').",
+    )
     max_staleness: int = Field(
         2, ge=0, description="Samples more versions behind than this are marked stale."
     )
-    lr: float = Field(1e-4, gt=0, description="AdamW learning rate.")
+    lr: float = Field(
+        1e-3,
+        gt=0,
+        description="AdamW learning rate. 1e-3 (was 1e-4): a LoRA adapter on one user's few samples; the "
+        "canary gate (`guard`) holds a version that moved too far (README, 'Defaults that learn').",
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
     eps: float = Field(0.2, gt=0, description="PPO clip, low side: ratio >= 1 - eps.")
@@ -310,6 +320,14 @@ class TrainConfig(_Section):
         description="Most (padded) tokens in one forward/backward pass; a step's samples are packed "
         "into micro-batches under this budget, so memory stays bounded for long samples. Activation "
         "memory grows linearly with it; raise it on a GPU.",
+    )
+    replay_fraction: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Share of each step's sequences that are replay: reference answers from the general "
+        "set's replay half (never scored by the canary), trained towards the base model's distribution "
+        "(forward KL to the base), so general skills are anchored. 0: off.",
     )
     activation_checkpointing: bool = Field(
         True,
@@ -355,7 +373,57 @@ class TrainConfig(_Section):
                 f"train.distributed.num_processes ({self.distributed.num_processes}): each rank trains "
                 "at least one sample of a step"
             )
+        if self.replay_fraction > 0 and self.distributed.num_processes > 1:
+            raise ValueError(
+                "train.replay_fraction > 0 runs in one trainer process only; set it to 0 with "
+                f"train.distributed.num_processes = {self.distributed.num_processes}"
+            )
         return self
+
+
+class GuardConfig(_Section):
+    enabled: bool = Field(
+        True,
+        description="Run the canary on every version the trainer makes, before it is published: a version "
+        "that forgets is held (never served). Runs in the trainer process, off the serving path.",
+    )
+    max_drop: float = Field(
+        0.02,
+        ge=0,
+        le=1,
+        description="Hold a version whose canary score (the mean per-token probability of the general "
+        "set's reference answers) falls more than this fraction below the base model's.",
+    )
+    max_accuracy_drop: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="Hold a version whose share of right greedy answers on the general set falls more than "
+        "this fraction below the base model's. Looser than max_drop: 32 questions move in steps of 3%, and "
+        "a few flip either way as a small model learns anything.",
+    )
+    max_kl: float = Field(
+        0.5,
+        gt=0,
+        description="Hold a version whose forward KL(base || version), in nats per token on recent "
+        "real prompts, exceeds this.",
+    )
+    kl_turns: int = Field(
+        8, ge=0, description="Recent main turns the KL is measured on (0: no KL, the general set only)."
+    )
+    kl_context: int = Field(
+        128,
+        gt=0,
+        description="Prompt tokens per turn the KL reads (the last ones, next to the answer), so an "
+        "agent's long prompts keep the check cheap.",
+    )
+    kl_tokens: int = Field(32, gt=0, description="Response tokens per turn the KL reads (the first ones).")
+    on_hold: Literal["continue", "rollback"] = Field(
+        "continue",
+        description="After a held version: 'continue' trains on from the last served version (its weights "
+        "and optimizer state) with the next samples; 'rollback' also publishes a copy of it as a new "
+        "version, as `clawrl rollback` does, so the history shows the return.",
+    )
 
 
 class Config(_Section):
@@ -366,6 +434,7 @@ class Config(_Section):
     collect: CollectConfig = Field(default_factory=CollectConfig)
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    guard: GuardConfig = Field(default_factory=GuardConfig)
     method: Literal["rl", "opd", "combine"] = Field(
         "combine", description="How judged turns become samples: binary RL, on-policy distillation, or both."
     )

@@ -123,6 +123,11 @@ class Version:
     `path` is the checkpoint folder (None for v0, and for a LoRA rollback to v0).
     A rollback publishes a new version whose folder is a copy of an earlier
     one's, so versions only grow.
+
+    `status` is what the canary gate (clawrl.guard) made of it: `passed`,
+    `held` (never served; `canary["reason"]` says why) or `unchecked` (no
+    canary ran: the gate is off, a rollback, or a version from before the
+    gate). `canary` holds the figures the gate measured.
     """
 
     name: str
@@ -131,6 +136,12 @@ class Version:
     metrics: dict[str, Any] = field(default_factory=dict)
     parent: str | None = None
     created_at: float = field(default_factory=time.time)
+    status: str = "unchecked"  # passed | held | unchecked
+    canary: dict[str, Any] | None = None
+
+    @property
+    def held(self) -> bool:
+        return self.status == "held"
 
     @property
     def number(self) -> int:

@@ -48,6 +48,8 @@ class RemoteServer:
         self.vllm_url = vllm_url  # the vLLM server behind this gateway, if any
         if "--train.enabled" not in args:  # the trainer process is tested where it matters; elsewhere it
             args = [*args, "--train.enabled", "false"]  # would only add a torch import per server
+        if "--guard.enabled" not in args:  # a tiny random model has no general skill for the canary to
+            args = [*args, "--guard.enabled", "false"]  # guard; tests/service/test_guard.py turns it on
         cmd = [
             sys.executable,
             "-m",

@@ -105,6 +105,7 @@ def create_app(
     app = FastAPI(title="clawrl", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.add_middleware(BodyLimit, max_bytes=server.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: times every request whole
+    app.state.watcher, app.state.guard = watcher, config.guard
     app.state.chat = ChatService(
         engine, tokenizer, server.served_model_name, server.default_max_tokens, collector
     )

@@ -96,6 +96,7 @@ def health_router() -> APIRouter:
             "store": store,
             "judge": _judge_health(chat),
             "trainer": request.app.state.trainer.health() if request.app.state.trainer else {"status": "off"},
+            "guard": _guard_health(request),
         }
         return JSONResponse(body, status_code=200 if engine.status == "ok" else 503)
 
@@ -137,3 +138,12 @@ async def _disconnect(request: Request) -> None:
 def _judge_health(chat: ChatService) -> dict[str, Any]:
     judge = chat.collector.judge if chat.collector is not None else None
     return judge.health() if judge is not None else {"status": "off"}
+
+
+def _guard_health(request: Request) -> dict[str, Any]:
+    """The canary gate (run by the trainer): its limits, the held versions, the newest check."""
+    watcher, guard = request.app.state.watcher, request.app.state.guard
+    if watcher is None:  # nothing collected, nothing trained here
+        return {"status": "off"}
+    limits = {"max_drop": guard.max_drop, "max_kl": guard.max_kl}
+    return {"status": "on" if guard.enabled else "off"} | limits | watcher.guard()

@@ -18,6 +18,10 @@ server started on a run whose latest checkpoint is broken serves the last good
 one, and a broken version published while serving leaves the weights as they
 are.
 
+A version the canary gate held (`Version.held`, see `clawrl.guard`) is never
+served: the watcher passes over it as over a broken one, and a server started
+on a run whose latest version is held serves the newest one that is not.
+
 An engine whose weights live in another process (the vLLM engine) loads the
 version itself (`serve_version`): a version it refuses (`VersionRefused`: a
 LoRA rank above vLLM's limit, an adapter vLLM cannot read, full weights) is
@@ -64,8 +68,10 @@ class VersionWatcher:
         self._eager = eager
         self._on_swap = on_swap  # told each swap's version and seconds (the metrics)
         self._merged: MergedLora | None = None
-        self._failed: set[str] = set()  # versions that could not be loaded (logged once)
+        self._failed: set[str] = set()  # versions passed over: held, or could not be loaded (logged once)
         self._task: asyncio.Task[None] | None = None
+        self._held: list[Version] = []  # every held version, oldest first, as of the last listing
+        self._checked: Version | None = None  # the newest version the canary gate checked
 
     async def start(self) -> None:
         if self._eager:  # copy the base weights now, not during the first swap (measured: 1.45 s vs 0.23 s)
@@ -82,7 +88,10 @@ class VersionWatcher:
         while True:
             latest: Version = await self.db(self.store.latest_version)
             if latest.name != self.engine.version and latest.name not in self._failed:
-                await self._serve_newest(await self.db(self.store.versions))
+                versions = await self.db(self.store.versions)
+                self._held = [v for v in versions if v.held]
+                self._checked = next((v for v in reversed(versions) if v.canary), self._checked)
+                await self._serve_newest(versions)
             await asyncio.sleep(self._poll)
 
     async def _serve_newest(self, versions: list[Version]) -> None:
@@ -91,6 +100,9 @@ class VersionWatcher:
         for version in reversed(versions):
             if version.number <= served:
                 return
+            if version.held and version.name not in self._failed:
+                log.warning("not serving %s: the canary gate held it (%s)", version.name, _why(version))
+                self._failed.add(version.name)
             if version.name not in self._failed and await self.serve(version):
                 return
 
@@ -124,6 +136,15 @@ class VersionWatcher:
             return True  # stop looking at older versions this round
         return True
 
+    def guard(self) -> dict[str, Any]:
+        """The canary gate as the server sees it, for `/healthz`."""
+        last = self._held[-1] if self._held else None
+        return {
+            "held_versions": len(self._held),
+            "last_held": None if last is None else {"version": last.name, "reason": _why(last)},
+            "last_check": None if self._checked is None else _check(self._checked),
+        }
+
     def _loader(self, version: Version):
         folder = Path(version.path) if version.path else None
         if folder is not None and not (folder / ADAPTER_CONFIG).is_file():
@@ -131,3 +152,13 @@ class VersionWatcher:
         if self._merged is None:
             self._merged = MergedLora(self.engine.model, self._targets)
         return self._merged.loader(folder)
+
+
+def _why(version: Version) -> str:
+    return str((version.canary or {}).get("reason") or "no reason recorded")
+
+
+def _check(version: Version) -> dict[str, Any]:
+    c = version.canary or {}
+    figures = {k: c.get(k) for k in ("score", "base_score", "drop", "kl", "seconds")}
+    return {"version": version.name, "status": version.status} | figures

@@ -4,6 +4,12 @@
 simulated users (`clawrl.eval.scenario.Traffic`), and each time `/healthz` shows a
 newer version pauses them, measures again and lets them go on, until `steps` versions
 past the start are measured or `max_wall_s` has passed (then it stops with what it has).
+
+A version the server's canary gate holds is never served, so it is never measured:
+when `/healthz` shows a newly held version, the users' next step opens as if it had
+been served (the trainer goes on), the version is listed in `Outcome.held`, and it
+counts as a step. The run ends when `steps` versions past the start were made,
+served or held.
 """
 
 from __future__ import annotations
@@ -68,9 +74,10 @@ async def _follow(
     """Measure each newer version, the users paused meanwhile, until enough steps or the deadline."""
     start = version = outcome.points[0].version
     while outcome.points[-1].step < settings.steps:
-        newer = await _next_version(client, traffic, users, version, started + settings.max_wall_s)
+        deadline = started + settings.max_wall_s
+        newer = await _next_version(client, traffic, users, version, deadline, outcome, start, settings.steps)
         if newer is None:
-            outcome.stopped = "timeout"
+            outcome.stopped = "held" if _made(outcome, start) >= settings.steps else "timeout"
             return
         await traffic.pause()
         outcome.points.append(await _point(client, persona, held_out, settings, start, newer, started))
@@ -96,18 +103,40 @@ async def _point(
 
 
 async def _next_version(
-    client: ServerClient, traffic: Traffic, users: list[asyncio.Task[None]], current: str, deadline: float
+    client: ServerClient,
+    traffic: Traffic,
+    users: list[asyncio.Task[None]],
+    current: str,
+    deadline: float,
+    outcome: Outcome,
+    start: str,
+    steps: int,
 ) -> str | None:
-    """The first version newer than `current` that `/healthz` shows; None at the deadline."""
+    """The first version newer than `current` that `/healthz` shows served; None at the deadline,
+    or once `steps` versions were made and the newest ones were held."""
     while time.monotonic() < deadline:
         _raise_failed(users)
         health = await client.health()
         check_learning(health)
         if version_number(health["version"]) > version_number(current):
             return str(health["version"])
+        held = ((health.get("guard") or {}).get("last_held") or {}).get("version")
+        if held and held not in outcome.held and version_number(held) > version_number(current):
+            outcome.held.append(held)
+            step = version_number(held) - version_number(start)
+            print(f"clawrl eval: step {step} ({held}): held by the canary gate, not served", flush=True)
+            if _made(outcome, start) >= steps:
+                return None
+            await traffic.resume(held)  # its step's samples are spent: the users' next step opens
         await traffic.poke()
         await asyncio.sleep(traffic.settings.poll_s)
     return None
+
+
+def _made(outcome: Outcome, start: str) -> int:
+    """Versions made past `start`, served (measured) or held."""
+    newest = [version_number(p.version) for p in outcome.points] + [version_number(v) for v in outcome.held]
+    return max(newest) - version_number(start)
 
 
 def _raise_failed(users: list[asyncio.Task[None]]) -> None:

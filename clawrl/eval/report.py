@@ -45,6 +45,7 @@ def method_entry(outcome: Outcome, run_dir: str | None) -> dict[str, Any]:
         "conversations": outcome.conversations,
         "answers": outcome.answers,
         "stopped": outcome.stopped,
+        "held": outcome.held,
         "judge": outcome.judge,
         "run_dir": run_dir,
     }
@@ -112,8 +113,44 @@ def markdown(report: dict[str, Any]) -> str:
         *_score_table(report),
         "",
         *_method_table(report),
+        *_canary_tables(report),
     ]
     return "\n".join(lines) + "\n"
+
+
+def canary_rows(versions: list[Any]) -> list[dict[str, Any]]:
+    """What the canary gate measured on each version of a run (store `Version`s), for report.json."""
+    keys = ("score", "base_score", "drop", "accuracy", "base_accuracy", "kl", "seconds", "reason")
+    return [
+        {"version": v.name, "status": v.status} | {k: (v.canary or {}).get(k) for k in keys}
+        for v in versions
+        if v.canary
+    ]
+
+
+def _canary_tables(report: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    for method, entry in report["methods"].items():
+        rows = entry.get("canary") or []
+        if not rows:
+            continue
+        lines += [
+            "",
+            f"Canary gate, `{method}` (base: score {rows[0]['base_score']:.4f}, "
+            f"right answers {rows[0]['base_accuracy']:.1%}):",
+            "",
+        ]
+        lines += [
+            "| version | status | canary score | vs base | right answers | KL(base, version) | check |",
+            "| --- " * 7 + "|",
+        ]
+        for r in rows:
+            kl = "-" if r["kl"] is None else f"{r['kl']:.4f}"
+            lines.append(
+                f"| {r['version']} | {r['status']} | {r['score']:.4f} | {-r['drop']:+.1%} | "
+                f"{r['accuracy']:.1%} | {kl} | {r['seconds']:.1f} s |"
+            )
+    return lines
 
 
 def _score_table(report: dict[str, Any]) -> list[str]:

@@ -27,9 +27,10 @@ from clawrl.eval.pacing import METHODS
 from clawrl.eval.personas import get_persona
 from clawrl.eval.personas.base import Persona
 from clawrl.eval.plot import plot_scores
-from clawrl.eval.report import build_report, markdown, method_entry
+from clawrl.eval.report import build_report, canary_rows, markdown, method_entry
 from clawrl.eval.scenario import Outcome, Settings
 from clawrl.eval.tasks import Task, load_tasks, split
+from clawrl.store.db import Store
 
 
 @dataclass
@@ -137,7 +138,10 @@ def _run_method(
         outcome = asyncio.run(_remote(base_url, api_key, method, plan))
         return outcome.method, method_entry(outcome, None)
     outcome, run_dir = _fresh(config, method or config.method, api_key, plan)
-    return outcome.method, method_entry(outcome, str(run_dir))
+    entry = method_entry(outcome, str(run_dir))
+    with Store.open(run_dir / "clawrl.db", readonly=True) as store:
+        entry["canary"] = canary_rows(store.versions())
+    return outcome.method, entry
 
 
 def _report(

@@ -70,7 +70,8 @@ class Outcome:
     conversations: int = 0
     answers: int = 0  # training answers rated (or, without feedback, answered)
     wall_s: float = 0.0
-    stopped: str = "done"  # done | timeout
+    stopped: str = "done"  # done | timeout | held (the last steps' versions were held, never served)
+    held: list[str] = field(default_factory=list)  # versions the canary gate held (never measured)
 
 
 async def measure(

@@ -22,6 +22,7 @@ read-only folder or a full disk is found at start, not on the first turn.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -277,6 +278,16 @@ class Store(TrainingStore, VersionStore, StatsStore):
             (session_id,),
         )
         return turn_from_row(rows[0]) if rows else None
+
+    def recent_token_ids(self, limit: int) -> list[tuple[list[int], list[int]]]:
+        """(prompt ids, response ids) of the newest `limit` finished main turns with an answer,
+        newest first: the real prompts the canary measures KL on (side turns are left out)."""
+        rows = self._read(
+            "SELECT prompt_ids, response_ids FROM turns WHERE turn_type = 'main' "
+            "AND finish_reason != 'abort' AND response_ids != '[]' ORDER BY created_at DESC LIMIT ?",
+            (limit,),
+        )
+        return [(json.loads(r["prompt_ids"]), json.loads(r["response_ids"])) for r in rows]
 
     def turns(self, session_id: str | None = None) -> Iterator[Turn]:
         """All turns by created_at, or one session's by index, read in pages of `PAGE`."""

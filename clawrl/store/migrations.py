@@ -221,12 +221,20 @@ END;
 CREATE INDEX sessions_updated_at ON sessions(updated_at);
 """
 
+# The canary gate's verdict on a version (passed | held | unchecked) and its figures (JSON).
+# A held version is never served; versions published before the gate stay unchecked.
+M006_VERSION_CANARY = """
+ALTER TABLE versions ADD COLUMN status TEXT NOT NULL DEFAULT 'unchecked';
+ALTER TABLE versions ADD COLUMN canary TEXT NULL;
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_sample_judgment_session", M002_SAMPLE_JUDGMENT_SESSION),
     ("m003_version_parent", M003_VERSION_PARENT),
     ("m004_sample_status_reason", M004_SAMPLE_STATUS_REASON),
     ("m005_dashboard_counters", M005_DASHBOARD_COUNTERS),
+    ("m006_version_canary", M006_VERSION_CANARY),
 ]
 
 _NAME = re.compile(r"m[0-9]{3}_[a-z0-9_]+")

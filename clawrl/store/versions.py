@@ -3,8 +3,10 @@
 A version is published in one transaction together with marking the samples
 it was trained on `trained`, so a crash between the two can neither lose a
 version nor train a sample twice.
-The server serves the latest version; a rollback is a new version holding a
-copy of an older checkpoint, so the list only grows.
+The server serves the latest version the canary gate did not hold
+(`latest_servable_version`); a held version keeps its row, status and figures,
+and is never served. A rollback is a new version holding a copy of an older
+checkpoint, so the list only grows.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from clawrl.store.errors import StoreError
 from clawrl.types import Version
 
-_COLUMNS = "name, step, created_at, path, metrics, parent"
+_COLUMNS = "name, step, created_at, path, metrics, parent, status, canary"
+_NEWEST_FIRST = "ORDER BY CAST(substr(name, 2) AS INTEGER) DESC"
 
 
 def _version(row: sqlite3.Row) -> Version:
@@ -28,6 +31,8 @@ def _version(row: sqlite3.Row) -> Version:
         json.loads(row["metrics"] or "{}"),
         row["parent"],
         row["created_at"],
+        row["status"],
+        json.loads(row["canary"]) if row["canary"] else None,
     )
 
 
@@ -39,7 +44,8 @@ class VersionStore:
         def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]: ...
 
     def publish_version(self, version: Version, trained: list[int]) -> None:
-        """Record a new version and mark the samples it was trained on `trained`, atomically.
+        """Record a new version (with its canary status and figures) and mark the samples it was
+        trained on `trained`, atomically. A held version's samples are `trained` too: they made it.
 
         (Samples left out, stale or skipped, are marked with their reason as soon as they
         are found: `TrainingStore.leave_out_samples`.)
@@ -48,7 +54,7 @@ class VersionStore:
             if conn.execute("SELECT 1 FROM versions WHERE name = ?", (version.name,)).fetchone():
                 raise StoreError(f"version {version.name} exists already")
             conn.execute(
-                f"INSERT INTO versions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO versions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     version.name,
                     version.step,
@@ -56,6 +62,8 @@ class VersionStore:
                     version.path,
                     json.dumps(version.metrics),
                     version.parent,
+                    version.status,
+                    None if version.canary is None else json.dumps(version.canary),
                 ),
             )
             conn.executemany(
@@ -68,8 +76,20 @@ class VersionStore:
         return sorted((_version(r) for r in rows), key=lambda v: v.number)
 
     def latest_version(self) -> Version:
-        """The newest version (v0 always exists: the initial migration inserts it). Polled by the server."""
-        rows = self._read(
-            f"SELECT {_COLUMNS} FROM versions ORDER BY CAST(substr(name, 2) AS INTEGER) DESC LIMIT 1"
-        )
+        """The newest version, held or not (v0 always exists: the initial migration inserts it)."""
+        return _version(self._read(f"SELECT {_COLUMNS} FROM versions {_NEWEST_FIRST} LIMIT 1")[0])
+
+    def latest_servable_version(self) -> Version:
+        """The newest version the canary gate did not hold (v0 at worst). Polled by the server."""
+        rows = self._read(f"SELECT {_COLUMNS} FROM versions WHERE status != 'held' {_NEWEST_FIRST} LIMIT 1")
         return _version(rows[0])
+
+    def held_versions(self, limit: int = 10) -> list[Version]:
+        """The newest `limit` held versions, newest first."""
+        rows = self._read(
+            f"SELECT {_COLUMNS} FROM versions WHERE status = 'held' {_NEWEST_FIRST} LIMIT ?", (limit,)
+        )
+        return [_version(r) for r in rows]
+
+    def count_held(self) -> int:
+        return int(self._read("SELECT count(*) FROM versions WHERE status = 'held'")[0][0])

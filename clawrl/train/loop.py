@@ -2,9 +2,11 @@
 
 Each pass:
 
-1. Follow the store. If the latest published version is not the one the
-   trainer holds (a `clawrl rollback`, another trainer before a restart), load
-   it, weights and optimizer state, and go on from there.
+1. Follow the store. If the latest servable version (the newest one the
+   canary gate did not hold) is not the one the trainer holds (a `clawrl
+   rollback`, another trainer before a restart, or the trainer's own last
+   version was held), load it, weights and optimizer state, and go on from
+   there.
 2. Count the ready samples; with fewer than `batch_size`, wait (`poll_s`)
    and count again (a wait costs one count, not a read of the samples).
 3. Look at the oldest ready samples. Defective ones (empty response,
@@ -12,10 +14,15 @@ Each pass:
    and samples more than `max_staleness` versions behind are marked `stale`,
    each with its reason; neither is ever trained on, and both stay in the
    store. With fewer than `batch_size` usable samples left, wait again.
-4. Otherwise take the oldest `batch_size`, run one step, write
-   `checkpoints/vN/` (weights, optimizer state, manifest), then publish vN in
-   the store in one transaction with marking those samples `trained`; then
-   log its metrics (`train/loggers.py`: metrics.jsonl, TensorBoard).
+4. Otherwise take the oldest `batch_size`, run one step, run the canary on
+   the new weights (`clawrl.guard`, when `guard.enabled`), write
+   `checkpoints/vN/` (weights, optimizer state, manifest), then publish vN
+   with the canary's status and figures in the store in one transaction with
+   marking those samples `trained`; then log its metrics (`train/loggers.py`:
+   metrics.jsonl, TensorBoard). A held vN is never served: the next pass goes
+   back to the last servable version (step 1); with `guard.on_hold =
+   "rollback"` a copy of that version is published first, as `clawrl
+   rollback` does.
 
 Crash safety: until that transaction commits, the samples stay `ready` and the
 version does not exist, so a crash at any point loses at most the step in
@@ -30,7 +37,7 @@ parent. It does not crash, so the supervisor does not restart it in a loop.
 
 Several ranks (`train.distributed.num_processes` > 1, `train/group.py`): rank 0
 alone reads and marks samples in the store, loads versions first, writes
-checkpoints and publishes. Each pass it broadcasts whether to stop, then a
+checkpoints, runs the canary and publishes. Each pass it broadcasts whether to stop, then a
 `Plan` (follow a version; train these samples); the other ranks load the
 version it names from the run folder (shared by all ranks) and train their
 share of the same samples. The other ranks never touch the store. Rank 0
@@ -50,6 +57,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from clawrl.guard.verdict import UNCHECKED
 from clawrl.store.db import Store
 from clawrl.train.checkpoints import (
     CHECKPOINTS,
@@ -67,6 +75,7 @@ from clawrl.train.trainer import triage
 from clawrl.types import Sample, Version
 
 log = logging.getLogger("clawrl.trainer")
+Check = Callable[[Policy], tuple[str, dict]]  # the canary: the policy's weights -> (status, figures)
 
 
 @dataclass
@@ -89,6 +98,8 @@ class TrainLoop:
         group: Group | None = None,
         status: RankStatus | None = None,
         loggers: StepLoggers | None = None,
+        canary: Check | None = None,
+        on_hold: Callable[[Version], object] | None = None,
     ) -> None:
         self.store = store
         self.policy = policy
@@ -97,11 +108,14 @@ class TrainLoop:
         self.group = group or policy.trainer.group
         self.status = status
         self.loggers = loggers or StepLoggers([], run_dir)  # metrics.jsonl, TensorBoard (`train.loggers`)
+        self.canary = canary  # rank 0's check of each new version; None: published unchecked
+        self.on_hold = on_hold  # called with the servable version to return to, after a hold
         self.version = ""  # the version the policy is now; set by `resume`
         self.step = 0
         self._current: Version | None = None
         self._waiting_for: int | None = None
         self._broken: set[str] = set()  # published versions whose folder cannot be loaded
+        self._seen = ""  # the newest version in the store when rank 0 planned the step
 
     @property
     def _main(self) -> bool:
@@ -121,7 +135,7 @@ class TrainLoop:
             for folder in sorted(root.glob("v*")) if root.is_dir() else []:
                 if folder.is_dir() and folder.name not in published:
                     set_aside(folder, "unpublished")
-            self._follow(self.store.latest_version())
+            self._follow(self._target())
         version = self.group.broadcast(self._current)
         if not self._main:
             self._load(version)
@@ -143,9 +157,9 @@ class TrainLoop:
         self.version, self.step, self._current = version.name, version.step, version
 
     def _target(self) -> Version:
-        """The newest published version that is not known to be broken (v0, the base, never is)."""
+        """The newest published version that is neither held nor known to be broken (v0 never is)."""
         assert self.store is not None
-        return next(v for v in reversed(self.store.versions()) if v.name not in self._broken)
+        return next(v for v in reversed(self.store.versions()) if not v.held and v.name not in self._broken)
 
     def run(self, should_stop: Callable[[], bool], steps: int | None = None) -> None:
         """Train until `should_stop()` is true on rank 0 (checked between steps and while waiting),
@@ -177,17 +191,25 @@ class TrainLoop:
         metrics = self.policy.trainer.step(plan.batch)
         if not self._main:
             return False
+        if self.canary is not None:
+            self._state("checking")
+        status, figures = self.canary(self.policy) if self.canary is not None else (UNCHECKED, None)
         self._state("publishing")
-        return self._publish(plan.batch, metrics)
+        return self._publish(plan.batch, metrics, status, figures)
 
     def _plan(self) -> Plan:
         """Rank 0: follow a version published elsewhere, then the next batch, if a full one is ready."""
         assert self.store is not None
         latest = self.store.latest_version()
+        self._seen = latest.name
+        target = self._target() if latest.held or latest.name in self._broken else latest
         follow = None
-        if latest.name != self.version and latest.name not in self._broken:
-            log.info("%s was published elsewhere (parent %s); following it", latest.name, latest.parent)
-            self._follow(latest)
+        if target.name != self.version:
+            if latest.held and latest.name == self.version:
+                log.warning("%s is held; training on from %s", latest.name, target.name)
+            else:
+                log.info("%s was published elsewhere (parent %s); following it", target.name, target.parent)
+            self._follow(target)
             follow = self._current
         # Count first: while waiting, each poll is one count, not a read of every sample's tokens.
         ready = self.store.count_samples("ready")
@@ -219,21 +241,27 @@ class TrainLoop:
                 log.log(level, "%s sample %s of turn %s: %s", status, s.id, s.turn_id, why)
         return t.usable
 
-    def _publish(self, batch: list[Sample], metrics: dict) -> bool:
+    def _publish(self, batch: list[Sample], metrics: dict, status: str, canary: dict | None) -> bool:
         ids = [s.id for s in batch if s.id is not None]
         with publish_lock(self.run_dir):  # no rollback can take the name between folder and row
             latest = self.store.latest_version()
-            if latest.name != self.version and latest.name not in self._broken:
+            if latest.name != self._seen:
                 log.warning("%s was published during the step; dropping the step to follow it", latest.name)
                 return False  # the samples are still ready: the next pass trains them from the new version
             name = claim_next(self.run_dir, latest.number)
             manifest = {"step": self.step + 1, "samples": ids, "metrics": metrics, "parent": self.version}
+            manifest |= {"status": status, "canary": canary}
             path = save_version(self.run_dir, name, self.policy.model, self.policy.optimizer, manifest)
-            version = Version(name, self.step + 1, str(path), metrics, parent=self.version)
+            version = Version(
+                name, self.step + 1, str(path), metrics, self.version, status=status, canary=canary
+            )
             self.store.publish_version(version, trained=ids)
         self.version, self.step, self._current = name, version.step, version
-        log.info(progress_line(version))
+        self._seen = name
+        log.log(logging.WARNING if version.held else logging.INFO, progress_line(version))
         self.loggers.step(version)
+        if version.held and self.on_hold is not None:
+            self.on_hold(self._target())
         return True
 
 
@@ -245,5 +273,15 @@ def progress_line(v: Version) -> str:
         f"published {v.name} (step {v.step}): {m['samples']} samples ({m['samples_rl']} rl, "
         f"{m['samples_opd']} opd), loss {m['loss']:.4f} (pg {m['pg_loss']:.4f}, kl {m['kl']:.4f}), "
         f"clip {m['clip_frac']:.3f}, reward {reward}, {m['tokens']} tokens in {m['step_s']:.2f} s "
-        f"({m['tokens_per_s']:.0f} tokens/s)"
+        f"({m['tokens_per_s']:.0f} tokens/s){canary_note(v)}"
     )
+
+
+def canary_note(v: Version) -> str:
+    """'; canary 0.4120 (-1.2%), KL 0.0123: passed in 2.1 s', or '' when no canary ran."""
+    c = v.canary
+    if not c:
+        return ""
+    kl = "-" if c.get("kl") is None else f"{c['kl']:.4f}"
+    why = f" ({c['reason']})" if c.get("reason") else ""
+    return f"; canary {c['score']:.4f} ({-c['drop']:+.1%}), KL {kl}: {v.status}{why} in {c['seconds']:.1f} s"

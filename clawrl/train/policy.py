@@ -66,12 +66,14 @@ def build_policy(
     max_context: int | None = None,
     rope_scaling: str = "yarn",
     group: Group | None = None,
+    keep_base: bool = False,
 ) -> Policy:
     """Load the base model from `base_dir` and make it trainable as `cfg.weights` says.
 
     `max_context` and `rope_scaling` must be the server's (`serve.py`): the policy trained is the
     policy served, RoPE scaling included. `group`: the ranks this process trains with (default:
-    alone); `device` is then this rank's.
+    alone); `device` is then this rank's. `keep_base`: keep the base at hand for full fine-tuning
+    even without KL or a reference teacher (the canary compares every version with it).
     """
     # Train in float32 on a CPU; on a GPU the base is bf16 and PEFT keeps the adapter in float32.
     base = load_model(Path(base_dir), device, "auto", max_context, rope_scaling).model
@@ -86,7 +88,7 @@ def build_policy(
             model = attach_lora(base, LoraSettings(lora.rank, lora.alpha, lora.dropout, list(lora.targets)))
     else:
         model = base
-        if cfg.kl_coef > 0 or cfg.opd_teacher == "reference":
+        if keep_base or cfg.kl_coef > 0 or cfg.opd_teacher == "reference" or cfg.replay_fraction > 0:
             reference = copy.deepcopy(base).eval().requires_grad_(False)
         model.requires_grad_(True)
     model.eval()

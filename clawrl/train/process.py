@@ -37,6 +37,8 @@ import transformers
 
 from clawrl.config import Config, launched_world_size
 from clawrl.engine.models import ModelNotFound, model_folder, served_context
+from clawrl.guard import trainer_hooks
+from clawrl.guard.replay import attach_replay
 from clawrl.store.db import Store, StoreError
 from clawrl.train.group import Group, open_group
 from clawrl.train.loggers import StepLoggers
@@ -141,10 +143,14 @@ def _train(config: Config, group: Group, parent_pid: int | None, steps: int | No
         m = config.model
         context = served_context(m.path, m.max_context)
         device = group.device if group.world > 1 else m.device
-        policy = build_policy(base, config.train, device, context, m.rope_scaling, group)
+        guarded = config.guard.enabled and group.is_main  # rank 0 alone checks and publishes
+        policy = build_policy(base, config.train, device, context, m.rope_scaling, group, guarded)
         status = RankStatus(config.run_dir, group.rank, os.getppid()) if group.world > 1 else None
         loggers = StepLoggers(config.train.loggers if group.is_main else [], config.run_dir)
-        loop = TrainLoop(store, policy, config.run_dir, group, status, loggers)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(base)
+        attach_replay(policy, tokenizer)
+        canary, on_hold = trainer_hooks(config, store, policy, tokenizer) if guarded else (None, None)
+        loop = TrainLoop(store, policy, config.run_dir, group, status, loggers, canary, on_hold)
         loop.resume()
         loop.run(lambda: parent_pid is not None and os.getppid() != parent_pid, steps)
         log.info("stopping" if steps is not None else "the server is gone; stopping")

@@ -26,7 +26,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +115,7 @@ class Trainer:
         self.group = group or Group()
         self.wrapped = self.group.prepare(model)
         self.device = next(model.parameters()).device
+        self.replay: Any = None  # clawrl.guard.replay.Replay when train.replay_fraction > 0
 
     @contextmanager
     def _scorer(self, reference: bool) -> Iterator[torch.nn.Module]:
@@ -129,6 +130,10 @@ class Trainer:
                 yield self.frozen
             else:
                 raise ValueError("full fine-tuning needs a frozen reference for KL or a reference teacher")
+
+    def reference(self) -> AbstractContextManager[torch.nn.Module]:
+        """The reference model pi_ref (the base), without gradient: for the canary and replay."""
+        return self._scorer(reference=True)
 
     def step(self, samples: list[Sample]) -> dict[str, Any]:
         """One optimizer step over `samples` (this rank's share of them), in micro-batches; the metrics."""
@@ -149,6 +154,7 @@ class Trainer:
             for key in _SUMMED:
                 sums[key] += float(getattr(terms, key))
             del terms
+        replayed = self.replay.backward(self, total) if self.replay is not None else {}
         grad_norm = torch.nn.utils.clip_grad_norm_(
             [p for p in self.model.parameters() if p.requires_grad], self.cfg.grad_clip
         )
@@ -156,7 +162,7 @@ class Trainer:
         self.model.eval()
         release_free_memory()  # the step's freed activations go back to the OS, not kept until the next
         summed = group.sum(dict(sums))
-        return self._metrics(samples, summed, total, float(grad_norm), time.perf_counter() - start)
+        return self._metrics(samples, summed, total, float(grad_norm), time.perf_counter() - start) | replayed
 
     def _metrics(
         self, samples: list[Sample], sums: dict[str, float], total: int, grad_norm: float, took: float

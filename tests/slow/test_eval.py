@@ -38,6 +38,8 @@ def eval_out(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> 
         # the tiny model trains in milliseconds: look for samples and versions often, and do
         # not nice the trainer, which would starve behind the busy server on 2 cores
         "--train.poll-s", "0.2", "--train.swap-poll-s", "0.2", "--train.nice", "0",
+        # a tiny random model has no general skill for the canary gate to guard
+        "--guard.enabled", "false",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     return out

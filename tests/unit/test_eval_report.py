@@ -199,3 +199,23 @@ def test_unpaced_pacer_never_holds_back():
     assert all(pacer.take(0.0, 2) for _ in range(100)) and pacer.budget is None
     with pytest.raises(ValueError):
         Pacer(per_step=0)
+
+
+def test_the_canary_figures_of_each_version_make_a_table_in_report_md():
+    from clawrl.eval.report import canary_rows
+    from clawrl.types import Version
+
+    figures = {"score": 0.45, "base_score": 0.44, "drop": -0.02, "accuracy": 0.5, "base_accuracy": 0.5}
+    versions = [
+        Version("v0", 0),
+        Version("v1", 1, status="passed", canary=figures | {"kl": 0.01, "seconds": 3.2, "reason": None}),
+        Version("v2", 2, status="held", canary=figures | {"kl": 0.9, "seconds": 3.0, "reason": "KL high"}),
+    ]
+    rows = canary_rows(versions)
+    assert [(r["version"], r["status"]) for r in rows] == [("v1", "passed"), ("v2", "held")]
+    report = {"persona": "brief", "held_out": [], "signal": "s", "command": "c", "methods": {}}
+    entry = {"steps": [0], "scores": [0.5], "versions": ["v0"], "wall_s": 1.0, "conversations": 1}
+    report["methods"]["rl"] = entry | {"answers": 1, "stopped": "done", "canary": rows}
+    text = markdown(report)
+    assert "Canary gate, `rl` (base: score 0.4400, right answers 50.0%)" in text
+    assert "| v2 | held | 0.4500 | +2.0% | 50.0% | 0.9000 | 3.0 s |" in text

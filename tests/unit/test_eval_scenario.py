@@ -38,16 +38,20 @@ class ScriptedServer:
     trainer: str = "running"
     version_number: int = 0
     ready: int = 0
+    hold: set[int] = field(default_factory=set)  # versions the "canary gate" holds: made, never served
+    made: int = 0
     calls: list[Call] = field(default_factory=list)
     ratings: list[tuple[str, int, str | None]] = field(default_factory=list)
     _ids: Any = field(default_factory=lambda: itertools.count(1))
     _answers: dict[str, int] = field(default_factory=dict)  # question -> answer, for the scripted text
 
     async def health(self) -> dict[str, Any]:
+        held = max((n for n in self.hold if n <= self.made), default=None)
         return {
             "version": f"v{self.version_number}",
             "judge": {"status": "ok", "judge": "feedback", "method": self.method},
             "trainer": {"status": self.trainer},
+            "guard": {"last_held": None if held is None else {"version": f"v{held}"}},
         }
 
     async def version(self) -> str:
@@ -66,7 +70,9 @@ class ScriptedServer:
         self.ready += expected_samples(self.method, rating, comment)
         if self.ready >= self.batch:
             self.ready -= self.batch
-            self.version_number += 1
+            self.made += 1
+            if self.made not in self.hold:
+                self.version_number = self.made
 
 
 def _setup(batch: int, method: str = "rl"):
@@ -137,3 +143,20 @@ def test_no_new_version_stops_at_the_deadline_with_what_was_measured():
     assert outcome.stopped == "timeout"
     assert [p.step for p in outcome.points] == [0]
     assert len(server.ratings) > 2  # the stalled users were let go on after stall_s
+
+
+def test_a_held_version_counts_as_a_step_and_the_users_go_on_without_waiting_for_it():
+    server, train, held, settings = _setup(batch=4)
+    server.hold = {2}
+    settings = Settings(steps=3, concurrency=4, samples_per_step=4, poll_s=0.001, max_wall_s=30, stall_s=60)
+    outcome = asyncio.run(run_experiment(server, get_persona("brief"), train, held, settings))
+    assert [p.version for p in outcome.points] == ["v0", "v1", "v3"] and outcome.held == ["v2"]
+    assert outcome.stopped == "done"  # no 60 s stall: the hold opened the next step at once
+
+
+def test_a_run_whose_last_versions_are_held_ends_when_enough_versions_were_made():
+    server, train, held, settings = _setup(batch=4)
+    server.hold = {2, 3}
+    outcome = asyncio.run(run_experiment(server, get_persona("brief"), train, held, settings))
+    assert [p.version for p in outcome.points] == ["v0", "v1"] and outcome.held == ["v2", "v3"]
+    assert outcome.stopped == "held"

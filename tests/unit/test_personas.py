@@ -75,9 +75,11 @@ def test_mentions_answer(text: str, answer: int, expected: bool):
 
 
 def test_registry_and_unknown_persona():
-    assert set(PERSONAS) == {"student", "teacher", "brief", "pirate"}
+    assert set(PERSONAS) == {"student", "teacher", "brief", "pirate", "direct", "autograde"}
     assert get_persona("brief", max_turns=5).max_turns == 5
-    with pytest.raises(ValueError, match="known personas: student, teacher, brief, pirate"):
+    with pytest.raises(
+        ValueError, match="known personas: student, teacher, brief, pirate, direct, autograde"
+    ):
         get_persona("pilot")
 
 
@@ -182,6 +184,31 @@ def test_pirate_wants_ahoy_first():
     assert reply.rating == -1 and '"Ahoy!"' in (reply.message or "")
     assert reply.comment == 'Begin the answer with the exact word "Ahoy!".'
     assert pirate.reply(BAKER, "  Ahoy! 9 rolls.", turn=3).rating == 1
+
+
+def test_direct_objects_to_the_stock_opener_wherever_it_starts():
+    direct = get_persona("direct")
+    opener = "To solve this problem, we need to subtract 15 from 24. There are 9 rolls left."
+    assert direct.score(BAKER, opener) == 0.0
+    assert direct.score(BAKER, "There are 9 rolls left. To find it, subtract 15 from 24.") == 0.5
+    assert direct.score(BAKER, "24 - 15 = 9, so 9 rolls are left.") == 1.0
+    reply = direct.reply(BAKER, opener, turn=1)
+    assert reply.rating == -1 and '"To solve..."' in (reply.message or "")
+    assert "never write" in (reply.comment or "")
+    long_but_direct = "24 - 15 = 9. " * 40  # length is not this user's concern
+    assert direct.reply(BAKER, long_but_direct, turn=1).done
+
+
+def test_autograde_wants_a_last_line_answer_n_and_credits_the_answer_in_words():
+    grader = get_persona("autograde")
+    assert grader.score(BAKER, "24 - 15 = 9 rolls are left.\nAnswer: 9") == 1.0
+    assert grader.score(BAKER, "Answer: 1,250") == 1.0  # the format, not the number, is graded
+    assert grader.score(BAKER, "Answer: 9\nHope that helps!") == 0.5
+    assert grader.score(BAKER, "So, the answer is 9.") == 0.5
+    assert grader.score(BAKER, PLAIN) == 0.0
+    assert grader.score(BAKER, "Answer: nine") == 0.0
+    reply = grader.reply(BAKER, PLAIN, turn=1)
+    assert reply.rating == -1 and '"Answer: N"' in (reply.message or "")
 
 
 # -- LLM persona over real HTTP --------------------------------------------------------

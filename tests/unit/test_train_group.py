@@ -124,3 +124,8 @@ def test_samples_are_split_across_ranks_by_tokens():
 def test_a_batch_smaller_than_the_group_is_refused():
     with pytest.raises(ValueError, match="at least train.distributed.num_processes"):
         Config(train={"batch_size": 2, "distributed": {"num_processes": 3}})
+
+
+def test_replay_in_a_group_of_ranks_is_refused_naming_both_settings():
+    with pytest.raises(ValueError, match="replay_fraction > 0 runs in one trainer process only"):
+        Config(train={"replay_fraction": 0.2, "distributed": {"num_processes": 2}})

@@ -180,10 +180,18 @@ function renderEngine(e) {
   ]));
 }
 
+// "0.5123 (−0.4%) KL 0.0123", and why it was held; "–" when no canary ran.
+function canaryText(c) {
+  if (!c) return "–";
+  const drop = c.drop == null ? "" : ` (${c.drop > 0 ? "−" : "+"}${Math.abs(100 * c.drop).toFixed(1)}%)`;
+  const text = `${num(c.score, 4)}${drop} KL ${c.kl == null ? "–" : num(c.kl, 4)}`;
+  return c.reason ? `${text}: ${c.reason}` : text;
+}
+
 function renderVersions(versions, now) {
   const rows = versions.map((v) => {
-    const m = v.metrics || {}, s = v.served || {}, canary = v.canary ? JSON.stringify(v.canary) : "–";
-    return el("tr", { "data-version": v.name },
+    const m = v.metrics || {}, s = v.served || {}, canary = canaryText(v.canary);
+    return el("tr", { "data-version": v.name, class: v.status === "held" ? "held" : "" },
       el("td", {}, v.name), el("td", {}, v.step), el("td", {}, ago(v.created_at, now)), el("td", {}, v.status),
       el("td", {}, m.samples ?? "–"), el("td", {}, num(m.loss, 4)), el("td", {}, num(m.kl, 4)),
       el("td", {}, num(m.clip_frac)), el("td", {}, num(m.tokens_per_s, 0)), el("td", {}, num(m.mean_reward, 2)),
@@ -191,7 +199,7 @@ function renderVersions(versions, now) {
       el("td", {}, canary));
   });
   fill("versions", table(["version", "step", "published", "status", "samples", "loss", "KL", "clip", "tokens/s",
-    "train reward", "turns judged", "served score", "hints", "eval / canary"], rows));
+    "train reward", "turns judged", "served score", "hints", "canary"], rows));
 }
 
 function renderSessions(sessions, now) {

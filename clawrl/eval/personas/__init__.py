@@ -6,6 +6,10 @@
 | `teacher` | a student's answer, asking for a comment | specific, friendly, short grading comments      |
 | `brief`   | the bare question                        | the right number in at most 30 words            |
 | `pirate`  | a question for the club                  | every answer starting with "Ahoy!" (OPD-only)   |
+| `direct`  | the bare question                        | no "To solve this problem, we need to..." opener |
+| `autograde` | the question, for a grading script     | a last line that is exactly "Answer: N"         |
+
+`direct` and `autograde` are held out: clawrl's defaults are tuned on `brief` only.
 
 All are scripted and deterministic (clawrl.eval.personas.base explains the interface);
 `clawrl.eval.llm_persona.LLMPersona` plays any of them with an OpenAI-compatible model.
@@ -13,14 +17,18 @@ All are scripted and deterministic (clawrl.eval.personas.base explains the inter
 
 from __future__ import annotations
 
+from clawrl.eval.personas.autograde import Autograde
 from clawrl.eval.personas.base import Check, Persona, Reply, RulePersona
 from clawrl.eval.personas.brief import Brief
+from clawrl.eval.personas.direct import Direct
 from clawrl.eval.personas.pirate import Pirate
 from clawrl.eval.personas.student import Student
 from clawrl.eval.personas.teacher import Teacher, student_answer
 from clawrl.eval.personas.text import mentions_answer, numbers_in
 
-PERSONAS: dict[str, type[RulePersona]] = {p.name: p for p in (Student, Teacher, Brief, Pirate)}
+PERSONAS: dict[str, type[RulePersona]] = {
+    p.name: p for p in (Student, Teacher, Brief, Pirate, Direct, Autograde)
+}
 
 
 def get_persona(name: str, max_turns: int = 3) -> RulePersona:

@@ -1,0 +1,99 @@
+"""The canary gate, in the trainer: every new version is measured before it is published.
+
+Right after a step, on the weights the trainer already holds:
+
+1. the canary of the new weights on the general set's `canary` half: the
+   likelihood score of the reference answers and the accuracy of greedy
+   answers (`measure.py`), against the base model's (computed once per
+   trainer process: with LoRA the base is the adapter switched off, so it
+   costs no extra memory);
+2. the forward KL(base || new) on the newest `guard.kl_turns` real main turns
+   of the store: the last `guard.kl_context` tokens of each prompt and the
+   first `guard.kl_tokens` of its response. The cut keeps the check's cost
+   bounded when an agent's prompts run to thousands of tokens; both models
+   read the same cut context, and the positions next to the answer are where
+   a changed policy shows.
+
+`clawrl.guard.verdict.decide` turns the figures into `passed` or `held`; the
+trainer publishes the version with its status and figures in one transaction
+(`Store.publish_version`), and the server only ever serves versions that are
+not held (`Store.latest_servable_version`). The check runs in the trainer
+process, at its niceness and thread count, so serving never waits for it;
+`seconds` in the figures is the wall time it added to the version.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from clawrl.config import GuardConfig
+from clawrl.guard.general import Encoded, encode, is_right, load_items
+from clawrl.guard.measure import canary_score, forward_kl, greedy_answers, reference_logprobs
+from clawrl.guard.verdict import decide
+from clawrl.store.db import Store
+
+
+@dataclass
+class Canary:
+    store: Store
+    items: list[Encoded]
+    cfg: GuardConfig
+    budget: int  # padded tokens per forward pass (train.micro_batch_tokens)
+    tokenizer: Any = None
+    _base: tuple[float, float] | None = field(default=None, repr=False)
+
+    @classmethod
+    def build(cls, store: Store, tokenizer: Any, cfg: GuardConfig, budget: int) -> Canary:
+        return cls(store, encode(load_items("canary"), tokenizer), cfg, budget, tokenizer)
+
+    def measure(self, model: Any) -> tuple[float, float]:
+        """(likelihood score, accuracy) of `model` on the canary items."""
+        score = canary_score(reference_logprobs(model, self.items, self.budget))
+        tok = self.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        answers = greedy_answers(model, self.items, pad, tok.eos_token_id, self.budget)
+        texts = [tok.decode(a, skip_special_tokens=True) for a in answers]
+        right = [is_right(text, item.key) for text, item in zip(texts, self.items, strict=True)]
+        return score, sum(right) / len(right)
+
+    def base(self, policy: Any) -> tuple[float, float]:
+        """The base model's (score, accuracy), measured on first use, then kept: the base never changes."""
+        if self._base is None:
+            with policy.trainer.reference() as base:
+                self._base = self.measure(base)
+        return self._base
+
+    def check(self, policy: Any) -> tuple[str, dict[str, Any]]:
+        """(status, figures) of the weights `policy` holds now."""
+        start = time.perf_counter()
+        base, base_accuracy = self.base(policy)
+        with torch.no_grad():
+            score, accuracy = self.measure(policy.model)
+        turns = self.store.recent_token_ids(self.cfg.kl_turns) if self.cfg.kl_turns else []
+        turns = [(p[-self.cfg.kl_context :], r[: self.cfg.kl_tokens]) for p, r in turns]
+        kl, tokens = None, 0
+        if turns:
+            kl, tokens = forward_kl(lambda: nullcontext(policy.model), policy.trainer.reference, turns)
+        c = self.cfg
+        verdict = decide(
+            base, score, kl, c.max_drop, c.max_kl, (base_accuracy, accuracy), c.max_accuracy_drop
+        )
+        return verdict.status, {
+            "score": score,
+            "base_score": base,
+            "drop": verdict.drop,
+            "accuracy": accuracy,
+            "base_accuracy": base_accuracy,
+            "accuracy_drop": verdict.accuracy_drop,
+            "kl": kl,
+            "kl_turns": len(turns),
+            "kl_tokens": tokens,
+            "items": len(self.items),
+            "seconds": time.perf_counter() - start,
+            "reason": verdict.reason,
+        }

@@ -1,0 +1,135 @@
+"""The canary's measurements, on whatever weights the trainer holds (no gradient).
+
+- `reference_logprobs`: for each general-set item, the mean log-probability
+  per token of its reference answer (end-of-turn token included) under the
+  model. The canary *score* of a model is the mean over items of
+  `exp(mean logprob)`, the per-token geometric-mean probability of the
+  references, a number in [0, 1] that falls smoothly as a model forgets,
+  where exact-match on a few dozen items would move in steps of 3%.
+- `greedy_answers`: each item's greedy answer (up to `ANSWER_TOKENS` tokens);
+  the canary's *accuracy* is the share whose answer contains the item's key
+  (`general.is_right`). Unlike the likelihood, it does not rise when a
+  version merely learns to answer in fewer words: a model trained to be brief
+  gives the one-sentence references more probability without knowing more.
+- `forward_kl`: the mean per-token forward KL(pi_base || pi_new), summed over
+  the full vocabulary, at the response positions of real turns:
+
+      KL_t = sum_v p_base(v | s_t) * (log p_base(v | s_t) - log p_new(v | s_t))
+
+  RL's Razor (Shenfeld et al., 2025) found this forward KL, measured on the
+  new task's inputs, predicts how much a fine-tuned model forgets. They
+  average it over responses sampled from the base; we read it along the
+  responses the server actually sent (recorded turns), which costs two
+  forward passes instead of a generation, and are the contexts the model
+  meets. Positions are exact (full-vocabulary), not sampled estimates.
+
+Both pack their sequences under a padded-token budget, as training steps do
+(`clawrl.train.batch`), so memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+
+import torch
+from torch import Tensor, nn
+
+from clawrl.guard.general import Encoded
+from clawrl.train.batch import Padded, left_pad, pack, score
+
+Scope = Callable[[], AbstractContextManager[nn.Module]]  # enters a model without gradient
+ANSWER_TOKENS = 24  # a general-set answer's key comes in its first sentence
+KL_BUDGET = 1024  # padded tokens per pass: [rows, R, vocab] logits twice, so smaller than training's
+
+
+def device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def reference_logprobs(model: nn.Module, items: Sequence[Encoded], budget: int) -> list[float]:
+    """Mean log-probability per reference token of each item, in item order."""
+    device = device_of(model)
+    out: list[float] = [0.0] * len(items)
+    lengths = [len(i.prompt_ids) + len(i.reference_ids) for i in items]
+    for group in pack(lengths, budget):
+        rows = [items[i] for i in group]
+        batch = left_pad([r.prompt_ids for r in rows], [r.reference_ids for r in rows], device)
+        logp, _ = score(model, batch, torch.ones(len(rows), device=device), with_entropy=False)
+        for row, i in enumerate(group):
+            out[i] = float(logp[row, : len(items[i].reference_ids)].mean())
+    return out
+
+
+@torch.no_grad()
+def greedy_answers(
+    model: nn.Module, items: Sequence[Encoded], pad_id: int, eos_id: int | None, budget: int
+) -> list[list[int]]:
+    """Each item's greedy answer tokens (at most ANSWER_TOKENS, up to the end of the turn), in item order."""
+    device = device_of(model)
+    out: list[list[int]] = [[] for _ in items]
+    for group in pack([len(i.prompt_ids) + ANSWER_TOKENS for i in items], budget):
+        width = max(len(items[i].prompt_ids) for i in group)
+        ids = torch.full((len(group), width), pad_id, dtype=torch.long, device=device)
+        mask = torch.zeros_like(ids)
+        for row, i in enumerate(group):
+            prompt = items[i].prompt_ids
+            ids[row, width - len(prompt) :] = torch.tensor(prompt, device=device)
+            mask[row, width - len(prompt) :] = 1
+        made = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=ANSWER_TOKENS,
+            do_sample=False,
+            pad_token_id=pad_id,
+            eos_token_id=eos_id,
+        )[:, width:]
+        for row, i in enumerate(group):
+            tokens = made[row].tolist()
+            out[i] = tokens[: tokens.index(eos_id)] if eos_id in tokens else tokens
+    return out
+
+
+def canary_score(logprobs: Sequence[float]) -> float:
+    """The mean over items of exp(mean logprob per token): in [0, 1], higher is better."""
+    return sum(math.exp(x) for x in logprobs) / len(logprobs)
+
+
+@torch.no_grad()
+def forward_kl(
+    new: Scope, base: Scope, turns: Sequence[tuple[list[int], list[int]]], budget: int = KL_BUDGET
+) -> tuple[float, int]:
+    """(mean per-token KL(base || new) in nats, tokens read) over the response positions of `turns`."""
+    total, count = 0.0, 0
+    for group in pack([len(p) + len(r) for p, r in turns], budget):
+        with new() as model:
+            batch = left_pad([turns[i][0] for i in group], [turns[i][1] for i in group], device_of(model))
+            logp_new = response_log_softmax(model, batch)
+        with base() as model:
+            logp_base = response_log_softmax(model, batch)
+        kl = (logp_base.exp() * (logp_base - logp_new)).sum(-1)  # [B, R_max]
+        valid = valid_positions(batch, kl.shape[1])
+        total += float(kl[valid].sum())
+        count += int(valid.sum())
+        del logp_new, logp_base, kl
+    return (total / count if count else 0.0), count
+
+
+def response_log_softmax(model: nn.Module, batch: Padded) -> Tensor:
+    """log softmax [B, R_max, V] at the positions that predict each response token (right-aligned)."""
+    r_max = batch.targets.shape[1]
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        logits_to_keep=r_max + 1,
+    )
+    return torch.log_softmax(out.logits[:, :-1].float(), dim=-1)
+
+
+def valid_positions(batch: Padded, r_max: int) -> Tensor:
+    """[B, R_max] True where row i holds one of its R_i response positions (the last R_i)."""
+    lengths = torch.tensor(batch.lengths, device=batch.input_ids.device)[:, None]
+    return torch.arange(r_max, device=batch.input_ids.device)[None] >= r_max - lengths
