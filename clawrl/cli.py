@@ -329,13 +329,13 @@ def _version_line(v: Any) -> str:
 
 
 def _canary_text(v: Any) -> str:
-    """' | passed: canary 0.5123 (-0.4%) KL 0.0123', or ' | HELD: ...' with the reason; '' unchecked."""
+    """' | passed: canary 0.5123 (-0.4%), KL 0.0123', or ' | HELD: ...' with the reason; '' unchecked."""
+    from clawrl.guard.verdict import figures_text, reason_text  # pure: no torch
+
     c = v.canary
     if not c:
         return ""
-    kl = "-" if c.get("kl") is None else f"{c['kl']:.4f}"
-    text = f" | {'HELD' if v.held else v.status}: canary {c['score']:.4f} ({-c['drop']:+.1%}) KL {kl}"
-    return text + (f" ({c['reason']})" if c.get("reason") else "")
+    return f" | {'HELD' if v.held else v.status}: {figures_text(c)}{reason_text(c)}"
 
 
 def _records_action(store: Any, args: argparse.Namespace) -> None:

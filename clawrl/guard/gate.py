@@ -29,8 +29,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from clawrl.config import GuardConfig
 from clawrl.guard.general import Encoded, encode, is_right, load_items
 from clawrl.guard.measure import canary_score, forward_kl, greedy_answers, reference_logprobs
@@ -72,8 +70,7 @@ class Canary:
         """(status, figures) of the weights `policy` holds now."""
         start = time.perf_counter()
         base, base_accuracy = self.base(policy)
-        with torch.no_grad():
-            score, accuracy = self.measure(policy.model)
+        score, accuracy = self.measure(policy.model)
         turns = self.store.recent_token_ids(self.cfg.kl_turns) if self.cfg.kl_turns else []
         turns = [(p[-self.cfg.kl_context :], r[: self.cfg.kl_tokens]) for p, r in turns]
         kl, tokens = None, 0

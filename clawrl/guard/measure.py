@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from clawrl.guard.general import Encoded
-from clawrl.train.batch import Padded, left_pad, pack, score
+from clawrl.train.batch import Padded, left_pad, pack, response_logits, score
 
 Scope = Callable[[], AbstractContextManager[nn.Module]]  # enters a model without gradient
 ANSWER_TOKENS = 24  # a general-set answer's key comes in its first sentence
@@ -71,16 +71,11 @@ def greedy_answers(
     device = device_of(model)
     out: list[list[int]] = [[] for _ in items]
     for group in pack([len(i.prompt_ids) + ANSWER_TOKENS for i in items], budget):
-        width = max(len(items[i].prompt_ids) for i in group)
-        ids = torch.full((len(group), width), pad_id, dtype=torch.long, device=device)
-        mask = torch.zeros_like(ids)
-        for row, i in enumerate(group):
-            prompt = items[i].prompt_ids
-            ids[row, width - len(prompt) :] = torch.tensor(prompt, device=device)
-            mask[row, width - len(prompt) :] = 1
+        prompts = left_pad([items[i].prompt_ids for i in group], [[] for _ in group], device)
+        width = prompts.input_ids.shape[1]
         made = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
+            input_ids=prompts.input_ids,
+            attention_mask=prompts.attention_mask,
             max_new_tokens=ANSWER_TOKENS,
             do_sample=False,
             pad_token_id=pad_id,
@@ -109,7 +104,7 @@ def forward_kl(
             logp_new = response_log_softmax(model, batch)
         with base() as model:
             logp_base = response_log_softmax(model, batch)
-        kl = (logp_base.exp() * (logp_base - logp_new)).sum(-1)  # [B, R_max]
+        kl = token_kl(logp_base, logp_new)
         valid = valid_positions(batch, kl.shape[1])
         total += float(kl[valid].sum())
         count += int(valid.sum())
@@ -119,14 +114,12 @@ def forward_kl(
 
 def response_log_softmax(model: nn.Module, batch: Padded) -> Tensor:
     """log softmax [B, R_max, V] at the positions that predict each response token (right-aligned)."""
-    r_max = batch.targets.shape[1]
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        logits_to_keep=r_max + 1,
-    )
-    return torch.log_softmax(out.logits[:, :-1].float(), dim=-1)
+    return torch.log_softmax(response_logits(model, batch)[:, :-1].float(), dim=-1)
+
+
+def token_kl(logp_base: Tensor, logp_new: Tensor) -> Tensor:
+    """KL(base || new) at each position [B, R_max], summed over the vocabulary, from log-softmaxes."""
+    return (logp_base.exp() * (logp_base - logp_new)).sum(-1)
 
 
 def valid_positions(batch: Padded, r_max: int) -> Tensor:

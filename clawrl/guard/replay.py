@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from clawrl.guard.general import Encoded, encode, load_items
-from clawrl.guard.measure import response_log_softmax, valid_positions
+from clawrl.guard.measure import response_log_softmax, token_kl, valid_positions
 from clawrl.train.batch import left_pad, pack
 
 
@@ -50,7 +50,7 @@ class Replay:
                 logp_base = response_log_softmax(base, batch)
             logp = response_log_softmax(trainer.model, batch)
             valid = valid_positions(batch, logp.shape[1])
-            kl = (logp_base.exp() * (logp_base - logp)).sum(-1)[valid].sum()
+            kl = token_kl(logp_base, logp)[valid].sum()
             (kl / step_tokens).backward()
             total, tokens = total + float(kl.detach()), tokens + int(valid.sum())
         return {"replay_kl": total / max(tokens, 1), "replay_items": len(items)}

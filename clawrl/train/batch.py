@@ -83,21 +83,27 @@ def score(
     full-vocabulary log-softmax copy of the logits is ever made.
     """
     r_max = batch.targets.shape[1]
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        logits_to_keep=r_max + 1,
-        use_cache=False,  # whole sequences are scored: no KV cache to keep
-    )
-    # logits [B, R_max + 1, V]: position j predicts the token after it; the last one predicts nothing.
-    logp, entropy = chunked_token_logprobs(out.logits, batch.targets, temperatures, with_entropy)
-    del out
+    logits = response_logits(model, batch)
+    logp, entropy = chunked_token_logprobs(logits, batch.targets, temperatures, with_entropy)
+    del logits
     if not entropy_grad:
         entropy = entropy.detach()
     align = _left_align_index(batch.lengths, r_max, logp.device)
     logp = logp.gather(1, align)
     return logp, entropy.gather(1, align) if with_entropy else None
+
+
+def response_logits(model: nn.Module, batch: Padded) -> Tensor:
+    """logits [B, R_max + 1, V] of the last R_max + 1 positions: position j predicts the token after
+    it, so the first R_max predict the (right-aligned) response tokens; the last predicts nothing."""
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        logits_to_keep=batch.targets.shape[1] + 1,
+        use_cache=False,  # whole sequences are scored: no KV cache to keep
+    )
+    return out.logits
 
 
 def _left_align_index(lengths: list[int], r_max: int, device: torch.device) -> Tensor:

@@ -57,7 +57,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from clawrl.guard.verdict import UNCHECKED
+from clawrl.guard.verdict import UNCHECKED, figures_text, reason_text
 from clawrl.store.db import Store
 from clawrl.train.checkpoints import (
     CHECKPOINTS,
@@ -282,6 +282,4 @@ def canary_note(v: Version) -> str:
     c = v.canary
     if not c:
         return ""
-    kl = "-" if c.get("kl") is None else f"{c['kl']:.4f}"
-    why = f" ({c['reason']})" if c.get("reason") else ""
-    return f"; canary {c['score']:.4f} ({-c['drop']:+.1%}), KL {kl}: {v.status}{why} in {c['seconds']:.1f} s"
+    return f"; {figures_text(c)}: {v.status}{reason_text(c)} in {c['seconds']:.1f} s"

@@ -147,9 +147,11 @@ def _train(config: Config, group: Group, parent_pid: int | None, steps: int | No
         policy = build_policy(base, config.train, device, context, m.rope_scaling, group, guarded)
         status = RankStatus(config.run_dir, group.rank, os.getppid()) if group.world > 1 else None
         loggers = StepLoggers(config.train.loggers if group.is_main else [], config.run_dir)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(base)
-        attach_replay(policy, tokenizer)
-        canary, on_hold = trainer_hooks(config, store, policy, tokenizer) if guarded else (None, None)
+        canary, on_hold = None, None
+        if guarded or config.train.replay_fraction > 0:  # both render the general set's questions
+            tokenizer = transformers.AutoTokenizer.from_pretrained(base)
+            attach_replay(policy, tokenizer)
+            canary, on_hold = trainer_hooks(config, store, policy, tokenizer) if guarded else (None, None)
         loop = TrainLoop(store, policy, config.run_dir, group, status, loggers, canary, on_hold)
         loop.resume()
         loop.run(lambda: parent_pid is not None and os.getppid() != parent_pid, steps)
