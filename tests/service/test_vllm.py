@@ -116,6 +116,12 @@ def _vllm_models(server) -> set[str]:
     return {m["id"] for m in httpx.get(server.vllm_url + "/v1/models", timeout=limit(10)).json()["data"]}
 
 
+def _served_since(server, version: str) -> float | None:
+    """When the gateway swapped `version` in, once its dashboard shows it (the snapshot is cached ~1 s)."""
+    served = httpx.get(server.url + "/dashboard/state.json", timeout=limit(10)).json()["served"]
+    return served["since"] if served["version"] == version else None
+
+
 def test_lora_versions_load_into_vllm_at_run_time(tmp_path, vllm_gateway, embedded_model_dir):
     run_dir = tmp_path / "run"
     server = attach_gateway(run_dir, vllm_gateway, embedded_model_dir, "--train.swap-poll-s", "0.2")
@@ -131,10 +137,11 @@ def test_lora_versions_load_into_vllm_at_run_time(tmp_path, vllm_gateway, embedd
         assert v1[0] == "clawrl-v1" and v1[1] != base[1], "the adapter must change the answer"
         assert any(m.startswith("clawrl-v1-") for m in _vllm_models(server))
         # A request in flight when v2 arrives finishes on v1; new requests get v2; v1 is unloaded.
+        # The answer is long enough (about 20 s of CPU decoding) to outlast the swap on a loaded machine.
         with client.chat.completions.create(
             model="clawrl",
             messages=[{"role": "user", "content": "Count slowly."}],
-            max_tokens=60,
+            max_tokens=200,
             stream=True,
             extra_body={"ignore_eos": True},
         ) as stream:
@@ -142,6 +149,7 @@ def test_lora_versions_load_into_vllm_at_run_time(tmp_path, vllm_gateway, embedd
             next(chunks), next(chunks)
             publisher.publish(2)
             wait_for(lambda: version() == "v2", 30, "v2 served")
+            swapped_at = wait_for(lambda: _served_since(server, "v2"), 30, "v2 on the dashboard")
             assert _greedy(client)[0] == "clawrl-v2"
             rest = list(chunks)
         assert rest[-1].choices[0].finish_reason == "length"
@@ -157,8 +165,8 @@ def test_lora_versions_load_into_vllm_at_run_time(tmp_path, vllm_gateway, embedd
     turns = _turns(run_dir)
     assert sorted(tuple(t.versions) for t in turns) == [("v0",), ("v1",), ("v1",), ("v2",), ("v2",)]
     in_flight = next(t for t in turns if t.messages[0]["content"] == "Count slowly.")
-    first_on_v2 = min(t.created_at for t in turns if t.versions == ["v2"])
-    assert in_flight.versions == ["v1"] and in_flight.finished_at > first_on_v2, "it was in flight"
+    assert in_flight.versions == ["v1"], "an answer finishes on the version it started on"
+    assert in_flight.created_at < swapped_at < in_flight.finished_at, "it was in flight during the swap"
 
 
 def _serve(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
