@@ -265,11 +265,13 @@ def cmd_canary(config: Any, args: argparse.Namespace) -> int:
 
 
 def _canary_line(r: dict[str, Any]) -> str:
+    from clawrl.guard.verdict import reason_text  # pure: no torch
+
     kl = "-" if r["kl"] is None else f"{r['kl']:.4f}"
     line = f"{r['version']:<5} step {r['step']:<4} canary {r['score']:.4f} ({-r['drop']:+.1%} vs base "
     line += f"{r['base_score']:.4f}), right {r['accuracy']:.1%} (base {r['base_accuracy']:.1%}), KL {kl} "
     line += f"on {r['kl_tokens']} tokens: {r['now']} (recorded {r['recorded']})"
-    return line + (f" ({r['reason']})" if r["reason"] else "")
+    return line + reason_text(r)
 
 
 def _with_store(run_dir: Path, action: Any, readonly: bool = True) -> int:

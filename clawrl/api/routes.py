@@ -145,5 +145,5 @@ def _guard_health(request: Request) -> dict[str, Any]:
     watcher, guard = request.app.state.watcher, request.app.state.guard
     if watcher is None:  # nothing collected, nothing trained here
         return {"status": "off"}
-    limits = {"max_drop": guard.max_drop, "max_kl": guard.max_kl}
+    limits = guard.model_dump(include={"max_drop", "max_accuracy_drop", "max_kl"})
     return {"status": "on" if guard.enabled else "off"} | limits | watcher.guard()

@@ -160,5 +160,6 @@ def _why(version: Version) -> str:
 
 def _check(version: Version) -> dict[str, Any]:
     c = version.canary or {}
-    figures = {k: c.get(k) for k in ("score", "base_score", "drop", "kl", "seconds")}
+    keys = ("score", "base_score", "drop", "accuracy", "base_accuracy", "accuracy_drop", "kl", "seconds")
+    figures = {k: c.get(k) for k in keys}
     return {"version": version.name, "status": version.status} | figures

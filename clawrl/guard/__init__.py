@@ -7,16 +7,17 @@
 - `replay.py`: `train.replay_fraction`, KL-anchored replay of the general set;
 - `recheck.py`: `clawrl canary`, the same check on published versions, read-only.
 
-`trainer_hooks` is the trainer process's one call into this package. What the
-server does with a held version is in `clawrl/api/versions.py` (never served,
-`/healthz` `guard`); the store keeps each version's status and figures
-(`clawrl/store/versions.py`, migration m006).
+`trainer_hooks` is the trainer process's one call into this package (replay
+and the gate). What the server does with a held version is in
+`clawrl/api/versions.py` (never served, `/healthz` `guard`); the store keeps
+each version's status and figures (`clawrl/store/versions.py`, migration m006).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from clawrl.config import Config
@@ -27,11 +28,22 @@ log = logging.getLogger("clawrl.trainer")
 
 
 def trainer_hooks(
-    config: Config, store: Store, policy: Any, tokenizer: Any
+    config: Config, store: Store | None, policy: Any, base_dir: Path, check: bool
 ) -> tuple[Callable[[Any], tuple[str, dict]] | None, Callable[[Version], object] | None]:
-    """(canary check, what to do after a hold) for `TrainLoop`; (None, None) when the gate is off."""
-    if not config.guard.enabled:
+    """Give the policy's trainer replay (`train.replay_fraction` > 0), and return (canary check,
+    what to do after a hold) for `TrainLoop`: (None, None) unless `check` (the gate is on and this
+    process publishes). The tokenizer (both render the general set) is loaded only if one is on."""
+    if not check and config.train.replay_fraction <= 0:
         return None, None
+    import transformers
+
+    from clawrl.guard.replay import attach_replay
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(base_dir)
+    attach_replay(policy, tokenizer)
+    if not check:
+        return None, None
+    assert store is not None, "the process that checks versions publishes them: it has the store"
     from clawrl.guard.gate import Canary
 
     canary = Canary.build(store, tokenizer, config.guard, config.train.micro_batch_tokens)

@@ -30,7 +30,7 @@ Both pack their sequences under a padded-token budget, as training steps do
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 
 import torch
@@ -48,16 +48,22 @@ def device_of(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def reference_batches(
+    items: Sequence[Encoded], budget: int, device: torch.device
+) -> Iterator[tuple[list[int], Padded]]:
+    """(item indices, left-padded prompt + reference answer batch), packed under `budget` tokens."""
+    for group in pack([len(i.prompt_ids) + len(i.reference_ids) for i in items], budget):
+        rows = [items[i] for i in group]
+        yield group, left_pad([r.prompt_ids for r in rows], [r.reference_ids for r in rows], device)
+
+
 @torch.no_grad()
 def reference_logprobs(model: nn.Module, items: Sequence[Encoded], budget: int) -> list[float]:
     """Mean log-probability per reference token of each item, in item order."""
     device = device_of(model)
     out: list[float] = [0.0] * len(items)
-    lengths = [len(i.prompt_ids) + len(i.reference_ids) for i in items]
-    for group in pack(lengths, budget):
-        rows = [items[i] for i in group]
-        batch = left_pad([r.prompt_ids for r in rows], [r.reference_ids for r in rows], device)
-        logp, _ = score(model, batch, torch.ones(len(rows), device=device), with_entropy=False)
+    for group, batch in reference_batches(items, budget, device):
+        logp, _ = score(model, batch, torch.ones(len(group), device=device), with_entropy=False)
         for row, i in enumerate(group):
             out[i] = float(logp[row, : len(items[i].reference_ids)].mean())
     return out

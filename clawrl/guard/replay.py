@@ -19,8 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from clawrl.guard.general import Encoded, encode, load_items
-from clawrl.guard.measure import response_log_softmax, token_kl, valid_positions
-from clawrl.train.batch import left_pad, pack
+from clawrl.guard.measure import device_of, reference_batches, response_log_softmax, token_kl, valid_positions
 
 
 class Replay:
@@ -42,10 +41,7 @@ class Replay:
         """Backpropagate L_replay for the next items into `trainer.model`; returns its metrics."""
         items = self.take()
         total, tokens = 0.0, 0
-        device = next(trainer.model.parameters()).device
-        for group in pack([len(i.prompt_ids) + len(i.reference_ids) for i in items], self.budget):
-            rows = [items[i] for i in group]
-            batch = left_pad([r.prompt_ids for r in rows], [r.reference_ids for r in rows], device)
+        for _, batch in reference_batches(items, self.budget, device_of(trainer.model)):
             with trainer.reference() as base:
                 logp_base = response_log_softmax(base, batch)
             logp = response_log_softmax(trainer.model, batch)

@@ -3,10 +3,11 @@
 A version is published in one transaction together with marking the samples
 it was trained on `trained`, so a crash between the two can neither lose a
 version nor train a sample twice.
-The server serves the latest version the canary gate did not hold
-(`latest_servable_version`); a held version keeps its row, status and figures,
-and is never served. A rollback is a new version holding a copy of an older
-checkpoint, so the list only grows.
+The server serves the newest version the canary gate did not hold (the
+version watcher, `clawrl/api/versions.py`, passes over held ones, as the
+trainer does when it picks the version to train on); a held version keeps its
+row, status and figures, and is never served. A rollback is a new version
+holding a copy of an older checkpoint, so the list only grows.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from clawrl.store.errors import StoreError
 from clawrl.types import Version
 
 _COLUMNS = "name, step, created_at, path, metrics, parent, status, canary"
-_NEWEST_FIRST = "ORDER BY CAST(substr(name, 2) AS INTEGER) DESC"
 
 
 def _version(row: sqlite3.Row) -> Version:
@@ -76,20 +76,9 @@ class VersionStore:
         return sorted((_version(r) for r in rows), key=lambda v: v.number)
 
     def latest_version(self) -> Version:
-        """The newest version, held or not (v0 always exists: the initial migration inserts it)."""
-        return _version(self._read(f"SELECT {_COLUMNS} FROM versions {_NEWEST_FIRST} LIMIT 1")[0])
-
-    def latest_servable_version(self) -> Version:
-        """The newest version the canary gate did not hold (v0 at worst). Polled by the server."""
-        rows = self._read(f"SELECT {_COLUMNS} FROM versions WHERE status != 'held' {_NEWEST_FIRST} LIMIT 1")
-        return _version(rows[0])
-
-    def held_versions(self, limit: int = 10) -> list[Version]:
-        """The newest `limit` held versions, newest first."""
+        """The newest version, held or not (v0 always exists: the initial migration inserts it).
+        Polled by the server, which lists `versions()` only when this changes."""
         rows = self._read(
-            f"SELECT {_COLUMNS} FROM versions WHERE status = 'held' {_NEWEST_FIRST} LIMIT ?", (limit,)
+            f"SELECT {_COLUMNS} FROM versions ORDER BY CAST(substr(name, 2) AS INTEGER) DESC LIMIT 1"
         )
-        return [_version(r) for r in rows]
-
-    def count_held(self) -> int:
-        return int(self._read("SELECT count(*) FROM versions WHERE status = 'held'")[0][0])
+        return _version(rows[0])

@@ -191,9 +191,10 @@ class TrainLoop:
         metrics = self.policy.trainer.step(plan.batch)
         if not self._main:
             return False
+        status, figures = UNCHECKED, None
         if self.canary is not None:
             self._state("checking")
-        status, figures = self.canary(self.policy) if self.canary is not None else (UNCHECKED, None)
+            status, figures = self.canary(self.policy)
         self._state("publishing")
         return self._publish(plan.batch, metrics, status, figures)
 

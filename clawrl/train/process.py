@@ -38,7 +38,6 @@ import transformers
 from clawrl.config import Config, launched_world_size
 from clawrl.engine.models import ModelNotFound, model_folder, served_context
 from clawrl.guard import trainer_hooks
-from clawrl.guard.replay import attach_replay
 from clawrl.store.db import Store, StoreError
 from clawrl.train.group import Group, open_group
 from clawrl.train.loggers import StepLoggers
@@ -147,11 +146,7 @@ def _train(config: Config, group: Group, parent_pid: int | None, steps: int | No
         policy = build_policy(base, config.train, device, context, m.rope_scaling, group, guarded)
         status = RankStatus(config.run_dir, group.rank, os.getppid()) if group.world > 1 else None
         loggers = StepLoggers(config.train.loggers if group.is_main else [], config.run_dir)
-        canary, on_hold = None, None
-        if guarded or config.train.replay_fraction > 0:  # both render the general set's questions
-            tokenizer = transformers.AutoTokenizer.from_pretrained(base)
-            attach_replay(policy, tokenizer)
-            canary, on_hold = trainer_hooks(config, store, policy, tokenizer) if guarded else (None, None)
+        canary, on_hold = trainer_hooks(config, store, policy, base, check=guarded)
         loop = TrainLoop(store, policy, config.run_dir, group, status, loggers, canary, on_hold)
         loop.resume()
         loop.run(lambda: parent_pid is not None and os.getppid() != parent_pid, steps)

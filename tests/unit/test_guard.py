@@ -165,7 +165,6 @@ def test_a_version_that_forgets_is_held_and_the_trainer_goes_on_from_the_last_se
     assert v1.held and v1.canary["reason"] and v1.canary["kl"] > config.guard.max_kl
     assert set(v1.canary) >= {"score", "base_score", "drop", "kl", "kl_tokens", "seconds", "items"}
     assert 0 <= v1.canary["accuracy"] <= 1 and 0 <= v1.canary["base_accuracy"] <= 1
-    assert store.latest_servable_version().name == "v0"
     assert loop.run_once()  # the next step starts from v0 again, not from the held v1
     v2 = store.latest_version()
     assert v2.parent == "v0" and v2.step == 1
@@ -188,7 +187,7 @@ def test_a_small_step_passes_and_is_the_next_version_trained_from(run):  # noqa:
     assert loop.run_once() and loop.run_once()
     v1, v2 = store.versions()[1:]
     assert v1.status == v2.status == "passed" and abs(v1.canary["drop"]) < 0.01
-    assert v2.parent == "v1" and store.latest_servable_version().name == "v2"
+    assert v2.parent == "v1"
 
 
 def test_with_on_hold_rollback_a_copy_of_the_last_servable_version_is_published(run, capsys):  # noqa: F811
@@ -207,18 +206,41 @@ def test_with_on_hold_rollback_a_copy_of_the_last_servable_version_is_published(
     assert loop.run_once()
     names = [(v.name, v.status, v.metrics.get("rollback_of")) for v in store.versions()]
     assert names == [("v0", "unchecked", None), ("v1", "held", None), ("v2", "unchecked", "v0")]
-    assert store.latest_servable_version().name == "v2"
 
 
-def test_held_versions_are_listed_by_the_store_newest_first(db):
+def test_the_trainer_gets_replay_and_the_canary_only_as_configured(run):  # noqa: F811
+    from clawrl.guard import trainer_hooks
+
+    config, store = run
+    off = config.model_copy(update={"guard": GuardConfig(enabled=False)})
+    policy = build_policy(config.model.path, off.train, "cpu")
+    assert trainer_hooks(off, store, policy, config.model.path, check=False) == (None, None)
+    assert policy.trainer.replay is None
+    replaying = off.model_copy(update={"train": off.train.model_copy(update={"replay_fraction": 0.5})})
+    policy = build_policy(config.model.path, replaying.train, "cpu")
+    assert trainer_hooks(replaying, None, policy, config.model.path, check=False) == (None, None)
+    assert policy.trainer.replay.per_step == replaying.train.batch_size  # f / (1 - f) = 1
+    rolling = config.model_copy(update={"guard": GuardConfig(on_hold="rollback")})
+    check, on_hold = trainer_hooks(
+        rolling, store, build_policy(config.model.path, config.train, "cpu"), config.model.path, check=True
+    )
+    assert check is not None and check.__self__.items and on_hold is not None
+
+
+def test_a_versions_canary_status_and_figures_are_kept_by_the_store(db):
     from clawrl.types import Version
 
     with Store.open(db) as store:
         for n, status in ((1, "passed"), (2, "held"), (3, "held"), (4, "passed")):
             store.publish_version(Version(f"v{n}", n, f"/x/v{n}", status=status, canary={"n": n}), [])
-        assert [v.name for v in store.held_versions()] == ["v3", "v2"] and store.count_held() == 2
-        assert store.latest_servable_version().name == "v4"
-        assert store.versions()[2].canary == {"n": 2}
+        assert [(v.name, v.status, v.held) for v in store.versions()[1:]] == [
+            ("v1", "passed", False),
+            ("v2", "held", True),
+            ("v3", "held", True),
+            ("v4", "passed", False),
+        ]
+        assert store.versions()[2].canary == {"n": 2} and store.versions()[0].canary is None
+        assert store.latest_version().name == "v4"
 
 
 def test_clawrl_canary_measures_every_version_again_without_changing_its_status(run, capsys):  # noqa: F811
