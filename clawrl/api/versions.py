@@ -108,10 +108,10 @@ class VersionWatcher:
 
     async def serve(self, version: Version) -> bool:
         """Swap `version` in between two decoding steps; False (logged) if it cannot be read."""
-        if not hasattr(self.engine, "swap_weights"):  # weights in another process: it loads them itself
-            return await self._load(version)
-        loop = asyncio.get_running_loop()
         start = time.perf_counter()
+        if not hasattr(self.engine, "swap_weights"):  # weights in another process: it loads them itself
+            return await self._load(version, start)
+        loop = asyncio.get_running_loop()
         try:
             load = await loop.run_in_executor(None, self._loader, version)
             await self.engine.swap_weights(load, version.name)  # checks shapes before changing a weight
@@ -119,11 +119,14 @@ class VersionWatcher:
             log.error("cannot serve %s from %s, passing over it: %s", version.name, version.path, exc)
             self._failed.add(version.name)
             return False
-        if self._on_swap is not None:
-            self._on_swap(version.name, time.perf_counter() - start)
+        self._swapped(version, start)
         return True
 
-    async def _load(self, version: Version) -> bool:
+    def _swapped(self, version: Version, start: float) -> None:
+        if self._on_swap is not None:
+            self._on_swap(version.name, time.perf_counter() - start)
+
+    async def _load(self, version: Version, start: float) -> bool:
         """Have an engine that loads versions itself serve `version` (the vLLM engine)."""
         try:
             await self.engine.serve_version(version)  # type: ignore[union-attr]
@@ -134,6 +137,7 @@ class VersionWatcher:
         except EngineFailed as exc:  # the server is down or restarting: try again at the next poll
             log.warning("cannot serve %s now: %s", version.name, exc)
             return True  # stop looking at older versions this round
+        self._swapped(version, start)
         return True
 
     def guard(self) -> dict[str, Any]:

@@ -35,6 +35,7 @@ is loaded again before the server counts as up.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -74,6 +75,7 @@ class VLLMEngine:
         self._serving: tuple[str, Version | None] = ("", None)  # vLLM model name, version (None: v0)
         self._inflight: Counter[str] = Counter()  # requests in flight per vLLM model name
         self._retired: set[str] = set()  # adapters to unload once no request uses them
+        self._unloading: set[asyncio.Task[None]] = set()
         self._http: httpx.AsyncClient | None = None
         self._stats = EngineStats()
         server.on_ready = self._reload
@@ -89,6 +91,7 @@ class VLLMEngine:
         await self.server.start()
 
     async def stop(self) -> None:
+        await asyncio.gather(*self._unloading, return_exceptions=True)
         await self.server.stop()
         if self._http is not None:
             await self._http.aclose()
@@ -120,7 +123,7 @@ class VLLMEngine:
             self._stats.requests_finished += done
             self._stats.requests_cancelled += not (done or failed)  # closed early: its client left
             self._inflight[name] -= 1
-            await self._unload_idle()
+            self._unload_soon()  # its own task: this one may have been cancelled (its client left)
 
     async def _stream(
         self, name: str, version: str, prompt_ids: list[int], params: SamplingParams
@@ -232,6 +235,12 @@ class VLLMEngine:
             why = f"cannot serve {version.name} from {folder}: vLLM refused it: {exc}"
             raise VersionRefused(why) from exc
         return name
+
+    def _unload_soon(self) -> None:
+        if any(self._inflight[n] == 0 for n in self._retired):
+            task = asyncio.get_running_loop().create_task(self._unload_idle())
+            self._unloading.add(task)
+            task.add_done_callback(self._unloading.discard)
 
     async def _unload_idle(self) -> None:
         for name in [n for n in self._retired if self._inflight[n] == 0]:

@@ -30,11 +30,18 @@ class Publisher:
         torch.manual_seed(1)
 
     def publish(self, k: int) -> None:
+        self.announce(k, self.save(k))
+
+    def save(self, k: int):
+        """Write version k's checkpoint folder (not yet published: no server sees it)."""
         with torch.no_grad():  # a different adapter each time, strong enough to change the output
             for name, p in self.model.named_parameters():
                 if "lora_B" in name:
                     p.normal_(0, 0.5)
-        path = save_version(self.run_dir, f"v{k}", self.model, self.optimizer, {"step": k, "samples": []})
+        return save_version(self.run_dir, f"v{k}", self.model, self.optimizer, {"step": k, "samples": []})
+
+    def announce(self, k: int, path) -> None:
+        """Publish a saved version: its row in the store, which the servers' watchers poll."""
         with Store.open(self.run_dir / "clawrl.db") as store:
             store.publish_version(Version(f"v{k}", k, str(path), {"samples": 0}, f"v{k - 1}"), trained=[])
 

@@ -116,10 +116,17 @@ def _vllm_models(server) -> set[str]:
     return {m["id"] for m in httpx.get(server.vllm_url + "/v1/models", timeout=limit(10)).json()["data"]}
 
 
-def _served_since(server, version: str) -> float | None:
-    """When the gateway swapped `version` in, once its dashboard shows it (the snapshot is cached ~1 s)."""
+def _vllm_running(server) -> float:
+    """Requests vLLM is decoding now (its Prometheus gauge)."""
+    text = httpx.get(server.vllm_url + "/metrics", timeout=limit(10)).text
+    gauge = "vllm:num_requests_running"
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(gauge))
+
+
+def _served(server, version: str) -> dict | None:
+    """The dashboard's served version (since when, swaps) once it is `version` (cached ~1 s)."""
     served = httpx.get(server.url + "/dashboard/state.json", timeout=limit(10)).json()["served"]
-    return served["since"] if served["version"] == version else None
+    return served if served["version"] == version else None
 
 
 def test_lora_versions_load_into_vllm_at_run_time(tmp_path, vllm_gateway, embedded_model_dir):
@@ -136,26 +143,29 @@ def test_lora_versions_load_into_vllm_at_run_time(tmp_path, vllm_gateway, embedd
         v1 = _greedy(client)
         assert v1[0] == "clawrl-v1" and v1[1] != base[1], "the adapter must change the answer"
         assert any(m.startswith("clawrl-v1-") for m in _vllm_models(server))
-        # A request in flight when v2 arrives finishes on v1; new requests get v2; v1 is unloaded.
-        # The answer is long enough (about 20 s of CPU decoding) to outlast the swap on a loaded machine.
+        # A request in flight when v2 arrives stays on v1; new requests get v2; v1 is unloaded once
+        # it is done. v2's folder is written first, so only its store row lands mid-answer; the answer
+        # is as long as the window allows (470 tokens: about a minute of CPU decoding on a loaded
+        # machine, where the swap takes a second or two), and the client hangs up once the swap is
+        # seen: the cut-off turn is recorded.
+        v2 = publisher.save(2)
         with client.chat.completions.create(
             model="clawrl",
             messages=[{"role": "user", "content": "Count slowly."}],
-            max_tokens=200,
+            max_tokens=470,
             stream=True,
             extra_body={"ignore_eos": True},
         ) as stream:
             chunks = iter(stream)
             next(chunks), next(chunks)
-            publisher.publish(2)
-            wait_for(lambda: version() == "v2", 30, "v2 served")
-            swapped_at = wait_for(lambda: _served_since(server, "v2"), 30, "v2 on the dashboard")
+            publisher.announce(2, v2)
+            wait_for(lambda: version() == "v2", 60, "v2 served")
+            served = wait_for(lambda: _served(server, "v2"), 30, "v2 on the dashboard")
             assert _greedy(client)[0] == "clawrl-v2"
-            rest = list(chunks)
-        assert rest[-1].choices[0].finish_reason == "length"
-        models = _vllm_models(server)
-        assert any(m.startswith("clawrl-v2-") for m in models)
-        assert not any(m.startswith("clawrl-v1-") for m in models)
+        assert served["swaps"] == 2 and served["last_swap_s"] > 0, served
+        wait_for(lambda: not any(m.startswith("clawrl-v1-") for m in _vllm_models(server)), 30, "v1 unloaded")
+        wait_for(lambda: _vllm_running(server) == 0, 30, "vLLM stopped decoding the answer nobody reads")
+        assert any(m.startswith("clawrl-v2-") for m in _vllm_models(server))
         # A version vLLM cannot serve (rank 32 > --max-lora-rank 16) is logged and skipped.
         Publisher(run_dir, embedded_model_dir, LoraSettings(32, 64)).publish(3)
         wait_for(lambda: "rank 32 is above" in server.output(), 30, "v3 refused in the log")
@@ -165,8 +175,9 @@ def test_lora_versions_load_into_vllm_at_run_time(tmp_path, vllm_gateway, embedd
     turns = _turns(run_dir)
     assert sorted(tuple(t.versions) for t in turns) == [("v0",), ("v1",), ("v1",), ("v2",), ("v2",)]
     in_flight = next(t for t in turns if t.messages[0]["content"] == "Count slowly.")
-    assert in_flight.versions == ["v1"], "an answer finishes on the version it started on"
-    assert in_flight.created_at < swapped_at < in_flight.finished_at, "it was in flight during the swap"
+    assert in_flight.versions == ["v1"], "an answer stays on the version it started on"
+    assert in_flight.finish_reason == "abort", "its client hung up: the cut-off turn is kept"
+    assert in_flight.created_at < served["since"] < in_flight.finished_at, "it was in flight at the swap"
 
 
 def _serve(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
