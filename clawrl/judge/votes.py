@@ -3,8 +3,12 @@
   score = explicit feedback rating, if any         (a person's word beats the judge's)
         | the strict plurality of the valid PRM votes (a tie at the top, or no valid vote: 0)
         | None when there were no PRM votes at all   (the turn was not scored)
-  hint  = the longest candidate over 10 characters, ties to the first, among the hints of
-          hint votes that said +1 and the explicit feedback comment
+  hint  = the explicit feedback comment, if it is over 10 characters
+        | the longest hint over 10 characters, ties to the first, of the hint votes that said +1
+
+A turn rated before the judge got to it is not voted on at all (`JudgeLoop.judge`): the
+rating and its comment are the whole judgment, so whether votes were cast never depends
+on which came first, the rating or the judge worker.
 
 A judge call that failed, or whose reply could not be parsed, is a vote with
 `value=None` and its error (and raw text) kept: it counts for nothing, it is not a 0.
@@ -13,7 +17,6 @@ A judge call that failed, or whose reply could not be parsed, is a vote with
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
 from typing import Literal
 
 from clawrl.judge.parse import Unparseable, parse_hint, parse_prm
@@ -30,10 +33,14 @@ def majority(votes: list[Vote]) -> int:
     return counts[0][0]
 
 
-def select_hint(votes: list[Vote], extra: Iterable[str | None] = ()) -> str | None:
-    """The longest hint (stripped, over MIN_HINT_CHARS) among positive hint votes, then `extra`."""
-    candidates = [v.hint for v in votes if v.kind == "hint" and v.value == 1] + list(extra)
-    usable = [c.strip() for c in candidates if c and len(c.strip()) > MIN_HINT_CHARS]
+def usable_hint(text: str | None) -> str | None:
+    """`text` stripped, if it is long enough to teach anything (over MIN_HINT_CHARS)."""
+    return text.strip() if text and len(text.strip()) > MIN_HINT_CHARS else None
+
+
+def select_hint(votes: list[Vote]) -> str | None:
+    """The longest usable hint among positive hint votes (ties to the first), or None."""
+    usable = [h for v in votes if v.kind == "hint" and v.value == 1 and (h := usable_hint(v.hint))]
     return max(usable, key=len) if usable else None  # max keeps the first of equals
 
 
@@ -65,7 +72,7 @@ def judgment(
     feedback_rating: int | None = None,
     feedback_comment: str | None = None,
 ) -> Judgment:
-    """The judgment of one turn: explicit feedback decides the score; its comment is a hint candidate."""
+    """The judgment of one turn: explicit feedback decides the score, and its comment the hint."""
     if feedback_rating is not None and feedback_rating not in (-1, 0, 1):
         raise ValueError(f"feedback rating must be -1, 0 or +1, not {feedback_rating!r}")
     prm = [v for v in votes if v.kind == "prm"]
@@ -73,8 +80,7 @@ def judgment(
         score: int | None = feedback_rating
     else:
         score = majority(prm) if prm else None
-    hints = [v for v in votes if v.kind == "hint"]
-    hint = select_hint(hints, [feedback_comment] if feedback_comment else [])
+    hint = usable_hint(feedback_comment) or select_hint(votes)
     return Judgment(turn_id=turn_id, judge=judge, votes=votes, score=score, hint=hint)
 
 

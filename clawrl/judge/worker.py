@@ -135,14 +135,20 @@ class JudgeLoop:
                         await self._end_session(session_id)
 
     async def judge(self, turn_id: str) -> Judgment | None:
-        """Judge one turn now: votes (reused if it was judged before), feedback, samples, all stored."""
+        """Judge one turn now: votes (reused if it was judged before, none if it was rated before it
+        was judged), feedback, samples, all stored."""
         await self.writer.settled()  # the turn and its next state may still be waiting to be written
         turn = await self.db(self.store.get_turn, turn_id)
         if turn is None:
             return None
         feedback = await self.db(self.store.latest_feedback, turn_id)
         earlier = await self.db(self.store.latest_judgment, turn_id)
-        votes = earlier.votes if earlier is not None else await self._votes(turn)
+        if earlier is not None:
+            votes = earlier.votes  # already paid for: a rating arriving later decides the score
+        elif feedback is not None:
+            votes = []  # rated first: a person's word beats the judge's, so no judge is asked
+        else:
+            votes = await self._votes(turn)
         if not votes and feedback is None:
             return None  # nothing to judge on yet (the feedback judge waits for a rating)
         j = judgment(

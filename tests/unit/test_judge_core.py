@@ -186,15 +186,6 @@ def test_select_hint_ties_go_to_the_first():
     assert select_hint([hint("Answer in French."), hint("Answer in German.")]) == "Answer in French."
 
 
-def test_select_hint_counts_extra_candidates():
-    votes = [hint("Answer in French.")]
-    comment = "Please answer in French and keep it under fifty words."
-    assert select_hint(votes, [comment]) == comment
-    assert select_hint([], [" Keep it shorter. "]) == "Keep it shorter."
-    assert select_hint(votes, ["too short", ""]) == "Answer in French."
-    assert select_hint([], []) is None
-
-
 def test_prm_vote_from_a_reply():
     vote = prm_vote("The user said thanks.\n\\boxed{1}", 0.5, None)
     assert vote == Vote("prm", 1, raw="The user said thanks.\n\\boxed{1}", latency_s=0.5)
@@ -250,11 +241,12 @@ def test_explicit_feedback_overrides_the_votes():
     assert judgment("t", "feedback", [], feedback_rating=1).score == 1
 
 
-def test_feedback_comment_is_a_hint_candidate():
-    votes = [prm(1), hint("Answer in French.")]
-    comment = "Answer in French and say which sources you used."
-    assert judgment("t", "feedback", votes, -1, comment).hint == comment
-    assert judgment("t", "feedback", votes, -1, "meh").hint == "Answer in French."
+def test_the_feedback_comment_beats_the_judges_hints():
+    votes = [prm(1), hint("Answer in French, citing the three sources you relied on.")]
+    assert judgment("t", "feedback", votes, -1, " Keep it shorter. ").hint == "Keep it shorter."
+    # A comment too short to teach anything leaves the judge's hint.
+    assert judgment("t", "feedback", votes, -1, "meh").hint == votes[1].hint
+    assert judgment("t", "feedback", votes, -1, None).hint == votes[1].hint
     assert judgment("t", "feedback", [], 1, None).hint is None
 
 

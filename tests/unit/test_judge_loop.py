@@ -1,0 +1,90 @@
+"""The judge loop on a real store: who is asked, and what a turn's judgment is made of."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from clawrl.algo import get_method
+from clawrl.algo.teacher import teacher_prompt
+from clawrl.config import JudgeConfig
+from clawrl.engine.chat import ChatRenderer
+from clawrl.judge.worker import JudgeLoop
+from clawrl.store.db import Store
+from clawrl.store.writer import StoreWriter
+from clawrl.types import Feedback
+from tests.unit.test_store import make_turn
+
+HINT = "Answer with the number alone, on one line."
+NEXT_STATE = [{"role": "user", "content": "No, redo it: just the number."}]
+
+
+class CountingJudge:
+    """A judge backend that says -1 with a hint to every call, and counts the calls."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def complete(self, messages: list[dict[str, Any]], temperature: float, max_tokens: int) -> str:
+        self.calls += 1
+        if "[HINT_START]" in str(messages):
+            return f"The user wanted the bare number.\n\\boxed{{1}}\n[HINT_START]{HINT}[HINT_END]"
+        return "The user asks to redo it.\n\\boxed{-1}"
+
+
+def _judge(db: Path, tokenizer: Any, turn_id: str, rating: int | None, comment: str | None = None):
+    """Judge `turn_id` (its next state already recorded, and `rating` if given) once, as the server does."""
+
+    async def run():
+        backend = CountingJudge()
+        with Store.open(db) as store:
+            if rating is not None:
+                store.add_feedback(Feedback(turn_id, rating, comment))
+            writer = StoreWriter(retry_every_s=1.0, max_pending=100)
+            writer.start()
+            teacher = teacher_prompt(ChatRenderer(tokenizer))
+            loop = JudgeLoop(store, writer, backend, get_method("combine"), teacher, JudgeConfig(votes=3))
+            try:
+                j = await loop.judge(turn_id)
+            finally:
+                await writer.stop()
+            return j, backend.calls, [s for s in store.ready_samples() if s.turn_id == turn_id]
+
+    return asyncio.run(run())
+
+
+def _store(db: Path, smol_tokenizer: Any) -> None:
+    ids = smol_tokenizer.encode("Four.", add_special_tokens=False)
+    with Store.open(db) as store:
+        store.upsert_session("s1", "header", 1.0)
+        for i in range(3):
+            plain = dict(tools=[], tool_calls=[], finish_reason="stop", logprobs=[-0.5] * len(ids))
+            store.insert_turn(make_turn(f"t{i}", "s1", i, response_ids=ids, **plain))
+            store.set_next_state(f"t{i}", NEXT_STATE, 2.0)
+
+
+def test_an_unrated_turn_is_voted_on(tmp_path, smol_tokenizer):
+    _store(tmp_path / "c.db", smol_tokenizer)
+    j, calls, samples = _judge(tmp_path / "c.db", smol_tokenizer, "t0", rating=None)
+    assert calls == 6 and len(j.votes) == 6  # m PRM votes and m hint votes
+    assert j.score == -1 and j.hint == HINT
+    assert {(s.kind, s.reward) for s in samples} == {("rl", -1.0), ("opd", 0.0)}
+
+
+def test_a_turn_rated_before_it_is_judged_asks_no_judge(tmp_path, smol_tokenizer):
+    """Its next state is there too, but the person's rating and comment are the whole judgment."""
+    _store(tmp_path / "c.db", smol_tokenizer)
+    j, calls, samples = _judge(tmp_path / "c.db", smol_tokenizer, "t1", 1)
+    assert calls == 0 and j.votes == [] and j.score == 1 and j.hint is None
+    assert [(s.kind, s.reward) for s in samples] == [("rl", 1.0)]
+    comment = "Give the number first, then one short reason."
+    j, calls, samples = _judge(tmp_path / "c.db", smol_tokenizer, "t2", -1, comment)
+    assert calls == 0 and j.votes == [] and j.score == -1 and j.hint == comment
+    assert {(s.kind, s.reward) for s in samples} == {("rl", -1.0), ("opd", 0.0)}
