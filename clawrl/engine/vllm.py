@@ -237,7 +237,7 @@ class VLLMEngine:
         return name
 
     def _unload_soon(self) -> None:
-        if any(self._inflight[n] == 0 for n in self._retired):
+        if self._retired:  # empty but for the moments after a swap
             task = asyncio.get_running_loop().create_task(self._unload_idle())
             self._unloading.add(task)
             task.add_done_callback(self._unloading.discard)
