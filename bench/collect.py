@@ -24,12 +24,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RemoteServer, burst, p95, rss_mb, tiny_model
+from common import burst, p95, rss_mb, start_server, tiny_model
+
+from clawrl.launcher import ServerProcess
 
 
 def latency(model_args: list[str], rounds: int, max_tokens: int, tmp: Path) -> dict:
-    on = RemoteServer(tmp / "on", model_args)
-    off = RemoteServer(tmp / "off", model_args + ["--collect.enabled", "false"])
+    on = start_server(tmp / "on", model_args)
+    off = start_server(tmp / "off", model_args + ["--collect.enabled", "false"])
     try:
         asyncio.run(burst(on, 2, 1, 2))
         asyncio.run(burst(off, 2, 1, 2))
@@ -44,7 +46,7 @@ def latency(model_args: list[str], rounds: int, max_tokens: int, tmp: Path) -> d
     return {k: {"mean_s": statistics.mean(v), "p95_s": p95(v), "n": len(v)} for k, v in lat.items()}
 
 
-async def abandon(server: RemoteServer, n: int, concurrency: int = 16) -> None:
+async def abandon(server: ServerProcess, n: int, concurrency: int = 16) -> None:
     client = server.async_client()
     queue = iter(range(n))
 
@@ -62,7 +64,7 @@ async def abandon(server: RemoteServer, n: int, concurrency: int = 16) -> None:
 
 def memory(tiny: Path, sessions: int, cap: int | None, tmp: Path) -> dict:
     args = ["--model", str(tiny)] + (["--collect.max-open-sessions", str(cap)] if cap else [])
-    server = RemoteServer(tmp / f"mem-{cap}", args)
+    server = start_server(tmp / f"mem-{cap}", args)
     try:
         asyncio.run(abandon(server, 200))  # warm up allocators and caches
         before = rss_mb(server.proc.pid)

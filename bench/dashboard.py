@@ -27,7 +27,9 @@ import time
 from pathlib import Path
 
 import httpx
-from common import RemoteServer, burst, p95, tiny_model
+from common import burst, p95, start_server, tiny_model
+
+from clawrl.launcher import ServerProcess
 
 DASHBOARD_PERIOD_S = 2.0  # dashboard.js POLL_MS
 SCRAPE_PERIOD_S = 1.0
@@ -54,7 +56,7 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def idle_cost(server: RemoteServer, path: str, n: int = 200) -> float:
+def idle_cost(server: ServerProcess, path: str, n: int = 200) -> float:
     """Server CPU milliseconds per GET of `path` on an idle server."""
     with httpx.Client(base_url=server.url, timeout=30) as http:
         http.get(path).raise_for_status()
@@ -65,7 +67,7 @@ def idle_cost(server: RemoteServer, path: str, n: int = 200) -> float:
 
 
 async def phase(
-    server: RemoteServer, args: argparse.Namespace, watched: bool, seen: dict[str, int]
+    server: ServerProcess, args: argparse.Namespace, watched: bool, seen: dict[str, int]
 ) -> tuple[list[float], float]:
     """The latencies of one phase's requests, and the server CPU seconds it used."""
     stop = asyncio.Event()
@@ -90,7 +92,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="clawrl-bench-dashboard-") as d:
         model = ["--model", str(tiny_model(Path(d)))] if args.tiny else []
-        server = RemoteServer(Path(d) / "run", [*model, "--judge.enabled", "false"], timeout=600)
+        server = start_server(Path(d) / "run", [*model, "--judge.enabled", "false"], timeout=600)
         try:
             asyncio.run(burst(server, args.clients, 1, args.max_tokens))  # warm-up, not counted
             quiet: list[float] = []

@@ -29,10 +29,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RemoteServer, burst, p95
+from common import burst, p95, start_server
+
+from clawrl.launcher import ServerProcess
 
 
-def judged(server: RemoteServer) -> int:
+def judged(server: ServerProcess) -> int:
     return server.health()["judge"]["judged"]
 
 
@@ -48,8 +50,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
         "--method",
         args.method,
     ]
-    on = RemoteServer(tmp / "on", base + judge)
-    off = RemoteServer(tmp / "off", base + ["--judge.enabled", "false"])
+    on = start_server(tmp / "on", base + judge)
+    off = start_server(tmp / "off", base + ["--judge.enabled", "false"])
     lat: dict[str, list[float]] = {"on": [], "off": []}
     busy = 0.0
     try:

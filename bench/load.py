@@ -17,18 +17,19 @@ import threading
 import time
 from pathlib import Path
 
-from common import RemoteServer, rss_mb
+from common import rss_mb, start_server
 
 from clawrl.eval.load import run_load
+from clawrl.launcher import ServerProcess
 from clawrl.store.db import Store
 
 
-def turn_count(server: RemoteServer) -> int:
+def turn_count(server: ServerProcess) -> int:
     with Store.open(server.run_dir / "clawrl.db", readonly=True) as store:
         return sum(1 for _ in store.turns())
 
 
-def idle(server: RemoteServer) -> None:
+def idle(server: ServerProcess) -> None:
     while (e := server.health()["engine"])["active"] or e["waiting"]:
         time.sleep(0.2)
 
@@ -40,7 +41,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=16)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="clawrl-bench-load-") as d:
-        server = RemoteServer(Path(d) / "run", ["--judge.enabled", "false"], timeout=600)
+        server = start_server(Path(d) / "run", ["--judge.enabled", "false"], timeout=600)
         try:
             url = server.url + "/v1"
             alone = [asyncio.run(run_load(url, 1, 0, args.max_tokens)).ttft_s[0] for _ in range(3)]

@@ -18,15 +18,16 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from common import RemoteServer
+from common import start_server
 
 from clawrl.eval.openclaw import install, openclaw_config, run_agent, write_home
+from clawrl.launcher import ServerProcess
 from clawrl.store.db import Store
 
 MESSAGES = ["What is 2+2?", "And what is 3+3?", "Thanks! What is 4+4?"]
 
 
-def conversation(server: RemoteServer, openclaw: Path, tmp: Path, lean: bool, max_tokens: int) -> list[dict]:
+def conversation(server: ServerProcess, openclaw: Path, tmp: Path, lean: bool, max_tokens: int) -> list[dict]:
     workspace = tmp / "workspace"
     workspace.mkdir(parents=True, exist_ok=True)
     config = openclaw_config(
@@ -60,7 +61,7 @@ def main() -> None:
     results, memory = {}, {}
     for name, extra in (("on", []), ("off", ["--engine.prefix-cache-mb", "0"])):
         with tempfile.TemporaryDirectory(prefix=f"clawrl-bench-openclaw-{name}-") as d:
-            server = RemoteServer(Path(d) / "run", ["--judge.backend", "feedback", *extra], timeout=600)
+            server = start_server(Path(d) / "run", ["--judge.backend", "feedback", *extra], timeout=600)
             try:
                 results[name] = conversation(
                     server, openclaw, Path(d), args.profile == "lean", args.max_tokens

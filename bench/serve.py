@@ -24,44 +24,25 @@ directly, against the local engine, and a LoRA hot swap.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import json
 import os
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from openai import AsyncOpenAI
 from transformers import DynamicCache
 from transformers.utils import logging as hf_logging
 
-from clawrl.config import Config
-from clawrl.engine.models import ensure_embedded, load_model
-from clawrl.eval.server import free_port
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import serve_vllm  # noqa: E402  (--engine vllm; it imports bench.common, never this file)
+from bench.common import TEMPERATURE, conversations, run_server  # noqa: E402
+from clawrl.config import Config  # noqa: E402
+from clawrl.engine.models import ensure_embedded, load_model  # noqa: E402
 
-SERVED_MODEL = "clawrl"  # the server's default served_model_name
-TEMPERATURE = 1.0
-REQUEST_TIMEOUT_S = 300.0
-STARTUP_TIMEOUT_S = 120.0
 TARGET_RATIO, TARGET_CLIENTS, TARGET_TTFT_S = 0.8, 8, 1.0
-
-QUESTIONS = [
-    "What is a good way to start the morning?",
-    "How do I keep basil alive on a windowsill?",
-    "Why is the sky blue?",
-    "What should I pack for a weekend hike?",
-    "How long should I boil an egg?",
-    "What is a simple dinner I can cook in twenty minutes?",
-    "How can I fall asleep faster?",
-    "What is the difference between weather and climate?",
-]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -77,11 +58,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.max_tokens < 1 or args.requests < 1 or not args.clients or min(args.clients) < 1:
         p.error("--max-tokens, --requests and every --clients value must be >= 1")
     return args
-
-
-def conversations(n: int) -> list[list[dict]]:
-    """One distinct single-turn chat per client (the questions repeat beyond eight clients)."""
-    return [[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}] for i in range(n)]
 
 
 def render(tokenizer, chats: list[list[dict]]) -> list[list[int]]:
@@ -142,108 +118,6 @@ def run_bare(folder: Path, args: argparse.Namespace) -> list[dict]:
     return results
 
 
-# --- server ----------------------------------------------------------------------------------
-
-
-def start_server(folder: Path, run_dir: Path, port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "clawrl", "serve", "--model", str(folder), "--run-dir", str(run_dir)]
-    cmd += ["--server.port", str(port), "--server.log-level", "warning"]
-    with open(run_dir.parent / "server.out", "wb") as log:  # the child keeps its own handle
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-
-
-def wait_healthy(proc: subprocess.Popen, port: int, log: Path) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"server not healthy after {STARTUP_TIMEOUT_S:.0f} s:\n{log.read_text()[-3000:]}")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=15)
-
-
-async def stream_once(
-    client: AsyncOpenAI, chat: list[dict], max_tokens: int, model: str = SERVED_MODEL
-) -> tuple[int, float]:
-    """Stream one answer: (completion tokens from the usage chunk, seconds to the first content)."""
-    start = time.perf_counter()
-    ttft, tokens = None, None
-    stream = await client.chat.completions.create(
-        model=model,
-        messages=chat,
-        max_tokens=max_tokens,
-        temperature=TEMPERATURE,
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_body={"ignore_eos": True},
-    )
-    async for chunk in stream:
-        if ttft is None and chunk.choices and chunk.choices[0].delta.content:
-            ttft = time.perf_counter() - start
-        if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
-    if ttft is None or tokens is None:
-        raise RuntimeError(f"stream ended without content or usage (ttft={ttft}, tokens={tokens})")
-    return tokens, ttft
-
-
-async def timed_request(client: AsyncOpenAI, chat: list[dict], max_tokens: int) -> tuple[int, float]:
-    """(completion tokens from the usage chunk, seconds to the first content chunk)."""
-    return await asyncio.wait_for(stream_once(client, chat, max_tokens), REQUEST_TIMEOUT_S)
-
-
-async def client_loop(client: AsyncOpenAI, chat: list[dict], args: argparse.Namespace) -> list:
-    return [await timed_request(client, chat, args.max_tokens) for _ in range(args.requests)]
-
-
-async def server_phase(base_url: str, n: int, args: argparse.Namespace) -> dict:
-    """N concurrent clients, `--requests` each, timed as one phase after one warm-up request."""
-    chats = conversations(n)
-    async with AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=REQUEST_TIMEOUT_S) as c:
-        await timed_request(c, chats[0], args.max_tokens)  # warm-up
-        start = time.perf_counter()
-        per_client = await asyncio.gather(*(client_loop(c, chat, args) for chat in chats))
-        wall = time.perf_counter() - start
-    results = [r for rs in per_client for r in rs]
-    tokens, ttfts = sum(t for t, _ in results), [s for _, s in results]
-    short = sum(t != args.max_tokens for t, _ in results)
-    return {
-        "clients": n, "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall,
-        "ttft_median_s": statistics.median(ttfts), "ttft_max_s": max(ttfts),
-        "ttft_s": ttfts, "short_completions": short,
-    }  # fmt: skip
-
-
-def run_server(folder: Path, args: argparse.Namespace) -> list[dict]:
-    """Start `clawrl serve`, run every client phase against it, stop it."""
-    with tempfile.TemporaryDirectory(prefix="clawrl-bench-") as tmp:
-        port = free_port()
-        proc = start_server(folder, Path(tmp) / "run", port)
-        try:
-            wait_healthy(proc, port, Path(tmp) / "server.out")
-            results = []
-            for n in args.clients:
-                results.append(asyncio.run(server_phase(f"http://127.0.0.1:{port}/v1", n, args)))
-                print(f"  server {n:>2} x {args.requests}: {results[-1]['tok_s']:7.1f} tok/s", flush=True)
-            return results
-        finally:
-            stop_server(proc)
-
-
 # --- report ----------------------------------------------------------------------------------
 
 
@@ -297,10 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()
     folder = args.model or ensure_embedded(Config().cache_dir())
     if args.engine == "vllm":
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-        from bench.serve_vllm import main as vllm_main
-
-        return vllm_main(args, folder)
+        return serve_vllm.main(args, folder)
     meta = {"model": folder.name, "max_tokens": args.max_tokens, "requests": args.requests,
             "clients": args.clients, "threads": torch.get_num_threads()}  # fmt: skip
     meta["load_start"] = os.getloadavg()[0]

@@ -21,38 +21,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-import httpx
-from openai import AsyncOpenAI, OpenAI
+from openai import OpenAI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.serve import REQUEST_TIMEOUT_S, conversations, run_server, stream_once  # noqa: E402
-from tests.conftest import RemoteServer  # noqa: E402  (the tests' own launcher)
+from bench.common import run_server, server_phase, start_server  # noqa: E402
+from clawrl.launcher import ServerProcess  # noqa: E402
 
 BASE_NAME = "clawrl-base"  # the name clawrl's started vLLM serves the base model under
-
-
-async def phase(base_url: str, model: str, n: int, args: argparse.Namespace) -> dict:
-    """N concurrent streaming clients, `--requests` each, after one warm-up request."""
-    chats = conversations(n)
-    async with AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=REQUEST_TIMEOUT_S) as c:
-        await stream_once(c, chats[0], args.max_tokens, model)
-
-        async def loop(chat):
-            return [await stream_once(c, chat, args.max_tokens, model) for _ in range(args.requests)]
-
-        start = time.perf_counter()
-        results = [r for rs in await asyncio.gather(*(loop(chat) for chat in chats)) for r in rs]
-        wall = time.perf_counter() - start
-    tokens = sum(t for t, _ in results)
-    ttfts = [s for _, s in results]
-    return {"clients": n, "tokens": tokens, "tok_s": tokens / wall, "ttft_median_s": statistics.median(ttfts)}
 
 
 def chunk_gaps(client: OpenAI, max_tokens: int, during=None) -> tuple[float, set[str]]:
@@ -78,16 +59,16 @@ def chunk_gaps(client: OpenAI, max_tokens: int, during=None) -> tuple[float, set
     return max(b - a for a, b in zip(times, times[1:], strict=False)), versions
 
 
-def swap(server: RemoteServer, model_dir: Path) -> dict:
+def swap(server: ServerProcess, model_dir: Path) -> dict:
     """Publish v1 (a rank-16 LoRA) while a stream runs; time publish -> first token of v1.
 
     The checkpoint is written before the stream starts (the trainer writes it in its own
     process); only the store row that publishes it is written during the stream."""
     from clawrl.store.db import Store
+    from clawrl.testing import Publisher
     from clawrl.train.checkpoints import save_version
     from clawrl.train.weights import LoraSettings
     from clawrl.types import Version
-    from tests.service.test_hot_swap import Publisher  # loads torch and the model: only here
 
     publisher = Publisher(server.run_dir, model_dir, LoraSettings(16, 32))
     path = save_version(
@@ -125,18 +106,15 @@ def run_vllm(folder: Path, args: argparse.Namespace) -> dict:
         start = ["--engine.kind", "vllm", "--engine.vllm.start", "true", "--judge.enabled", "false"]
         more = ["--train.enabled", "false", "--train.swap-poll-s", "0.2", "--server.log-level", "warning"]
         t0 = time.perf_counter()
-        server = RemoteServer(run_dir, ["--model", str(folder), *start, *more], timeout=600)
-        try:
+        with start_server(run_dir, ["--model", str(folder), *start, *more]) as server:
             out: dict = {"vllm_start_s": time.perf_counter() - t0, "direct": [], "gateway": []}
-            vllm_url = httpx.get(server.url + "/healthz").json()["engine"]["extra"]["vllm"]["url"]
+            assert server.vllm_url is not None, "the gateway reports no vLLM server"
             for n in args.clients:
-                out["direct"].append(asyncio.run(phase(vllm_url + "/v1", BASE_NAME, n, args)))
-                out["gateway"].append(asyncio.run(phase(server.url + "/v1", "clawrl", n, args)))
+                out["direct"].append(asyncio.run(server_phase(server.vllm_url + "/v1", n, args, BASE_NAME)))
+                out["gateway"].append(asyncio.run(server_phase(server.url + "/v1", n, args)))
                 d, g = out["direct"][-1]["tok_s"], out["gateway"][-1]["tok_s"]
                 print(f"  {n:>2} clients: vLLM direct {d:7.1f} tok/s, via the gateway {g:7.1f}", flush=True)
             out["swap"] = swap(server, folder)
-        finally:
-            server.stop()
     return out
 
 

@@ -43,14 +43,15 @@ from pathlib import Path
 import httpx
 import torch
 import train_scale
-from common import RemoteServer
+from common import start_server
 
 from clawrl.config import Config, TrainConfig
 from clawrl.engine.models import ensure_embedded
+from clawrl.launcher import ServerProcess
+from clawrl.testing import Publisher
 from clawrl.train.policy import build_policy
 from clawrl.train.weights import LoraSettings
 from clawrl.types import Sample
-from tests.service.test_hot_swap import Publisher
 
 
 def samples(n: int = 16, prompt: int = 96, response: int = 64) -> list[Sample]:
@@ -99,7 +100,7 @@ def step_throughput(model_dir: Path) -> dict:
     return rates | {"ratio": rates["trainer"] / rates["bare"]}
 
 
-async def longest_gap(server: RemoteServer, publish=None) -> tuple[float, set]:
+async def longest_gap(server: ServerProcess, publish=None) -> tuple[float, set]:
     client = server.async_client()
     stream = await client.chat.completions.create(
         model="clawrl",
@@ -143,7 +144,7 @@ def swap_pause(model: Path, tmp: Path, rounds: int) -> dict:
         "--train.enabled",
         "true",
     ]
-    server = RemoteServer(run_dir, args)
+    server = start_server(run_dir, args)
     ctx = multiprocessing.get_context("spawn")
     inbox, outbox = ctx.Queue(), ctx.Queue()
     worker = ctx.Process(target=_publisher, args=(run_dir, model, inbox, outbox))
@@ -166,7 +167,7 @@ def swap_pause(model: Path, tmp: Path, rounds: int) -> dict:
     return {k: statistics.median(v) for k, v in gaps.items()} | {"worst": max(gaps["swap"])}  # seconds
 
 
-async def client_load(server: RemoteServer, n: int, clients: int, ids: list, errors: list) -> list[float]:
+async def client_load(server: ServerProcess, n: int, clients: int, ids: list, errors: list) -> list[float]:
     client = server.async_client()
 
     async def one(i: int) -> list[float]:
@@ -193,7 +194,7 @@ async def client_load(server: RemoteServer, n: int, clients: int, ids: list, err
 
 def latency_while_training(model: Path, tmp: Path, rounds: int, requests: int) -> dict:
     args = ["--model", str(model), "--train.enabled", "true", "--judge.backend", "feedback", "--method", "rl"]
-    server = RemoteServer(tmp / "train", args)
+    server = start_server(tmp / "train", args)
     lat: dict[str, list[float]] = {"idle": [], "training": []}
     errors: list[str] = []
     published = 0
@@ -214,7 +215,7 @@ def latency_while_training(model: Path, tmp: Path, rounds: int, requests: int) -
     return {"p": p, "ratio": p["training"][2] / p["idle"][2], "published": published, "errors": errors}
 
 
-def wait_until_idle(server: RemoteServer, limit: float = 600) -> None:
+def wait_until_idle(server: ServerProcess, limit: float = 600) -> None:
     """Until the trainer has no full batch left (its log says it waits)."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:

@@ -116,7 +116,7 @@ def memory(model: Path, baseline_ref: str, threads: int) -> dict:
 def run_folder(tmp: Path, model: Path, samples: list[Sample], batch: int) -> Path:
     from clawrl.config import Config
     from clawrl.store.db import Store
-    from tests.unit.test_store import make_turn
+    from clawrl.testing import make_turn
 
     config = Config(run_dir=tmp, model={"path": str(model)}, train={"batch_size": batch, "nice": 0})
     tmp.mkdir(parents=True)

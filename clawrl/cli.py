@@ -203,7 +203,7 @@ def cmd_serve(config: Any, args: argparse.Namespace | None = None) -> int:
     except OSError as exc:
         return fail(f"cannot write the run folder {config.run_dir}: {exc}")
     setup_logging(server.log_level, config.run_dir / "logs" / "server.log")
-    from clawrl.serve import run_server  # heavy imports (torch, transformers) start here
+    from clawrl.wiring.server import run_server  # heavy imports (torch, transformers) start here
 
     return run_server(config)
 
@@ -217,7 +217,7 @@ def cmd_train(config: Any, args: argparse.Namespace) -> int:
     if rank > 0:  # rank 0 speaks for the group; the others log warnings and errors only
         level, logfile = "warning", logfile.with_name(f"trainer-rank{rank}.log")
     setup_logging(level, logfile, bare_console=supervised)
-    from clawrl.train.process import run_trainer
+    from clawrl.wiring.trainer import run_trainer
 
     return run_trainer(config, args.exit_with_parent, args.launch, args.in_group, args.steps)
 
@@ -265,13 +265,13 @@ def cmd_canary(config: Any, args: argparse.Namespace) -> int:
 
 
 def _canary_line(r: dict[str, Any]) -> str:
-    from clawrl.guard.verdict import reason_text  # pure: no torch
+    from clawrl.types import canary_reason
 
     kl = "-" if r["kl"] is None else f"{r['kl']:.4f}"
     line = f"{r['version']:<5} step {r['step']:<4} canary {r['score']:.4f} ({-r['drop']:+.1%} vs base "
     line += f"{r['base_score']:.4f}), right {r['accuracy']:.1%} (base {r['base_accuracy']:.1%}), KL {kl} "
     line += f"on {r['kl_tokens']} tokens: {r['now']} (recorded {r['recorded']})"
-    return line + reason_text(r)
+    return line + canary_reason(r)
 
 
 def _with_store(run_dir: Path, action: Any, readonly: bool = True) -> int:
@@ -332,12 +332,12 @@ def _version_line(v: Any) -> str:
 
 def _canary_text(v: Any) -> str:
     """' | passed: canary 0.5123 (-0.4%), KL 0.0123', or ' | HELD: ...' with the reason; '' unchecked."""
-    from clawrl.guard.verdict import figures_text, reason_text  # pure: no torch
+    from clawrl.types import canary_figures, canary_reason
 
     c = v.canary
     if not c:
         return ""
-    return f" | {'HELD' if v.held else v.status}: {figures_text(c)}{reason_text(c)}"
+    return f" | {'HELD' if v.held else v.status}: {canary_figures(c)}{canary_reason(c)}"
 
 
 def _records_action(store: Any, args: argparse.Namespace) -> None:

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+PASSED, HELD, UNCHECKED = "passed", "held", "unchecked"  # what the canary gate made of a version
+
 TurnType = Literal["main", "side"]
 Message = dict[str, Any]
 
@@ -136,13 +138,31 @@ class Version:
     metrics: dict[str, Any] = field(default_factory=dict)
     parent: str | None = None
     created_at: float = field(default_factory=time.time)
-    status: str = "unchecked"  # passed | held | unchecked
+    status: str = UNCHECKED  # PASSED | HELD | UNCHECKED
     canary: dict[str, Any] | None = None
 
     @property
     def held(self) -> bool:
-        return self.status == "held"
+        return self.status == HELD
 
     @property
     def number(self) -> int:
         return int(self.name.removeprefix("v"))
+
+    def canary_note(self) -> str:
+        """'canary 0.4120 (-1.2%), KL 0.0123: passed in 2.1 s' (the reason when held), '' unchecked."""
+        c = self.canary
+        if not c:
+            return ""
+        return f"{canary_figures(c)}: {self.status}{canary_reason(c)} in {c['seconds']:.1f} s"
+
+
+def canary_figures(canary: dict[str, Any]) -> str:
+    """'canary 0.4120 (-1.2%), KL 0.0123' from a version's canary figures (KL '-' when not measured)."""
+    kl = "-" if canary.get("kl") is None else f"{canary['kl']:.4f}"
+    return f"canary {canary['score']:.4f} ({-canary['drop']:+.1%}), KL {kl}"
+
+
+def canary_reason(canary: dict[str, Any]) -> str:
+    """' (why it was held)', or '' for a version that passed."""
+    return f" ({canary['reason']})" if canary.get("reason") else ""

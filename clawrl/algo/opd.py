@@ -2,7 +2,7 @@
 
     A_t = logp_teacher(a_t | s + hint) - logp_old(a_t | s)
 
-per response token a_t, inside the shared clipped surrogate (see DESIGN.md,
+per response token a_t, inside the shared clipped surrogate (see docs/design.md,
 "Methods"). `s + hint` is the enhanced prompt (clawrl.algo.teacher): the same
 messages with the accepted hint appended to the last user message. The
 response token IDs are the turn's own, unchanged; the trainer scores them
@@ -19,6 +19,7 @@ from clawrl.types import Judgment, Sample, Turn
 
 class OnPolicyDistillation:
     name = "opd"
+    kinds = ("opd",)
     wants_prm = False
     wants_hint = True
 

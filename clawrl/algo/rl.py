@@ -2,7 +2,7 @@
 
     A_t = r,   r in {-1, 0, +1}  (PRM majority vote; ties and all-failed votes give 0)
 
-for every response token, inside the shared clipped surrogate (see DESIGN.md,
+for every response token, inside the shared clipped surrogate (see docs/design.md,
 "Methods"). Only turns with r != 0 are trained on, since a zero advantage has
 no policy gradient (only the KL and entropy terms act on it). At-least-one
 guarantee: a session that gave no `rl` sample still contributes its first
@@ -18,6 +18,7 @@ from clawrl.types import Judgment, Sample, Turn
 
 class BinaryRL:
     name = "rl"
+    kinds = ("rl",)
     wants_prm = True
     wants_hint = False
 

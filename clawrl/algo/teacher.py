@@ -25,7 +25,7 @@ tools offered and without the forced prefix.
 from __future__ import annotations
 
 from clawrl.algo.base import TeacherPrompt
-from clawrl.engine.chat import ChatRenderer
+from clawrl.chat.template import ChatRenderer
 from clawrl.types import Message, Turn
 
 HINT_PREFIX = "[Hindsight hint] "

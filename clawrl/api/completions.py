@@ -20,16 +20,16 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
-from clawrl.api.collect import Collector, build_turn
 from clawrl.api.errors import BadRequest, EngineUnavailable, NotFound, error_body
 from clawrl.api.responses import Completion, TokenText, chunk_json, completion_json, tool_call_json
 from clawrl.api.schemas import ChatCompletionRequest
+from clawrl.chat.template import ChatRenderer, ChatRenderError, RenderedPrompt
+from clawrl.chat.text import IncrementalDetokenizer, StopStrings
+from clawrl.chat.tools import ContentDelta, ToolCallStream, parse_tool_calls
+from clawrl.collect.collector import Collector
 from clawrl.engine.base import Engine, EngineError, SamplingParams, TokenEvent
-from clawrl.engine.chat import ChatRenderer, ChatRenderError, RenderedPrompt
-from clawrl.engine.text import IncrementalDetokenizer, StopStrings
-from clawrl.engine.tools import ContentDelta, ToolCallStream, parse_tool_calls
 from clawrl.sessions.tracker import Hints, Resolution
-from clawrl.types import Message
+from clawrl.types import Message, Turn
 
 log = logging.getLogger(__name__)
 
@@ -263,3 +263,34 @@ def shown_names(names: list[str], most: int = 10, width: int = 40) -> str:
     """Client-chosen names as a log shows them: quoted (a newline cannot forge a log line), cut short."""
     shown = ", ".join(repr(name[:width]) for name in names[:most])
     return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def build_turn(
+    r: Resolution,
+    c: Completion,
+    messages: list[Message],
+    tools: list[dict] | None,
+    temperature: float,
+    created_at: float,
+    first_token_at: float | None,
+    finish_reason: str,
+) -> Turn:
+    return Turn(
+        id=c.id,
+        session_id=r.session_id,
+        index=r.turn_index,
+        turn_type=r.turn_type,
+        messages=messages,
+        tools=tools,
+        prompt_ids=c.prompt_ids,
+        response_ids=[t.token_id for t in c.tokens],
+        logprobs=[t.logprob for t in c.tokens],
+        response_text=c.text,
+        tool_calls=[tool_call_json(call) for call in c.tool_calls],
+        finish_reason=finish_reason,
+        versions=c.versions,
+        temperature=temperature,
+        created_at=created_at,
+        first_token_at=first_token_at,
+        finished_at=time.time(),
+    )

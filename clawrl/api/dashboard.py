@@ -3,7 +3,7 @@
 The page (`api/static/dashboard.html` with its script and style, shipped in the
 package: no build step, no CDN, charts drawn as SVG by the script) polls
 `/dashboard/state.json` (the `PipelineState` snapshot: cached for a second,
-bounded reads) every two seconds and redraws. `/dashboard/session?id=` shows
+bounded reads; made JSON by `state_json`) every two seconds and redraws. `/dashboard/session?id=` shows
 one session: the messages, the answers, the judge's votes, score and hint.
 
 Every user text (prompts, answers, judge replies) reaches the browser as JSON
@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 
 from clawrl.api.auth import COOKIE, browser_guard, dashboard_token
 from clawrl.api.errors import NotFound, Unauthorized
+from clawrl.api.state import OFF, Snapshot, to_json
 
 STATIC = resources.files("clawrl.api") / "static"
 ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
@@ -90,13 +91,34 @@ def dashboard_router(api_key: str | None) -> APIRouter:
 
     @router.get("/state.json", dependencies=[Depends(guard)])
     async def state(request: Request) -> JSONResponse:
-        return JSONResponse(await request.app.state.pipeline.snapshot(), headers=HEADERS)
+        return JSONResponse(state_json(await request.app.state.pipeline.snapshot()), headers=HEADERS)
 
     @router.get("/session.json", dependencies=[Depends(guard)])
     async def session(request: Request, id: str = "") -> JSONResponse:
         found: dict[str, Any] | None = await request.app.state.pipeline.session(id)
         if found is None:
             raise NotFound(f"no session {id[:80]!r} in this run", param="id", code="session_not_found")
-        return JSONResponse(found, headers=HEADERS)
+        return JSONResponse(to_json(found), headers=HEADERS)
 
     return router
+
+
+def state_json(snap: Snapshot) -> dict[str, Any]:
+    """The snapshot as state.json shows it (`dashboard.js` and scrapers read these names): the served
+    version with its fingerprint, the engine's counters with `max_batch_size`, an absent judge or
+    trainer as `{"status": "off"}` (the trainer's with `batch_size` and `latest` still)."""
+    t = snap.trainer
+    body: dict[str, Any] = to_json(
+        {
+            "now": snap.now,
+            "model": snap.model,
+            "method": snap.method,
+            "served": to_json(snap.served) | {"fingerprint": snap.fingerprint},
+            "engine": to_json(snap.engine) | {"max_batch_size": snap.max_batch_size},
+            "judge": OFF if snap.judge is None else snap.judge,
+            "trainer": (OFF if t.health is None else to_json(t.health))
+            | {"batch_size": t.batch_size, "latest": t.latest},
+            "store": snap.store,
+        }
+    )
+    return body

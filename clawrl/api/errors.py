@@ -11,6 +11,9 @@ answer, so SDKs raise their usual exception types with a readable message.
     ├── PayloadTooLarge      413 invalid_request_error (over server.max_body_bytes)
     ├── EngineUnavailable    503 service_unavailable (the model itself failed)
     └── StoreUnavailable     503 service_unavailable (the store refuses writes: disk full, locked)
+
+The services below the API raise their own errors (`clawrl/collect/errors.py`);
+`SERVICE_ERRORS` says which HTTP error each one is, in one place.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
+
+from clawrl.collect.errors import CollectError, StoreBusy, UnknownTurn
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +65,18 @@ class EngineUnavailable(APIError):
 
 class StoreUnavailable(APIError):
     status, type = 503, "service_unavailable"
+
+
+SERVICE_ERRORS: dict[type[CollectError], type[APIError]] = {
+    UnknownTurn: NotFound,
+    StoreBusy: StoreUnavailable,
+}
+
+
+def from_service(exc: CollectError) -> APIError:
+    """The HTTP error a service error is (a 500 for one not in `SERVICE_ERRORS`)."""
+    kind = next((api for svc, api in SERVICE_ERRORS.items() if isinstance(exc, svc)), APIError)
+    return kind(exc.message, param=exc.param, code=exc.code)
 
 
 class ErrorDetail(BaseModel):
@@ -120,6 +137,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         return error_response(exc)
+
+    @app.exception_handler(CollectError)
+    async def _service_error(_: Request, exc: CollectError) -> JSONResponse:
+        return error_response(from_service(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

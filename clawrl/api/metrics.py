@@ -7,18 +7,19 @@ Two kinds of figures, in one registry per app:
   route template and status, their latency, and for chat completions the time
   to the first token and the tokens in and out; the version watcher observes
   each swap's duration;
-- read at scrape time from the pipeline snapshot (`api/state.py`, cached for a
-  second, its store part from the m005 running totals): the engine's counters,
+- read at scrape time from the pipeline snapshot (`api/state.py`: a typed
+  `Snapshot`, cached for a second, its store part from the m005 running totals): the engine's counters,
   batch occupancy and prefix cache, judge votes by outcome, turns, samples by
   status, versions, the served version, the trainer's restarts and its latest
   step. Nothing of this costs the serving path anything between scrapes.
 
 Behind the API key when one is set (`Authorization: Bearer <key>`). Scrape it with a job
-`{job_name: clawrl, static_configs: [{targets: ['127.0.0.1:8000']}]}` (see the README).
+`{job_name: clawrl, static_configs: [{targets: ['127.0.0.1:8000']}]}` (see docs/evaluation.md).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Iterator
@@ -30,7 +31,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.process_collector import ProcessCollector
 
 from clawrl.api.auth import bearer_guard
-from clawrl.api.state import PipelineState
+from clawrl.api.state import PipelineState, Served, Snapshot, Stored, TrainerState
+from clawrl.engine.base import EngineStats
+from clawrl.judge.worker import JudgeHealth
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 SWAP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -78,7 +81,7 @@ class Metrics:
         )
         ProcessCollector(registry=r)
         r.register(_PipelineCollector(self))
-        self.snapshot: dict[str, Any] | None = None
+        self.snapshot: Snapshot | None = None
 
     def swapped(self, version: str, seconds: float) -> None:
         """The version watcher's report of a swap: observed, and shown as the served version."""
@@ -150,16 +153,18 @@ class _PipelineCollector:
         snap = self.metrics.snapshot
         if snap is None:
             return
-        yield from _engine(snap["engine"])
-        yield from _served(snap["served"])
-        yield from _judge(snap["judge"])
-        yield from _trainer(snap["trainer"])
-        if snap["store"] is not None:
-            yield from _store(snap["store"])
+        yield from _engine(snap.engine, snap.max_batch_size)
+        yield from _served(snap.served)
+        if snap.judge is not None:
+            yield from _judge(snap.judge)
+        yield from _trainer(snap.trainer)
+        if snap.store is not None:
+            yield from _store(snap.store)
 
 
 def _gauge(name: str, doc: str, value: Any) -> Iterator[Metric]:
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    """A gauge of a known value: None, NaN or infinite (unknown) is left out, not reported."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         yield GaugeMetricFamily(name, doc, value=value)
 
 
@@ -167,23 +172,23 @@ def _counter(name: str, doc: str, value: float) -> Metric:
     return CounterMetricFamily(name, doc, value=value)
 
 
-def _engine(e: dict[str, Any]) -> Iterator[Metric]:
-    yield from _gauge("clawrl_engine_active_requests", "Sequences in the decoding batch now.", e["active"])
-    yield from _gauge("clawrl_engine_waiting_requests", "Requests waiting to join the batch.", e["waiting"])
-    occupancy = e["active"] / e["max_batch_size"] if e["max_batch_size"] else 0.0
+def _engine(e: EngineStats, max_batch_size: int) -> Iterator[Metric]:
+    yield from _gauge("clawrl_engine_active_requests", "Sequences in the decoding batch now.", e.active)
+    yield from _gauge("clawrl_engine_waiting_requests", "Requests waiting to join the batch.", e.waiting)
+    occupancy = e.active / max_batch_size if max_batch_size else 0.0
     yield from _gauge(
         "clawrl_engine_batch_occupancy", "Active sequences / engine.max_batch_size, now.", occupancy
     )
     yield _counter(
         "clawrl_engine_batch_rows",
         "Sequences summed over decoding steps: rate(batch_rows) / rate(steps) is the mean batch size.",
-        e.get("batch_rows", 0),
+        e.batch_rows,
     )
-    yield _counter("clawrl_engine_steps", "Decoding steps run.", e["steps"])
-    yield _counter("clawrl_engine_generated_tokens", "Tokens the engine sampled.", e["tokens_generated"])
-    yield _counter("clawrl_engine_requests_finished", "Engine requests finished.", e["requests_finished"])
-    yield _counter("clawrl_engine_requests_cancelled", "Engine requests cancelled.", e["requests_cancelled"])
-    extra = dict(e.get("extra") or {})
+    yield _counter("clawrl_engine_steps", "Decoding steps run.", e.steps)
+    yield _counter("clawrl_engine_generated_tokens", "Tokens the engine sampled.", e.tokens_generated)
+    yield _counter("clawrl_engine_requests_finished", "Engine requests finished.", e.requests_finished)
+    yield _counter("clawrl_engine_requests_cancelled", "Engine requests cancelled.", e.requests_cancelled)
+    extra = dict(e.extra)  # engine-specific figures: a dict by design
     cache = extra.pop("prefix_cache", None)
     if cache is not None:
         for key, value in cache.items():
@@ -207,72 +212,66 @@ def _flat(extra: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
             yield name, value
 
 
-def _served(s: dict[str, Any]) -> Iterator[Metric]:
+def _served(s: Served) -> Iterator[Metric]:
     info = GaugeMetricFamily(
         "clawrl_served_version", "The version served now (1, labelled).", labels=["version"]
     )
-    info.add_metric([s["version"]], 1)
+    info.add_metric([s.version], 1)
     yield info
-    yield from _gauge("clawrl_served_version_number", "N of the served version vN.", _number(s["version"]))
-    yield from _gauge(
-        "clawrl_served_since_seconds", "Unix time the served version was swapped in.", s["since"]
-    )
-    yield _counter("clawrl_swaps", "Versions swapped in by this server.", s["swaps"])
+    yield from _gauge("clawrl_served_version_number", "N of the served version vN.", _number(s.version))
+    yield from _gauge("clawrl_served_since_seconds", "Unix time the served version was swapped in.", s.since)
+    yield _counter("clawrl_swaps", "Versions swapped in by this server.", s.swaps)
 
 
-def _judge(j: dict[str, Any]) -> Iterator[Metric]:
-    if j.get("status") == "off":
-        return
+def _judge(j: JudgeHealth) -> Iterator[Metric]:
     votes = CounterMetricFamily(
         "clawrl_judge_votes", "Judge votes by kind and outcome.", labels=["kind", "outcome"]
     )
-    for key, n in j["votes"].items():
-        votes.add_metric(key.split(":", 1), n)
+    for kind_outcome, n in j.votes.items():  # "prm:negative" -> labels kind="prm", outcome="negative"
+        votes.add_metric(kind_outcome.split(":", 1), n)
     yield votes
     duration = SummaryMetricFamily(
         "clawrl_judge_vote_duration_seconds",
         "Judge calls: how long each vote took.",
-        count_value=sum(j["votes"].values()),
-        sum_value=j["vote_seconds"],
+        count_value=sum(j.votes.values()),
+        sum_value=j.vote_seconds,
     )
     yield duration
-    yield _counter("clawrl_judge_judged", "Turns judged by this server.", j["judged"])
-    yield from _gauge("clawrl_judge_in_flight", "Judge calls waiting for their backend.", j["in_flight"])
-    yield from _gauge("clawrl_judge_queued", "Turns queued for judging.", j["queued"])
-    yield from _gauge(
-        "clawrl_judge_degraded", "1 while most recent votes fail.", int(j["status"] == "degraded")
-    )
+    yield _counter("clawrl_judge_judged", "Turns judged by this server.", j.judged)
+    yield from _gauge("clawrl_judge_in_flight", "Judge calls waiting for their backend.", j.in_flight)
+    yield from _gauge("clawrl_judge_queued", "Turns queued for judging.", j.queued)
+    yield from _gauge("clawrl_judge_degraded", "1 while most recent votes fail.", int(j.status == "degraded"))
 
 
-def _trainer(t: dict[str, Any]) -> Iterator[Metric]:
-    if t.get("status") == "off":
+def _trainer(t: TrainerState) -> Iterator[Metric]:
+    if t.health is None:  # no trainer process in this server
         return
-    yield _counter("clawrl_trainer_restarts", "Times the trainer process was restarted.", t["restarts"])
+    yield _counter("clawrl_trainer_restarts", "Times the trainer process was restarted.", t.health.restarts)
     up = GaugeMetricFamily(
         "clawrl_trainer_status", "The trainer process's state (1, labelled).", labels=["status"]
     )
-    up.add_metric([t["status"]], 1)
+    up.add_metric([t.health.status], 1)
     yield up
-    latest = t.get("latest") or {}
     for key in ("step", "loss", "kl", "clip_frac", "tokens_per_s", "mean_reward"):
-        yield from _gauge(f"clawrl_train_{key}", f"The latest published step's {key}.", latest.get(key))
+        value = None if t.latest is None else getattr(t.latest, key)
+        yield from _gauge(f"clawrl_train_{key}", f"The latest published step's {key}.", value)
 
 
-def _store(s: dict[str, Any]) -> Iterator[Metric]:
-    c = s["counts"]
+def _store(s: Stored) -> Iterator[Metric]:
+    c = s.counts
     turns = CounterMetricFamily("clawrl_turns", "Turns recorded, by type.", labels=["type"])
-    turns.add_metric(["main"], c["main"])
-    turns.add_metric(["side"], c["side"])
+    turns.add_metric(["main"], c.main)
+    turns.add_metric(["side"], c.side)
     yield turns
-    yield _counter("clawrl_turns_with_next_state", "Turns whose next state arrived.", c["next_state"])
-    yield _counter("clawrl_turns_judged", "Turns with a judgment.", c["judged"])
-    yield _counter("clawrl_turns_hinted", "Judged turns whose judgment accepted a hint.", c["hinted"])
-    yield _counter("clawrl_sessions", "Sessions recorded.", c["sessions"])
+    yield _counter("clawrl_turns_with_next_state", "Turns whose next state arrived.", c.next_state)
+    yield _counter("clawrl_turns_judged", "Turns with a judgment.", c.judged)
+    yield _counter("clawrl_turns_hinted", "Judged turns whose judgment accepted a hint.", c.hinted)
+    yield _counter("clawrl_sessions", "Sessions recorded.", c.sessions)
     samples = GaugeMetricFamily("clawrl_samples", "Training samples by status.", labels=["status"])
-    for status, n in sorted(c["samples"].items()):
+    for status, n in sorted(c.samples.items()):
         samples.add_metric([status], n)
     yield samples
-    yield _counter("clawrl_versions_published", "Versions published after v0.", s["version_count"] - 1)
+    yield _counter("clawrl_versions_published", "Versions published after v0.", s.version_count - 1)
 
 
 def _number(version: str) -> int | None:

@@ -9,8 +9,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from clawrl.chat.tools import ToolCall
 from clawrl.engine.base import TokenEvent
-from clawrl.engine.tools import ToolCall
 
 
 @dataclass

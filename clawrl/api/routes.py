@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -81,24 +80,8 @@ def health_router() -> APIRouter:
     @router.get("/healthz")
     async def healthz(request: Request) -> JSONResponse:
         """200 while the engine can serve; 503 (same body) while it cannot, e.g. vLLM restarting."""
-        chat = request.app.state.chat
-        store = chat.collector.writer.health() if chat.collector else None
-        engine = chat.engine.stats()
-        status = "degraded" if store and not store["ok"] else "ok"
-        if engine.status != "ok":
-            status = f"engine {engine.status}"
-        body = {
-            "status": status,
-            "model": chat.model_name,
-            "version": chat.engine.version,
-            "engine": asdict(engine),
-            "open_sessions": len(chat.collector.tracker) if chat.collector else None,
-            "store": store,
-            "judge": _judge_health(chat),
-            "trainer": request.app.state.trainer.health() if request.app.state.trainer else {"status": "off"},
-            "guard": _guard_health(request),
-        }
-        return JSONResponse(body, status_code=200 if engine.status == "ok" else 503)
+        body, status = request.app.state.health.body()
+        return JSONResponse(body, status_code=status)
 
     return router
 
@@ -133,17 +116,3 @@ async def until_disconnected(request: Request, work: Any) -> Any:
 async def _disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-def _judge_health(chat: ChatService) -> dict[str, Any]:
-    judge = chat.collector.judge if chat.collector is not None else None
-    return judge.health() if judge is not None else {"status": "off"}
-
-
-def _guard_health(request: Request) -> dict[str, Any]:
-    """The canary gate (run by the trainer): its limits, the held versions, the newest check."""
-    watcher, guard = request.app.state.watcher, request.app.state.guard
-    if watcher is None:  # nothing collected, nothing trained here
-        return {"status": "off"}
-    limits = guard.model_dump(include={"max_drop", "max_accuracy_drop", "max_kl"})
-    return {"status": "on" if guard.enabled else "off"} | limits | watcher.guard()

@@ -8,6 +8,11 @@ read-only connection of its own, in a worker thread: the dashboard never takes
 the writer's lock or thread, and every query is bounded (`store/stats.py`).
 A snapshot is reused for `ttl` seconds, so ten open tabs and a scraper cost
 what one does.
+
+A snapshot is a typed `Snapshot` (each service's part is the type it reports:
+`EngineStats`, `JudgeHealth`, `TrainerHealth`); /metrics reads its attributes.
+It becomes JSON only at the edge, through `to_json`: /healthz (api/health.py),
+/dashboard/state.json and the session page (api/dashboard.py).
 """
 
 from __future__ import annotations
@@ -16,15 +21,15 @@ import asyncio
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from clawrl.engine.base import Engine
-from clawrl.judge.worker import JudgeLoop
+from clawrl.engine.base import Engine, EngineStats
+from clawrl.judge.worker import JudgeHealth, JudgeLoop
 from clawrl.store.db import Store
-from clawrl.train.supervisor import TrainerSupervisor
+from clawrl.train.supervisor import TrainerHealth, TrainerSupervisor
 from clawrl.types import Turn
 
 RECENT_VERSIONS = 100  # versions listed (and charted) on the dashboard
@@ -32,6 +37,7 @@ RECENT_SESSIONS = 20
 SESSION_TURNS = 200  # turns shown on one session's page
 REWARD_WINDOW_S = 24 * 3600.0  # reward over time: the last day, by minute
 TRAIN_KEYS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm", "mean_reward", "tokens_per_s")
+OFF: dict[str, Any] = {"status": "off"}  # the JSON of a service this server does not run
 
 
 @dataclass
@@ -42,6 +48,78 @@ class Served:
     since: float = field(default_factory=time.time)
     swaps: int = 0
     last_swap_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Trained:
+    """The newest version with training figures: which, and the figures of its step (`TRAIN_KEYS`)."""
+
+    version: str
+    step: int
+    created_at: float
+    loss: float | None = None
+    pg_loss: float | None = None
+    kl: float | None = None
+    entropy: float | None = None
+    clip_frac: float | None = None
+    grad_norm: float | None = None
+    mean_reward: float | None = None
+    tokens_per_s: float | None = None
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """The trainer's part of a snapshot: its process, the batch size it trains on, its latest step."""
+
+    health: TrainerHealth | None  # None: no trainer process in this server
+    batch_size: int | None
+    latest: Trained | None
+
+
+@dataclass(frozen=True)
+class Counts:
+    """The store's running totals (m005): sessions, turns by type, judged turns, samples by status."""
+
+    sessions: int
+    turns: int  # main + side
+    main: int
+    side: int
+    next_state: int  # turns whose next state arrived
+    judged: int
+    hinted: int  # judged turns whose judgment accepted a hint
+    samples: dict[str, int]  # status -> samples
+
+
+@dataclass(frozen=True)
+class Stored:
+    """The store's part of a snapshot; the rows are the page's tables, as the store gives them."""
+
+    counts: Counts
+    versions: list[dict[str, Any]]  # the newest `RECENT_VERSIONS`, newest first
+    version_count: int
+    reward_by_version: dict[str, dict[str, Any]]
+    reward_over_time: list[dict[str, Any]]  # by minute, over the last `REWARD_WINDOW_S`
+    sessions: list[dict[str, Any]]  # the newest `RECENT_SESSIONS`
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The pipeline at one moment (see the module); `dashboard.state_json` is its JSON."""
+
+    now: float
+    model: str
+    method: str
+    served: Served
+    engine: EngineStats
+    max_batch_size: int
+    judge: JudgeHealth | None  # None: no judge in this server
+    trainer: TrainerState
+    store: Stored | None  # None: no store (nothing collected)
+
+    @property
+    def fingerprint(self) -> str:
+        """The `system_fingerprint` answers carry now."""
+        return f"{self.model}-{self.served.version}"
 
 
 class PipelineState:
@@ -67,7 +145,7 @@ class PipelineState:
         self._store_path = store_path
         self._reader: Store | None = None
         self._ttl = ttl
-        self._cached: tuple[float, dict[str, Any]] | None = None
+        self._cached: tuple[float, Snapshot] | None = None
         self._lock = asyncio.Lock()
 
     def swapped(self, version: str, seconds: float) -> None:
@@ -79,13 +157,13 @@ class PipelineState:
             self._reader.close()
             self._reader = None
 
-    async def snapshot(self) -> dict[str, Any]:
-        """The current state (reused for `ttl` seconds); non-finite numbers become None (JSON)."""
+    async def snapshot(self) -> Snapshot:
+        """The current state (reused for `ttl` seconds: shared, do not change it)."""
         async with self._lock:
             now = time.monotonic()
             if self._cached is None or now - self._cached[0] >= self._ttl:
                 stored = await asyncio.to_thread(self._read_store) if self._store_path else None
-                self._cached = (time.monotonic(), finite(self._build(stored)))
+                self._cached = (time.monotonic(), self._build(stored))
             return self._cached[1]
 
     async def session(self, session_id: str) -> dict[str, Any] | None:
@@ -93,7 +171,7 @@ class PipelineState:
         if self._store_path is None:
             return None
         async with self._lock:  # the reader connection is shared with `snapshot`
-            return finite(await asyncio.to_thread(self._read_session, session_id))
+            return await asyncio.to_thread(self._read_session, session_id)
 
     def _read_session(self, session_id: str) -> dict[str, Any] | None:
         r = self._open_reader()
@@ -109,64 +187,63 @@ class PipelineState:
             self._reader = Store.open(self._store_path, readonly=True)
         return self._reader
 
-    def _build(self, stored: dict[str, Any] | None) -> dict[str, Any]:
+    def _build(self, stored: Stored | None) -> Snapshot:
         stats = self.engine.stats()
         if self.served.version != self.engine.version:  # swapped by someone else than the watcher
             self.served = Served(self.engine.version, time.time(), self.served.swaps)
-        return {
-            "now": time.time(),
-            "model": self.model,
-            "method": self.method,
-            "served": asdict(self.served) | {"fingerprint": f"{self.model}-{self.served.version}"},
-            "engine": asdict(stats) | {"max_batch_size": self.max_batch_size},
-            "judge": self.judge.health() if self.judge is not None else {"status": "off"},
-            "trainer": self._trainer(stored),
-            "store": stored,
-        }
-
-    def _trainer(self, stored: dict[str, Any] | None) -> dict[str, Any]:
-        health = self.trainer.health() if self.trainer is not None else {"status": "off"}
-        latest = next(
-            (v for v in (stored or {}).get("versions", []) if v["metrics"].get("loss") is not None), None
+        return Snapshot(
+            now=time.time(),
+            model=self.model,
+            method=self.method,
+            served=self.served,  # replaced on a swap, never changed in place
+            engine=stats,
+            max_batch_size=self.max_batch_size,
+            judge=self.judge.health() if self.judge is not None else None,
+            trainer=self._trainer(stored),
+            store=stored,
         )
+
+    def _trainer(self, stored: Stored | None) -> TrainerState:
+        health = self.trainer.health() if self.trainer is not None else None
+        versions = stored.versions if stored is not None else []
+        latest = next((v for v in versions if v["metrics"].get("loss") is not None), None)
         trained = None
         if latest is not None:
             m = latest["metrics"]
-            trained = {"version": latest["name"], "step": latest["step"], "created_at": latest["created_at"]}
-            trained |= {key: m.get(key) for key in TRAIN_KEYS}
-        return health | {"batch_size": self.batch_size, "latest": trained}
+            figures = {key: m.get(key) for key in TRAIN_KEYS}
+            trained = Trained(latest["name"], latest["step"], latest["created_at"], **figures)
+        return TrainerState(health, self.batch_size, trained)
 
-    def _read_store(self) -> dict[str, Any]:
+    def _read_store(self) -> Stored:
         """The store's part of a snapshot (runs in a worker thread)."""
         r = self._open_reader()
         counters = r.counters()
         by_version = r.reward_by_version()
-        return {
-            "counts": _counts(counters, by_version),
-            "versions": [_version(v, by_version.get(v["name"])) for v in r.recent_versions(RECENT_VERSIONS)],
-            "version_count": r.version_count(),
-            "reward_by_version": {name: _rates(row) for name, row in by_version.items()},
-            "reward_over_time": [
+        return Stored(
+            counts=_counts(counters, by_version),
+            versions=[_version(v, by_version.get(v["name"])) for v in r.recent_versions(RECENT_VERSIONS)],
+            version_count=r.version_count(),
+            reward_by_version={name: _rates(row) for name, row in by_version.items()},
+            reward_over_time=[
                 {"t": row["minute"] * 60} | _rates(row)
                 for row in r.reward_by_minute(time.time() - REWARD_WINDOW_S)
             ],
-            "sessions": r.recent_sessions(RECENT_SESSIONS),
-        }
+            sessions=r.recent_sessions(RECENT_SESSIONS),
+        )
 
 
-def _counts(counters: dict[str, int], by_version: dict[str, dict[str, int]]) -> dict[str, Any]:
+def _counts(counters: dict[str, int], by_version: dict[str, dict[str, int]]) -> Counts:
     samples = {k.removeprefix("samples:"): n for k, n in counters.items() if k.startswith("samples:")}
-    judged = sum(row["judged"] for row in by_version.values())
-    return {
-        "sessions": counters.get("sessions", 0),
-        "turns": counters.get("turns:main", 0) + counters.get("turns:side", 0),
-        "main": counters.get("turns:main", 0),
-        "side": counters.get("turns:side", 0),
-        "next_state": counters.get("turns:next_state", 0),
-        "judged": judged,
-        "hinted": sum(row["hinted"] for row in by_version.values()),
-        "samples": samples,
-    }
+    return Counts(
+        sessions=counters.get("sessions", 0),
+        turns=counters.get("turns:main", 0) + counters.get("turns:side", 0),
+        main=counters.get("turns:main", 0),
+        side=counters.get("turns:side", 0),
+        next_state=counters.get("turns:next_state", 0),
+        judged=sum(row["judged"] for row in by_version.values()),
+        hinted=sum(row["hinted"] for row in by_version.values()),
+        samples=samples,
+    )
 
 
 def _rates(row: dict[str, int]) -> dict[str, Any]:
@@ -201,6 +278,24 @@ def turn_view(t: Turn, judgment: dict[str, Any] | None) -> dict[str, Any]:
         "next_state": t.next_state,
         "judgment": judgment,
     }
+
+
+def to_json(value: Any) -> Any:
+    """`value` as JSON data, built anew: a dataclass becomes a dict of its fields, in their order (a
+    field whose metadata says `omit_if_none` is left out while None); tuples become lists; NaN and
+    infinities become None."""
+    if is_dataclass(value) and not isinstance(value, type):
+        out = {}
+        for f in fields(value):
+            v = getattr(value, f.name)
+            if v is not None or not f.metadata.get("omit_if_none"):
+                out[f.name] = to_json(v)
+        return out
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_json(v) for v in value]
+    return finite(value)
 
 
 def finite(value: Any) -> Any:

@@ -17,10 +17,11 @@ import json
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from clawrl.algo import METHODS
 from clawrl.config.section import API_KEY_ENV, CACHE_ENV, JUDGE_KEY_ENV, Section
 from clawrl.config.serving import (
     CollectConfig,
@@ -65,9 +66,18 @@ class Config(Section):
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     guard: GuardConfig = Field(default_factory=GuardConfig)
-    method: Literal["rl", "opd", "combine"] = Field(
-        "combine", description="How judged turns become samples: binary RL, on-policy distillation, or both."
+    method: str = Field(
+        "combine",
+        description="How judged turns become samples: binary RL (rl), on-policy distillation (opd), "
+        "or both (combine); any name in clawrl.algo.METHODS.",
     )
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, name: str) -> str:
+        if name not in METHODS:
+            raise ValueError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}")
+        return name
 
     @model_validator(mode="after")
     def _lora_fits_vllm(self) -> Config:

@@ -70,7 +70,7 @@ class VLLMConfig(Section):
     url: str | None = Field(
         None,
         description="A vLLM server already running, e.g. http://127.0.0.1:8001, started with the flags "
-        "`start` would use (README). Mutually exclusive with start.",
+        "`start` would use (docs/vllm.md). Mutually exclusive with start.",
     )
     python: str | None = Field(
         None,

@@ -31,7 +31,7 @@ class DistributedConfig(Section):
         "ddp",
         description="How the ranks share the work: 'ddp' (accelerate wraps the model in "
         "DistributedDataParallel; every rank holds the whole model). FSDP is not offered: accelerate "
-        "runs it on accelerators only, so it could not be tested here (README, 'Several trainer processes').",
+        "runs it on accelerators only, so it could not be tested here (docs/several-processes.md).",
     )
     mixed_precision: Literal["no", "bf16"] = Field(
         "bf16",
@@ -58,7 +58,8 @@ class TrainConfig(Section):
         8,
         gt=0,
         description="Ready samples per training step. 8 (was 16): a version as soon as a few rated "
-        "conversations are in, which is what a single user produces (README, 'Defaults that learn').",
+        "conversations are in, which is what a single user produces "
+        "(docs/evaluation.md, 'Defaults that learn').",
     )
     max_staleness: int = Field(
         2, ge=0, description="Samples more versions behind than this are marked stale."
@@ -67,7 +68,8 @@ class TrainConfig(Section):
         1e-3,
         gt=0,
         description="AdamW learning rate. 1e-3 (was 1e-4): a LoRA adapter on one user's few samples; the "
-        "canary gate (`guard`) holds a version that moved too far (README, 'Defaults that learn').",
+        "canary gate (`guard`) holds a version that moved too far "
+        "(docs/evaluation.md, 'Defaults that learn').",
     )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")

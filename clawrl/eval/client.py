@@ -47,13 +47,6 @@ def version_of(fingerprint: str | None) -> str:
     return fingerprint.rsplit("-", 1)[1]
 
 
-def version_number(name: str) -> int:
-    """3 for "v3"; ValueError for anything else."""
-    if not (name.startswith("v") and name[1:].isdigit()):
-        raise ValueError(f"not a policy version name: {name!r}")
-    return int(name[1:])
-
-
 class ServerClient:
     """Talks to one clawrl server at `base_url` (the server root, or its `/v1` URL)."""
 

@@ -103,13 +103,14 @@ def cmd_eval(config: Any, args: argparse.Namespace) -> int:
 
     from clawrl.eval.client import EvalError
     from clawrl.eval.run import run_eval
+    from clawrl.launcher import LaunchError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # SIGTERM unwinds like Ctrl-C, so the servers eval started are stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         report = run_eval(config, args)
-    except (ValueError, EvalError) as exc:
+    except (ValueError, EvalError, LaunchError) as exc:
         return _fail(str(exc))
     for method, entry in report["methods"].items():
         scores = " -> ".join(f"{s:.3f}" for s in entry["scores"])

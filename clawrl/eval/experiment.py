@@ -19,10 +19,11 @@ import logging
 import time
 from typing import Any
 
-from clawrl.eval.client import EvalError, ServerClient, version_number
+from clawrl.eval.client import EvalError, ServerClient
 from clawrl.eval.personas.base import Persona
 from clawrl.eval.scenario import Outcome, Point, Settings, Traffic, measure
 from clawrl.eval.tasks import Task
+from clawrl.version_folder import version_number
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ The rating is what is held, not the answer request: the next message always foll
 the rating at once. (A next message arriving after its turn's sample was trained makes
 the server judge the turn again, and the same answer would be trained twice.)
 
-How many samples one explicit rating makes (the method's rule, see clawrl/algo/):
+How many samples one explicit rating makes (the method's `kinds`, see clawrl/algo/):
 
     rl        1 (an explicit rating is +1 or -1, never 0)
     opd       1 when a comment over 10 characters comes with it (the hint), else 0
@@ -27,18 +27,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from clawrl.algo import get_method
 from clawrl.judge.votes import MIN_HINT_CHARS
-
-METHODS = ("rl", "opd", "combine")
 
 
 def expected_samples(method: str, rating: int, comment: str | None) -> int:
     """Training samples the server makes from one explicit rating (see the module docstring)."""
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; known methods: {', '.join(METHODS)}")
-    rl = 1 if rating != 0 and method in ("rl", "combine") else 0
+    try:
+        kinds = get_method(method).kinds
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None
+    rl = 1 if rating != 0 and "rl" in kinds else 0
     hint = comment is not None and len(comment.strip()) > MIN_HINT_CHARS
-    opd = 1 if hint and method in ("opd", "combine") else 0
+    opd = 1 if hint and "opd" in kinds else 0
     return rl + opd
 
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clawrl.algo import METHODS
 from clawrl.eval.client import EvalError, ServerClient
 from clawrl.eval.experiment import check_learning, run_experiment
-from clawrl.eval.pacing import METHODS
 from clawrl.eval.personas import get_persona
 from clawrl.eval.personas.base import Persona
 from clawrl.eval.plot import plot_scores
@@ -163,12 +163,12 @@ async def _remote(base_url: str, api_key: str | None, method: str | None, plan: 
 
 
 def _fresh(config: Any, method: str, api_key: str | None, plan: Plan) -> tuple[Outcome, Path]:
-    from clawrl.eval.server import ServerProcess
+    from clawrl.launcher import ServerProcess
 
     run_dir = plan.run_root / method
     cfg = config.model_copy(update={"method": method, "run_dir": run_dir}, deep=True)
     print(f"clawrl eval: method {method}: starting a server in {run_dir}", flush=True)
-    with ServerProcess(cfg) as server:
+    with ServerProcess.from_config(cfg, fresh=True) as server:
         outcome = asyncio.run(_remote(server.url, api_key, method, plan))
     return outcome, run_dir
 

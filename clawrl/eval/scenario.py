@@ -24,10 +24,11 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from clawrl.eval.client import Answer, EvalError, ServerClient, version_number
+from clawrl.eval.client import Answer, EvalError, ServerClient
 from clawrl.eval.pacing import Pacer, expected_samples
 from clawrl.eval.personas.base import Persona
 from clawrl.eval.tasks import Task
+from clawrl.version_folder import version_number
 
 log = logging.getLogger(__name__)
 CLOSING_MAX_TOKENS = 8  # the answer to "thanks" is never rated: keep it cheap

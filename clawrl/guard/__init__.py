@@ -9,7 +9,7 @@
 
 `trainer_hooks` is the trainer process's one call into this package (replay
 and the gate). What the server does with a held version is in
-`clawrl/api/versions.py` (never served, `/healthz` `guard`); the store keeps
+`clawrl/engine/watcher.py` (never served, `/healthz` `guard`); the store keeps
 each version's status and figures (`clawrl/store/versions.py`, migration m006).
 """
 

@@ -17,7 +17,7 @@ Right after a step, on the weights the trainer already holds:
 `clawrl.guard.verdict.decide` turns the figures into `passed` or `held`; the
 trainer publishes the version with its status and figures in one transaction
 (`Store.publish_version`), and the server only ever serves versions that are
-not held (its version watcher, `clawrl/api/versions.py`). The check runs in the trainer
+not held (its version watcher, `clawrl/engine/watcher.py`). The check runs in the trainer
 process, at its niceness and thread count, so serving never waits for it;
 `seconds` in the figures is the wall time it added to the version.
 """

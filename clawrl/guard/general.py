@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clawrl.engine.chat import ChatRenderer
+from clawrl.chat.template import ChatRenderer
 
 GENERAL_SET = Path(__file__).with_name("general.jsonl")
 SPLITS = ("canary", "replay")

@@ -3,7 +3,7 @@
 The trainer checks each version once, as it makes it. This re-runs the same
 check (`Canary.check`, the run's own `guard` settings) on any published
 versions: ones from before the gate, or all of a run to see its trajectory
-(the figures a README table shows). It reads the store and the checkpoint
+(the figures docs/training.md's tables show). It reads the store and the checkpoint
 folders, and changes nothing: a version's status stays what the gate decided
 when it was published. The KL is read on the store's newest real turns, the
 same ones for every version, so the versions compare on equal terms.

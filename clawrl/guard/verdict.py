@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PASSED, HELD, UNCHECKED = "passed", "held", "unchecked"
+from clawrl.types import HELD, PASSED
 
 
 @dataclass(frozen=True)
@@ -51,14 +51,3 @@ def decide(
     if kl is not None and kl > max_kl:
         reasons.append(f"KL(base || version) {kl:.4f} nats/token > {max_kl:g}")
     return Verdict(HELD if reasons else PASSED, drop, "; ".join(reasons) or None, accuracy_drop)
-
-
-def figures_text(canary: dict) -> str:
-    """'canary 0.4120 (-1.2%), KL 0.0123' from a version's canary figures (KL '-' when not measured)."""
-    kl = "-" if canary.get("kl") is None else f"{canary['kl']:.4f}"
-    return f"canary {canary['score']:.4f} ({-canary['drop']:+.1%}), KL {kl}"
-
-
-def reason_text(canary: dict) -> str:
-    """' (why it was held)', or '' for a version that passed."""
-    return f" ({canary['reason']})" if canary.get("reason") else ""

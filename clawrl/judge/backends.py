@@ -21,9 +21,9 @@ from typing import Any, Protocol
 
 import httpx
 
+from clawrl.chat.template import ChatRenderer
+from clawrl.chat.text import IncrementalDetokenizer
 from clawrl.engine.base import Engine, SamplingParams
-from clawrl.engine.chat import ChatRenderer
-from clawrl.engine.text import IncrementalDetokenizer
 
 
 class JudgeCallFailed(RuntimeError):

@@ -27,6 +27,7 @@ import asyncio
 import logging
 import time
 from collections import Counter, deque
+from dataclasses import dataclass
 from typing import Any
 
 from clawrl.algo.base import Method, TeacherPrompt
@@ -40,6 +41,23 @@ from clawrl.types import Judgment, Turn, Vote
 
 log = logging.getLogger(__name__)
 _OUTCOMES = {1: "positive", 0: "neutral", -1: "negative"}  # a vote's value; None: failed
+
+
+@dataclass(frozen=True)
+class JudgeHealth:
+    """What the judge loop says of itself (`judge` on /healthz and the dashboard, judge metrics)."""
+
+    status: str  # "ok", or "degraded" while most of the last votes failed
+    judge: str  # the backend's name ("feedback": no judge model, ratings only)
+    method: str
+    queued: int  # turns waiting to be judged
+    judged: int  # turns judged since the server started
+    failed_votes: int
+    votes: dict[str, int]  # "kind:outcome" (e.g. "prm:negative", "hint:failed") -> votes cast
+    in_flight: int  # judge calls waiting for their backend now
+    latency_s: float | None  # mean latency of the last votes (None: no vote yet)
+    vote_seconds: float  # summed latency of every vote cast
+    last_error: str | None
 
 
 class JudgeLoop:
@@ -102,21 +120,21 @@ class JudgeLoop:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> JudgeHealth:
         failing = sum(self._recent) >= 3  # 3 of the last 5 votes failed: the judge is in trouble now
-        return {
-            "status": "degraded" if failing else "ok",
-            "judge": self.name,
-            "method": self.method.name,
-            "queued": self._queue.qsize(),
-            "judged": self.judged,
-            "failed_votes": self.failed_votes,
-            "votes": {f"{kind}:{outcome}": n for (kind, outcome), n in sorted(self.votes.items())},
-            "in_flight": self.in_flight,
-            "latency_s": sum(self._latencies) / len(self._latencies) if self._latencies else None,
-            "vote_seconds": self.vote_seconds,
-            "last_error": self.last_error,
-        }
+        return JudgeHealth(
+            status="degraded" if failing else "ok",
+            judge=self.name,
+            method=self.method.name,
+            queued=self._queue.qsize(),
+            judged=self.judged,
+            failed_votes=self.failed_votes,
+            votes={f"{kind}:{outcome}": n for (kind, outcome), n in sorted(self.votes.items())},
+            in_flight=self.in_flight,
+            latency_s=sum(self._latencies) / len(self._latencies) if self._latencies else None,
+            vote_seconds=self.vote_seconds,
+            last_error=self.last_error,
+        )
 
     async def _work(self) -> None:
         while True:

@@ -27,7 +27,7 @@ Side turns (see `turn_type`) join the session they continue, but neither take
 its tip nor become anyone's next state. Messages a client injects around the
 conversation (`injected`) are left out of every match and next state.
 
-Decision (differs from DESIGN.md's first sketch): a request that repeats a
+Decision (docs/design.md, "One turn's life", step 2): a request that repeats a
 known prefix without continuing it is *not* classified side, because two
 unrelated clients opening with the same system prompt and "hi" would then lose
 the second conversation's training data. It opens a new session instead.

@@ -4,7 +4,7 @@ A version is published in one transaction together with marking the samples
 it was trained on `trained`, so a crash between the two can neither lose a
 version nor train a sample twice.
 The server serves the newest version the canary gate did not hold (the
-version watcher, `clawrl/api/versions.py`, passes over held ones, as the
+version watcher, `clawrl/engine/watcher.py`, passes over held ones, as the
 trainer does when it picks the version to train on); a held version keeps its
 row, status and figures, and is never served. A rollback is a new version
 holding a copy of an older checkpoint, so the list only grows.

@@ -12,8 +12,8 @@ and `write` returns as if it had landed: serving goes on. While the backlog
 is not empty, later writes join its end without being tried, so they land in
 the order they were made (a next state never arrives before its turn). Every
 `collect.retry_every_s` the backlog is replayed in order; the first write
-refused again ends that pass. `/healthz` shows `store: {"ok": false, ...}`
-with the error and the backlog's length meanwhile.
+refused again ends that pass. `health()` (a `WriterHealth`) says so meanwhile:
+`/healthz` shows `store: {"ok": false, ...}` with the error and the backlog's length.
 
 The backlog holds at most `collect.max_pending_writes` writes: while it is
 `full`, the API refuses new requests with a 503 and the OpenAI error body, so
@@ -30,6 +30,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from clawrl.store.errors import StoreBusy, StoreUnwritable
@@ -37,6 +38,15 @@ from clawrl.store.errors import StoreBusy, StoreUnwritable
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 TRANSIENT = (StoreUnwritable, StoreBusy)  # refusals that pass: disk space returns, a lock is released
+
+
+@dataclass(frozen=True)
+class WriterHealth:
+    """What the store thread says of itself (`store` on /healthz)."""
+
+    ok: bool  # no write kept for later, and the last write landed
+    error: str | None  # why the store refuses writes (None while ok)
+    pending_writes: int  # writes kept for later
 
 
 class StoreWriter:
@@ -75,10 +85,10 @@ class StoreWriter:
         """Note a refusal seen by a caller that handles it itself (feedback)."""
         self._error = str(exc)
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> WriterHealth:
         pending = len(self._backlog)
         ok = pending == 0 and self._error is None
-        return {"ok": ok, "error": None if ok else self._error, "pending_writes": pending}
+        return WriterHealth(ok, None if ok else self._error, pending)
 
     def start(self) -> None:
         self._retry = asyncio.create_task(self._retry_forever(), name="clawrl-store-retry")

@@ -1,4 +1,4 @@
-"""Per-token advantages A_t of each sample kind (DESIGN.md, "Methods"); pure functions.
+"""Per-token advantages A_t of each sample kind (docs/design.md, "Methods"); pure functions.
 
     rl:   A_t = w_rl * r                                     r in {-1, 0, +1}, the same for every token
     opd:  A_t = w_opd * (teacher_logp_t - old_logp_t)        teacher_logp = logp(a_t | s + hint)

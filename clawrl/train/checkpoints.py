@@ -1,18 +1,11 @@
-"""Versions on disk: one folder per published policy, written atomically.
+"""Writing versions: one folder per published policy, written atomically, never overwritten.
 
-    <run_dir>/checkpoints/vN/
-        adapter_model.safetensors, adapter_config.json   the PEFT LoRA adapter (vLLM and
-                                                         `PeftModel.from_pretrained` load it)
-        or model*.safetensors, config.json               full fine-tuning: the whole model
-                                                         (`save_pretrained`'s layout)
-        optimizer.pt                                     the AdamW state dict
-        manifest.json                                    {"version", "step", "samples", "metrics",
-                                                          "created_at", "base_model", "parent"}
-
-v0 is the base model and has no folder. A version is written into a hidden
-temporary folder inside `checkpoints/` and renamed to `vN` only once every file
-is on disk, so a crash never leaves a `vN` that looks complete; a leftover
-`.vN-*.tmp` folder is ignored. Versions are never overwritten.
+What a folder holds, and what a reader may rely on, is the version-folder format
+(`clawrl/version_folder.py`). A version is written into a hidden temporary folder inside
+`checkpoints/` and renamed to `vN` only once every file is on disk, so a crash never
+leaves a `vN` that looks complete; a leftover `.vN-*.tmp` folder is ignored. Names are
+claimed, and folders and store rows written, under the publish lock (`publish_lock`).
+Loading a version into the trainer's model (`load_version`, `load_folder`) is here too.
 """
 
 from __future__ import annotations
@@ -21,7 +14,6 @@ import fcntl
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -33,19 +25,21 @@ from typing import Any
 import torch
 from peft import PeftModel, set_peft_model_state_dict
 
-from clawrl.train.weights import (
+from clawrl.version_folder import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
+    CHECKPOINTS,
+    MANIFEST,
+    OPTIMIZER,
     load_full_weights,
     read_full_weights,
+    read_manifest,
     read_tensors,
+    version_dir,
+    version_number,
 )
 
 log = logging.getLogger(__name__)
-CHECKPOINTS = "checkpoints"
-MANIFEST = "manifest.json"
-OPTIMIZER = "optimizer.pt"
-_VERSION = re.compile(r"^v(\d+)$")
 
 
 class CheckpointError(ValueError):
@@ -68,20 +62,6 @@ def publish_lock(run_dir: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def version_number(version: str) -> int:
-    """`"v12"` -> 12; anything else is a ValueError."""
-    match = _VERSION.match(version)
-    if match is None:
-        raise ValueError(f"a version is named vN, not {version!r}")
-    return int(match[1])
-
-
-def version_dir(run_dir: Path, version: str) -> Path:
-    """Where `version` lives (or would live) in `run_dir`."""
-    version_number(version)
-    return Path(run_dir) / CHECKPOINTS / version
 
 
 def save_version(
@@ -194,7 +174,7 @@ def _load_folder(folder: Path, model: Any, optimizer: torch.optim.Optimizer | No
         _load_full(folder, model)
     if optimizer is not None and (folder / OPTIMIZER).is_file():  # a rollback to the base has none
         optimizer.load_state_dict(torch.load(folder / OPTIMIZER, map_location="cpu", weights_only=True))
-    return _read_manifest(folder)
+    return read_manifest(folder)
 
 
 def _load_adapter(folder: Path, model: Any) -> None:
@@ -216,25 +196,6 @@ def _load_full(folder: Path, model: Any) -> None:
         load_full_weights(model, read_full_weights(folder))
 
 
-def latest_version(run_dir: Path) -> str | None:
-    """The complete version with the highest N, or None when only v0 (the base model) exists."""
-    versions = _complete_versions(run_dir)
-    return versions[-1].name if versions else None
-
-
-def list_versions(run_dir: Path) -> list[dict]:
-    """The manifests of every complete version, v1 first."""
-    return [_read_manifest(folder) for folder in _complete_versions(run_dir)]
-
-
-def _complete_versions(run_dir: Path) -> list[Path]:
-    root = Path(run_dir) / CHECKPOINTS
-    if not root.is_dir():
-        return []
-    folders = [p for p in root.iterdir() if _VERSION.match(p.name) and (p / MANIFEST).is_file()]
-    return sorted(folders, key=lambda p: version_number(p.name))
-
-
 def _complete(manifest: dict, version: str, number: int, model: Any) -> dict[str, Any]:
     if manifest.get("version", version) != version:
         raise ValueError(f"manifest says {manifest['version']!r}, saving {version!r}")
@@ -251,10 +212,6 @@ def _base_name(model: Any) -> str | None:
     if isinstance(model, PeftModel):
         return model.active_peft_config.base_model_name_or_path
     return getattr(model.config, "name_or_path", None)
-
-
-def _read_manifest(folder: Path) -> dict:
-    return json.loads((folder / MANIFEST).read_text())
 
 
 def _fsync_folder(folder: Path) -> None:

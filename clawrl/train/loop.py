@@ -57,22 +57,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from clawrl.guard.verdict import UNCHECKED, figures_text, reason_text
 from clawrl.store.db import Store
-from clawrl.train.checkpoints import (
-    CHECKPOINTS,
-    CheckpointError,
-    claim_next,
-    publish_lock,
-    save_version,
-    set_aside,
-)
+from clawrl.train.checkpoints import CheckpointError, claim_next, publish_lock, save_version, set_aside
 from clawrl.train.group import Group
 from clawrl.train.loggers import StepLoggers
 from clawrl.train.policy import Policy
 from clawrl.train.ranks import RankStatus
 from clawrl.train.trainer import triage
-from clawrl.types import Sample, Version
+from clawrl.types import UNCHECKED, Sample, Version
+from clawrl.version_folder import CHECKPOINTS
 
 log = logging.getLogger("clawrl.trainer")
 Check = Callable[[Policy], tuple[str, dict]]  # the canary: the policy's weights -> (status, figures)
@@ -274,13 +267,5 @@ def progress_line(v: Version) -> str:
         f"published {v.name} (step {v.step}): {m['samples']} samples ({m['samples_rl']} rl, "
         f"{m['samples_opd']} opd), loss {m['loss']:.4f} (pg {m['pg_loss']:.4f}, kl {m['kl']:.4f}), "
         f"clip {m['clip_frac']:.3f}, reward {reward}, {m['tokens']} tokens in {m['step_s']:.2f} s "
-        f"({m['tokens_per_s']:.0f} tokens/s){canary_note(v)}"
+        f"({m['tokens_per_s']:.0f} tokens/s){'; ' + v.canary_note() if v.canary else ''}"
     )
-
-
-def canary_note(v: Version) -> str:
-    """'; canary 0.4120 (-1.2%), KL 0.0123: passed in 2.1 s', or '' when no canary ran."""
-    c = v.canary
-    if not c:
-        return ""
-    return f"; {figures_text(c)}: {v.status}{reason_text(c)} in {c['seconds']:.1f} s"

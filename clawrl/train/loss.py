@@ -1,6 +1,6 @@
 """The loss every method trains with: a PPO-style clipped surrogate, k3 KL, entropy bonus.
 
-Per response token t (DESIGN.md, "Methods"):
+Per response token t (docs/design.md, "Methods"):
 
     rho_t = exp(logp_t - old_logp_t)           old_logp = behaviour logprob recorded at serving
     s_t   = min(rho_t * A_t, clip(rho_t, 1 - eps, 1 + eps_high) * A_t)

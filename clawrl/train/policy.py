@@ -29,7 +29,8 @@ from clawrl.engine.models import load_model
 from clawrl.train.checkpoints import load_folder
 from clawrl.train.group import Group
 from clawrl.train.trainer import Trainer
-from clawrl.train.weights import LoraSettings, attach_lora, load_full_weights, read_full_weights
+from clawrl.train.weights import LoraSettings, attach_lora
+from clawrl.version_folder import load_full_weights, read_full_weights
 
 
 @dataclass
@@ -70,10 +71,10 @@ def build_policy(
 ) -> Policy:
     """Load the base model from `base_dir` and make it trainable as `cfg.weights` says.
 
-    `max_context` and `rope_scaling` must be the server's (`serve.py`): the policy trained is the
-    policy served, RoPE scaling included. `group`: the ranks this process trains with (default:
-    alone); `device` is then this rank's. `keep_base`: keep the base at hand for full fine-tuning
-    even without KL or a reference teacher (the canary compares every version with it).
+    `max_context` and `rope_scaling` must be the server's (`clawrl/engine/local/build.py`): the
+    policy trained is the policy served, RoPE scaling included. `group`: the ranks this process
+    trains with (default: alone); `device` is then this rank's. `keep_base`: keep the base at hand
+    for full fine-tuning even without KL or a reference teacher (the canary compares every version with it).
     """
     # Train in float32 on a CPU; on a GPU the base is bf16 and PEFT keeps the adapter in float32.
     base = load_model(Path(base_dir), device, "auto", max_context, rope_scaling).model

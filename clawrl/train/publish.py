@@ -16,9 +16,10 @@ from pathlib import Path
 from clawrl.config import Config
 from clawrl.engine.models import model_folder, served_context
 from clawrl.store.db import Store
-from clawrl.train.checkpoints import MANIFEST, claim_next, copy_version, publish_lock, version_number
+from clawrl.train.checkpoints import claim_next, copy_version, publish_lock
 from clawrl.train.weights import export_merged
 from clawrl.types import Version
+from clawrl.version_folder import MANIFEST, version_number
 
 
 def find_version(store: Store, name: str | None) -> Version:

@@ -6,7 +6,8 @@ lines are relayed to the server's log (so training progress shows in the
 terminal and in `logs/server.log`). When it exits while the server runs, it
 is restarted after `restart_backoff_s`, doubling after each quick failure up to
 `restart_backoff_max_s` (a trainer that ran 5 minutes starts the count over).
-Serving never waits on any of this; `/healthz` shows `trainer`:
+Serving never waits on any of this; `health()` says how it goes (a
+`TrainerHealth`), which `/healthz` shows as `trainer`:
 
     {"status": "starting" | "running" | "restarting" | "stopped",
      "pid", "restarts", "last_exit", "last_error", "restart_in_s"}
@@ -29,6 +30,7 @@ import signal
 import sys
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,23 @@ from clawrl.train.ranks import read_ranks
 log = logging.getLogger("clawrl.trainer")
 _LEVELS = {name: getattr(logging, name) for name in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}
 HEALTHY_RUN_S = 300.0  # a run this long resets the backoff
+# A field the JSON leaves out while it is None (see `to_json` in api/state.py).
+OMIT_IF_NONE = {"omit_if_none": True}
+
+
+@dataclass(frozen=True)
+class TrainerHealth:
+    """The trainer process as the server sees it (`trainer` on /healthz and the dashboard)."""
+
+    status: str  # "starting" | "running" | "restarting" | "stopped"
+    pid: int | None  # the running process's (the launcher's, for a group)
+    restarts: int
+    last_exit: int | None
+    last_error: str | None
+    restart_in_s: float | None  # while "restarting"
+    # With several ranks only (absent from the JSON with one): N, and one entry per rank (train/ranks.py).
+    num_processes: int | None = field(default=None, metadata=OMIT_IF_NONE)
+    ranks: list[dict[str, Any]] | None = field(default=None, metadata=OMIT_IF_NONE)
 
 
 class TrainerSupervisor:
@@ -83,22 +102,23 @@ class TrainerSupervisor:
             await asyncio.gather(self._task, return_exceptions=True)
         self.status = "stopped"
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> TrainerHealth:
         wait = None if self._restart_at is None else max(0.0, self._restart_at - time.monotonic())
         pid = self._proc.pid if self._proc is not None and self.status == "running" else None
-        health: dict[str, Any] = {
-            "status": self.status,
-            "pid": pid,
-            "restarts": self.restarts,
-            "last_exit": self.last_exit,
-            "last_error": self.last_error,
-            "restart_in_s": None if wait is None else round(wait, 1),
-        }
         world = self.cfg.distributed.num_processes
-        if world > 1:
-            health["num_processes"] = world
-            health["ranks"] = [] if pid is None else read_ranks(self.run_dir, pid, world)
-        return health
+        ranks = None
+        if world > 1:  # a group: its size and each rank's state
+            ranks = [] if pid is None else read_ranks(self.run_dir, pid, world)
+        return TrainerHealth(
+            status=self.status,
+            pid=pid,
+            restarts=self.restarts,
+            last_exit=self.last_exit,
+            last_error=self.last_error,
+            restart_in_s=None if wait is None else round(wait, 1),
+            num_processes=None if ranks is None else world,
+            ranks=ranks,
+        )
 
     async def _supervise(self) -> None:
         failures = 0

@@ -36,10 +36,10 @@ from clawrl.config import TrainConfig
 from clawrl.engine.memory import release_free_memory
 from clawrl.train.advantages import batch_advantages
 from clawrl.train.batch import left_pad, pack, pad_rows, score
-from clawrl.train.checkpoints import version_number
 from clawrl.train.group import Group, split_by_tokens
 from clawrl.train.loss import policy_loss
 from clawrl.types import Sample
+from clawrl.version_folder import version_number
 
 log = logging.getLogger(__name__)
 _SUMMED = ("pg_loss", "kl", "entropy", "clip_frac")  # each micro-batch's share of the step's mean

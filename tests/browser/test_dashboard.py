@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
+from clawrl.testing import Publisher
 from tests.conftest import ROOT, RemoteServer
 from tests.service.scripted_judge import HINT, ScriptedJudge
-from tests.service.test_hot_swap import Publisher
 from tests.service.test_judge import two_turns
 from tests.timing import limit
 

@@ -24,8 +24,8 @@ import openai
 import pytest
 
 from clawrl.store.db import Store
+from clawrl.testing import Publisher
 from tests.conftest import RemoteServer
-from tests.service.test_hot_swap import Publisher
 from tests.timing import limit, wait_for
 
 SYS = {"role": "system", "content": "You are a helpful assistant."}

@@ -7,43 +7,12 @@ import json
 import time
 
 import httpx
-import torch
-from transformers import AutoModelForCausalLM
 
 from clawrl.cli import main
 from clawrl.store.db import Store
-from clawrl.train.checkpoints import save_version
-from clawrl.train.weights import LoraSettings, attach_lora
+from clawrl.testing import Publisher
 from clawrl.types import Version
 from tests.conftest import RemoteServer
-
-
-class Publisher:
-    """Publishes LoRA versions the way the trainer does: a checkpoint folder, then a store row."""
-
-    def __init__(self, run_dir, model_dir, settings: LoraSettings | None = None):
-        self.run_dir = run_dir
-        self.model = attach_lora(
-            AutoModelForCausalLM.from_pretrained(model_dir), settings or LoraSettings(4, 8)
-        )
-        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=1e-3)
-        torch.manual_seed(1)
-
-    def publish(self, k: int) -> None:
-        self.announce(k, self.save(k))
-
-    def save(self, k: int):
-        """Write version k's checkpoint folder (not yet published: no server sees it)."""
-        with torch.no_grad():  # a different adapter each time, strong enough to change the output
-            for name, p in self.model.named_parameters():
-                if "lora_B" in name:
-                    p.normal_(0, 0.5)
-        return save_version(self.run_dir, f"v{k}", self.model, self.optimizer, {"step": k, "samples": []})
-
-    def announce(self, k: int, path) -> None:
-        """Publish a saved version: its row in the store, which the servers' watchers poll."""
-        with Store.open(self.run_dir / "clawrl.db") as store:
-            store.publish_version(Version(f"v{k}", k, str(path), {"samples": 0}, f"v{k - 1}"), trained=[])
 
 
 async def _stream(client, i: int, stop: asyncio.Event, seen: list, errors: list) -> None:

@@ -7,9 +7,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from clawrl.testing import Publisher
 from tests.conftest import RemoteServer
 from tests.service.scripted_judge import HINT, ScriptedJudge
-from tests.service.test_hot_swap import Publisher
 from tests.service.test_judge import two_turns
 from tests.timing import limit, wait_for
 

@@ -20,13 +20,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.config import VLLMConfig
-from clawrl.engine.vllm import VLLMEngine
-from clawrl.engine.vllm_server import VLLMServer
-from clawrl.eval.server import free_port
+from clawrl.engine.vllm.engine import VLLMEngine
+from clawrl.engine.vllm.server import VLLMServer
+from clawrl.net import free_port
 from clawrl.store.db import Store
+from clawrl.testing import Publisher
 from clawrl.train.weights import LoraSettings
 from tests.conftest import ROOT, attach_gateway
-from tests.service.test_hot_swap import Publisher
 from tests.timing import limit, wait_for
 
 

@@ -154,7 +154,7 @@ def test_local_judge_on_the_embedded_model(tmp_path):
 
 
 def test_the_embedded_model_serves_a_32k_window(smol_server):
-    """RoPE-scaled past the 8,192 tokens it was trained on (quality: bench/context.py, in the README)."""
+    """RoPE-scaled past the 8,192 tokens it was trained on (quality: bench/context.py, in docs/serving.md)."""
     client = smol_server.client()
     assert client.models.list().data[0].model_extra["max_model_len"] == 32768
     with pytest.raises(openai.BadRequestError) as error:  # rejected before any prefill

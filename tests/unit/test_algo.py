@@ -9,7 +9,7 @@ import pytest
 
 from clawrl.algo import METHODS, get_method
 from clawrl.algo.teacher import HINT_PREFIX, enhanced_messages, teacher_prompt
-from clawrl.engine.chat import ChatRenderer
+from clawrl.chat.template import ChatRenderer
 from clawrl.types import Judgment, Message, Sample, Turn, Vote
 
 HINT = "Check the unit: the user asked for Fahrenheit."

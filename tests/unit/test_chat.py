@@ -1,4 +1,4 @@
-"""Tests for clawrl.engine.chat: rendering OpenAI messages to prompt IDs."""
+"""Tests for clawrl.chat.template: rendering OpenAI messages to prompt IDs."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from clawrl.engine import chat
-from clawrl.engine.chat import ChatRenderer, ChatRenderError, RenderedPrompt
-from clawrl.engine.tools import parse_tool_calls
+from clawrl.chat import template as chat
+from clawrl.chat.template import ChatRenderer, ChatRenderError, RenderedPrompt
+from clawrl.chat.tools import parse_tool_calls
 
 WEATHER_FN = {
     "name": "get_weather",

@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from clawrl.engine.base import SamplingParams
-from clawrl.engine.local import LocalEngine
-from clawrl.engine.sampling import RowSampler, sample_rows
+from clawrl.engine.local.engine import LocalEngine
+from clawrl.engine.local.sampling import RowSampler, sample_rows
 
 STOP = frozenset({2})
 

@@ -9,16 +9,17 @@ from contextlib import nullcontext
 import pytest
 import torch
 
+from clawrl.chat.template import ChatRenderer
 from clawrl.config import Config, GuardConfig
-from clawrl.engine.chat import ChatRenderer
 from clawrl.guard.gate import Canary
 from clawrl.guard.general import encode, is_right, load_items
 from clawrl.guard.measure import canary_score, forward_kl, reference_logprobs
 from clawrl.guard.replay import Replay
-from clawrl.guard.verdict import HELD, PASSED, decide
+from clawrl.guard.verdict import decide
 from clawrl.store.db import Store
 from clawrl.train.loop import TrainLoop
 from clawrl.train.policy import build_policy
+from clawrl.types import HELD, PASSED
 from tests.unit.test_train_loop import add, run  # noqa: F401 -- `run` is a fixture
 
 # --- the verdict: pure arithmetic -------------------------------------------------------------

@@ -8,13 +8,13 @@ from typing import Any
 
 from clawrl.algo import get_method
 from clawrl.algo.teacher import teacher_prompt
+from clawrl.chat.template import ChatRenderer
 from clawrl.config import JudgeConfig
-from clawrl.engine.chat import ChatRenderer
 from clawrl.judge.worker import JudgeLoop
 from clawrl.store.db import Store
 from clawrl.store.writer import StoreWriter
+from clawrl.testing import make_turn
 from clawrl.types import Feedback
-from tests.unit.test_store import make_turn
 
 HINT = "Answer with the number alone, on one line."
 NEXT_STATE = [{"role": "user", "content": "No, redo it: just the number."}]

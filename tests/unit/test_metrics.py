@@ -1,4 +1,5 @@
-"""The Prometheus families /metrics builds from a pipeline snapshot (a hand-written one here)."""
+"""The Prometheus families /metrics builds from a pipeline snapshot (a hand-written one here), and the
+JSON the snapshot and the services' health become at the edge (/dashboard/state.json, /healthz)."""
 
 from __future__ import annotations
 
@@ -6,33 +7,46 @@ import asyncio
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from clawrl.api.dashboard import state_json
 from clawrl.api.metrics import Metrics
-from clawrl.api.state import finite
+from clawrl.api.state import Served, Snapshot, Trained, TrainerState, finite, to_json
+from clawrl.engine.base import EngineStats
+from clawrl.engine.watcher import CanaryCheck, GuardHealth, HeldVersion
+from clawrl.judge.worker import JudgeHealth
+from clawrl.train.supervisor import TrainerHealth
 
-ENGINE = {
-    "active": 3,
-    "waiting": 1,
-    "max_batch_size": 4,
-    "tokens_generated": 120,
-    "requests_finished": 7,
-    "requests_cancelled": 1,
-    "steps": 40,
-    "batch_rows": 90,
-    "extra": {"prefix_cache": {"lookups": 5, "hits": 2, "hit_tokens": 300, "entries": 1, "bytes": 1024}},
-}
-SERVED = {"version": "v3", "since": 1700000000.0, "swaps": 3, "last_swap_s": 0.2}
-TRAINER = {
-    "status": "restarting",
-    "restarts": 2,
-    "latest": {
-        "step": 3,
-        "loss": 0.5,
-        "kl": 0.01,
-        "clip_frac": 0.1,
-        "tokens_per_s": 40.0,
-        "mean_reward": None,
-    },
-}
+CACHE = {"lookups": 5, "hits": 2, "hit_tokens": 300, "entries": 1, "bytes": 1024}
+ENGINE = EngineStats(
+    active=3,
+    waiting=1,
+    tokens_generated=120,
+    requests_finished=7,
+    requests_cancelled=1,
+    steps=40,
+    batch_rows=90,
+    extra={"prefix_cache": CACHE},
+)
+SERVED = Served("v3", since=1700000000.0, swaps=3, last_swap_s=0.2)
+RESTARTING = TrainerHealth("restarting", None, restarts=2, last_exit=1, last_error="boom", restart_in_s=1.5)
+LATEST = Trained("v3", 3, 1700000000.0, loss=0.5, kl=0.01, clip_frac=0.1, tokens_per_s=40.0, mean_reward=None)
+TRAINER = TrainerState(RESTARTING, batch_size=8, latest=LATEST)
+JUDGE = JudgeHealth(
+    status="degraded",
+    judge="scripted",
+    method="combine",
+    queued=2,
+    judged=5,
+    failed_votes=3,
+    votes={"hint:positive": 3, "prm:failed": 3, "prm:negative": 3},
+    in_flight=1,
+    latency_s=0.5,
+    vote_seconds=4.5,
+    last_error="timeout after 1s",
+)
+
+
+def snapshot(judge=None, trainer=TRAINER, engine=ENGINE) -> Snapshot:
+    return Snapshot(1700000100.0, "clawrl", "combine", SERVED, engine, 4, judge, trainer, None)
 
 
 class FixedState:
@@ -58,8 +72,7 @@ def scrape(snapshot) -> dict[tuple[str, tuple], float]:
 
 
 def test_trainer_engine_and_prefix_cache_figures():
-    snap = {"engine": ENGINE, "served": SERVED, "judge": {"status": "off"}, "trainer": TRAINER, "store": None}
-    m = scrape(snap)
+    m = scrape(snapshot())
     assert m["clawrl_trainer_restarts_total", ()] == 2
     assert m["clawrl_trainer_status", (("status", "restarting"),)] == 1
     assert m["clawrl_train_loss", ()] == 0.5 and m["clawrl_train_step", ()] == 3
@@ -75,10 +88,24 @@ def test_trainer_engine_and_prefix_cache_figures():
 
 
 def test_without_a_trainer_or_store_only_serving_figures_show():
-    snap = {"engine": ENGINE, "served": SERVED, "judge": {"status": "off"}, "trainer": {"status": "off"}}
-    m = scrape(snap | {"store": None})
+    m = scrape(snapshot(trainer=TrainerState(None, None, None)))
     assert not any(name.startswith(("clawrl_train", "clawrl_samples", "clawrl_turns")) for name, _ in m)
     assert ("clawrl_http_requests_total", ()) not in m
+
+
+def test_judge_votes_by_kind_and_outcome():
+    m = scrape(snapshot(judge=JUDGE))
+    assert m["clawrl_judge_votes_total", (("kind", "prm"), ("outcome", "failed"))] == 3
+    assert m["clawrl_judge_votes_total", (("kind", "hint"), ("outcome", "positive"))] == 3
+    assert m["clawrl_judge_vote_duration_seconds_count", ()] == 9
+    assert m["clawrl_judge_vote_duration_seconds_sum", ()] == 4.5
+    assert m["clawrl_judge_degraded", ()] == 1 and m["clawrl_judge_queued", ()] == 2
+
+
+def test_a_nan_figure_is_left_out_of_metrics():
+    nan_loss = TrainerState(RESTARTING, 8, Trained("v3", 3, 1700000000.0, loss=float("nan")))
+    m = scrape(snapshot(trainer=nan_loss))
+    assert ("clawrl_train_loss", ()) not in m and m["clawrl_train_step", ()] == 3
 
 
 def test_snapshots_are_valid_json_even_with_a_nan_loss():
@@ -86,4 +113,69 @@ def test_snapshots_are_valid_json_even_with_a_nan_loss():
         "a": [None, 1.0],
         "b": {"c": None},
         "d": "x",
+    }
+
+
+def test_state_json_keeps_the_shape_the_page_reads():
+    engine = EngineStats(active=1, extra={"x": float("nan")})
+    off = state_json(snapshot(trainer=TrainerState(None, 8, None), engine=engine))
+    assert list(off) == ["now", "model", "method", "served", "engine", "judge", "trainer", "store"]
+    assert off["served"] == {
+        "version": "v3",
+        "since": 1700000000.0,
+        "swaps": 3,
+        "last_swap_s": 0.2,
+        "fingerprint": "clawrl-v3",
+    }
+    assert off["engine"]["max_batch_size"] == 4 and off["engine"]["extra"] == {"x": None}
+    assert off["judge"] == {"status": "off"} and off["store"] is None
+    assert off["trainer"] == {"status": "off", "batch_size": 8, "latest": None}
+
+    on = state_json(snapshot(judge=JUDGE))
+    assert on["judge"] == to_json(JUDGE) and on["judge"]["votes"]["prm:negative"] == 3
+    assert on["trainer"] == {
+        "status": "restarting",
+        "pid": None,
+        "restarts": 2,
+        "last_exit": 1,
+        "last_error": "boom",
+        "restart_in_s": 1.5,
+        "batch_size": 8,
+        "latest": {
+            "version": "v3",
+            "step": 3,
+            "created_at": 1700000000.0,
+            "loss": 0.5,
+            "pg_loss": None,
+            "kl": 0.01,
+            "entropy": None,
+            "clip_frac": 0.1,
+            "grad_norm": None,
+            "mean_reward": None,
+            "tokens_per_s": 40.0,
+        },
+    }
+
+
+def test_health_json_leaves_out_group_fields_with_one_rank():
+    one = to_json(RESTARTING)
+    assert list(one) == ["status", "pid", "restarts", "last_exit", "last_error", "restart_in_s"]
+    group = TrainerHealth("running", 42, 0, None, None, None, num_processes=2, ranks=[{"rank": 0}])
+    assert to_json(group)["num_processes"] == 2 and to_json(group)["ranks"] == [{"rank": 0}]
+    guard = GuardHealth(1, HeldVersion("v2", "too bad"), CanaryCheck("v2", "held", drop=0.3))
+    assert to_json(guard) == {
+        "held_versions": 1,
+        "last_held": {"version": "v2", "reason": "too bad"},
+        "last_check": {
+            "version": "v2",
+            "status": "held",
+            "score": None,
+            "base_score": None,
+            "drop": 0.3,
+            "accuracy": None,
+            "base_accuracy": None,
+            "accuracy_drop": None,
+            "kl": None,
+            "seconds": None,
+        },
     }

@@ -9,8 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from clawrl.engine.base import SamplingParams
-from clawrl.engine.local import LocalEngine
-from clawrl.engine.prefix_cache import PrefixCache
+from clawrl.engine.local.engine import LocalEngine
+from clawrl.engine.local.prefix_cache import PrefixCache
 
 LAYERS, HEADS, DIM = 2, 2, 4
 PER_TOKEN = LAYERS * 2 * HEADS * DIM * 4  # bytes of float32 keys and values per token

@@ -11,8 +11,8 @@ import pytest
 from clawrl.cli import main
 from clawrl.store.db import Store, StoreError
 from clawrl.store.records import export, record, show
+from clawrl.testing import make_turn
 from clawrl.types import Feedback, Judgment, Vote
-from tests.unit.test_store import make_turn
 
 LONG = "Voici un très long message. " * 40  # ~1,100 characters
 KEYS = {

@@ -13,43 +13,10 @@ import pytest
 
 from clawrl.store import migrations
 from clawrl.store.db import PAGE, Store, StoreError, StoreUnwritable, UnknownTurn
-from clawrl.types import Feedback, Turn
+from clawrl.testing import make_turn
+from clawrl.types import Feedback
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
-
-
-def make_turn(turn_id: str = "chatcmpl-1", session_id: str = "s1", index: int = 0, **kw) -> Turn:
-    """A turn with every field set to something a round trip could get wrong."""
-    values = dict(
-        id=turn_id,
-        session_id=session_id,
-        index=index,
-        turn_type="main",
-        messages=[
-            {"role": "system", "content": "Tu es un assistant. 🦀"},
-            {"role": "user", "content": "Quel temps fait-il à Zürich ? 東京は？"},
-        ],
-        tools=[{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}],
-        prompt_ids=[1, 9690, 198, 2],
-        response_ids=[504, 30, 2],
-        logprobs=[-0.1, -1e-12, -12.345678901234567],
-        response_text="Il fait « beau » — 晴れ.",
-        tool_calls=[
-            {
-                "id": "call_0",
-                "type": "function",
-                "function": {"name": "weather", "arguments": '{"q": "Zürich"}'},
-            }
-        ],
-        finish_reason="tool_calls",
-        versions=["v2", "v3"],
-        temperature=0.7,
-        created_at=1_700_000_000.123456,
-        finished_at=1_700_000_001.654321,
-        first_token_at=1_700_000_000.5,
-    )
-    values.update(kw)
-    return Turn(**values)
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ import pytest
 from clawrl.store import migrations
 from clawrl.store.db import Store
 from clawrl.store.stats import RECENT_SESSIONS
+from clawrl.testing import make_turn
 from clawrl.types import Judgment, Vote
-from tests.unit.test_store import make_turn
 from tests.unit.test_store_training import sample
 
 SMALL_TABLES = ("counters", "reward_by_version", "versions")  # a few rows per version or none

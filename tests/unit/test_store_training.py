@@ -10,8 +10,8 @@ import pytest
 
 from clawrl.store import migrations
 from clawrl.store.db import Store, StoreError, UnknownTurn
+from clawrl.testing import make_turn
 from clawrl.types import Feedback, Judgment, Sample, Vote
-from tests.unit.test_store import make_turn
 
 VOTES = [
     Vote("prm", 1, "La réponse est juste. \\boxed{1}", None, 1.25),

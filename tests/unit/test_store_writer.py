@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from clawrl.store.errors import StoreBusy, StoreError, StoreUnwritable
-from clawrl.store.writer import StoreWriter
+from clawrl.store.writer import StoreWriter, WriterHealth
 from tests.timing import limit
 
 
@@ -34,18 +34,18 @@ def test_refused_writes_wait_in_order_then_land():
         await writer.write(table.insert, "c")  # the store would take it, but it waits behind "b"
         await writer.write(table.insert, "d")
         assert table.rows == ["a"] and writer.full
-        assert writer.health() == {"ok": False, "error": "disk full", "pending_writes": 3}
+        assert writer.health() == WriterHealth(ok=False, error="disk full", pending_writes=3)
 
         table.refusing = StoreBusy("locked")
         writer.start()  # the retries begin
         async with asyncio.timeout(limit(10)):
-            while writer.health()["error"] != "locked":
+            while writer.health().error != "locked":
                 await asyncio.sleep(0.01)
         assert table.rows == ["a"]
         table.refusing = None
         await asyncio.wait_for(writer.settled(), limit(10))
         assert table.rows == ["a", "b", "c", "d"]
-        assert writer.health() == {"ok": True, "error": None, "pending_writes": 0} and not writer.full
+        assert writer.health() == WriterHealth(ok=True, error=None, pending_writes=0) and not writer.full
         await writer.stop()
 
     asyncio.run(scenario())
@@ -57,7 +57,7 @@ def test_other_store_errors_still_raise():
         table.refusing = StoreError("no such table")
         with pytest.raises(StoreError, match="no such table"):
             await writer.write(table.insert, "a")
-        assert writer.health()["pending_writes"] == 0
+        assert writer.health().pending_writes == 0
         await writer.stop()
 
     asyncio.run(scenario())

@@ -1,4 +1,4 @@
-"""Tests for clawrl.engine.text: incremental detokenization and stop strings."""
+"""Tests for clawrl.chat.text: incremental detokenization and stop strings."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from clawrl.engine.text import IncrementalDetokenizer, StopStrings
+from clawrl.chat.text import IncrementalDetokenizer, StopStrings
 
 SAMPLES = [
     "Hello, world! This is plain ASCII text.",

@@ -1,4 +1,4 @@
-"""Tests for clawrl.engine.tools: full and streaming tool-call parsing."""
+"""Tests for clawrl.chat.tools: full and streaming tool-call parsing."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from clawrl.engine.tools import (
+from clawrl.chat.tools import (
     ContentDelta,
     StreamEvent,
     ToolCall,

@@ -19,11 +19,11 @@ from safetensors.torch import load_file
 
 from clawrl.config import Config
 from clawrl.store.db import Store
+from clawrl.testing import make_turn
 from clawrl.train.group import split_by_tokens
 from clawrl.types import Sample
 from tests.conftest import ROOT
 from tests.timing import limit
-from tests.unit.test_store import make_turn
 
 PROMPT = [1, 9690, 198, 4093, 198, 1780, 314, 2, 198, 1, 520, 9531, 198, 30, 31, 32, 33, 34]
 

@@ -11,14 +11,14 @@ from transformers import AutoModelForCausalLM
 
 from clawrl.cli import main
 from clawrl.config import Config
+from clawrl.engine.local.merge import full_weights_loader
 from clawrl.store.db import Store
+from clawrl.testing import make_turn
 from clawrl.train.checkpoints import copy_version
 from clawrl.train.loop import TrainLoop
 from clawrl.train.policy import build_policy
 from clawrl.train.publish import export, rollback
-from clawrl.train.weights import full_weights_loader
 from clawrl.types import Sample, Version
-from tests.unit.test_store import make_turn
 
 PROMPT = [1, 9690, 198, 4093, 198, 1780, 314, 2, 198, 1, 520, 9531, 198]
 

@@ -6,9 +6,9 @@ import pytest
 
 from clawrl.config import VLLMConfig, load_config
 from clawrl.engine.base import EngineFailed, SamplingParams
-from clawrl.engine.vllm import VLLMEngine
-from clawrl.engine.vllm_server import VLLMServer, VLLMUnavailable, vllm_command
-from clawrl.engine.vllm_setup import vllm_python
+from clawrl.engine.vllm.build import vllm_python
+from clawrl.engine.vllm.engine import VLLMEngine
+from clawrl.engine.vllm.server import VLLMServer, VLLMUnavailable, vllm_command
 
 
 def _engine() -> VLLMEngine:

@@ -11,22 +11,10 @@ from peft import PeftModel
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from clawrl.train.checkpoints import (
-    CheckpointError,
-    latest_version,
-    list_versions,
-    load_version,
-    save_version,
-)
-from clawrl.train.weights import (
-    AdapterError,
-    LoraSettings,
-    MergedLora,
-    attach_lora,
-    export_merged,
-    merged_state_dict,
-    reference_logits,
-)
+from clawrl.engine.local.merge import MergedLora
+from clawrl.train.checkpoints import CheckpointError, load_version, save_version
+from clawrl.train.weights import LoraSettings, attach_lora, export_merged, merged_state_dict, reference_logits
+from clawrl.version_folder import AdapterError, latest_version, list_versions
 
 IDS = torch.tensor(
     [[1, 504, 2143, 314, 253, 1345, 30, 198, 4376, 17], [1, 19, 7, 88, 1024, 9, 13, 600, 2, 2]]

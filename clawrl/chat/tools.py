@@ -1,7 +1,7 @@
 """Tool-call parsing of model output, for whole texts and for streams.
 
 A tool call is written by the model as one block per call (the Hermes/Qwen
-format, also what the generic tool prompt of `clawrl.engine.chat` asks for):
+format, also what the generic tool prompt of `clawrl.chat.template` asks for):
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}

@@ -1,6 +1,7 @@
-"""`clawrl train`: the trainer as a process of its own.
+"""The trainer process, wired in one place (`clawrl train`): store, policy, canary gate and
+replay (`clawrl.guard.trainer_hooks`), loggers, the rank group, then `TrainLoop`.
 
-`clawrl serve` starts it beside the server (see `train/supervisor.py`) so that
+`clawrl serve` starts it beside the server (see `clawrl/train/supervisor.py`) so that
 a Python-heavy training step never stalls serving; it can also run alone
 against a run folder. Either way:
 
@@ -14,8 +15,8 @@ against a run folder. Either way:
   gone, so a SIGKILLed server leaves no trainer behind.
 
 With `train.distributed.num_processes` > 1 it launches a group of ranks
-through accelerate (`train/launch.py`) and holds the lock for them; each rank
-is `clawrl train --launch none --in-group` (`train/group.py`, `train/loop.py`:
+through accelerate (`clawrl/train/launch.py`) and holds the lock for them; each rank
+is `clawrl train --launch none --in-group` (`clawrl/train/group.py`, `clawrl/train/loop.py`:
 rank 0 alone reads the store and publishes). Under `accelerate launch -m clawrl
 train` (a group started by hand, e.g. across machines) rank 0 takes the lock.
 

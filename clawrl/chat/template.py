@@ -57,7 +57,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from clawrl.engine.tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from clawrl.chat.tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 REQUIRED_PREFIX = TOOL_CALL_OPEN + '\n{"name": "'

@@ -19,9 +19,9 @@ from typing import Any
 
 from clawrl.config import Config
 from clawrl.engine.models import load_tokenizer, model_folder, served_context
-from clawrl.engine.vllm import VLLMEngine
-from clawrl.engine.vllm_server import VENV, VLLMServer, VLLMUnavailable, vllm_command
-from clawrl.eval.server import free_port
+from clawrl.engine.vllm.engine import VLLMEngine
+from clawrl.engine.vllm.server import VENV, VLLMServer, VLLMUnavailable, vllm_command
+from clawrl.net import free_port
 
 log = logging.getLogger(__name__)
 

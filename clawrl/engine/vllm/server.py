@@ -15,7 +15,7 @@ before it counts as up again.
 Attached (`engine.vllm.url`): the same checks, but nothing is started; a
 server that stops answering is reported down until it answers again.
 
-    VLLMUnavailable (an EngineError): the server cannot be reached or started
+    VLLMUnavailable (an EngineUnavailable): the server cannot be reached or started
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 
 from clawrl.config import VLLMConfig
-from clawrl.engine.base import EngineError
+from clawrl.engine.base import EngineError, EngineUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class VLLMUnavailable(EngineError):
+class VLLMUnavailable(EngineUnavailable):
     """The vLLM server cannot be reached or started."""
 
 
@@ -62,7 +62,7 @@ class ServerHealth:
 def vllm_command(
     python: str, model: Path, port: int, v: VLLMConfig, max_context: int, lora: bool
 ) -> list[str]:
-    """The api_server command line clawrl starts (the README lists the same flags for attaching)."""
+    """The api_server command line clawrl starts (docs/vllm.md lists the same flags for attaching)."""
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
     cmd += ["--served-model-name", BASE_NAME, "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--max-model-len", str(max_context), "--max-logprobs", "20"]

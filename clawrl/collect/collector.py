@@ -12,6 +12,9 @@ the session's tip.
 On start the tracker is rebuilt from the store (sessions active within the
 idle timeout), so a conversation that goes on after a restart, even after a
 SIGKILL, keeps its session and attaches its next state to the turn before.
+
+Errors (`clawrl/collect/errors.py`): `UnknownTurn` for feedback on an answer or session
+that was never recorded, `StoreBusy` while the store cannot take the write.
 """
 
 from __future__ import annotations
@@ -20,11 +23,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from clawrl.api.errors import NotFound, StoreUnavailable
-from clawrl.api.responses import Completion, tool_call_json
-from clawrl.judge.worker import JudgeLoop
+from clawrl.collect.errors import StoreBusy, UnknownTurn
 from clawrl.sessions.tracker import Hints, Resolution, Restored, SessionTracker
 from clawrl.store.db import Store
 from clawrl.store.writer import TRANSIENT, StoreWriter
@@ -32,6 +33,18 @@ from clawrl.types import Feedback, Message, Turn
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+class JudgeQueue(Protocol):
+    """What the collector tells the judge (`clawrl.judge.worker.JudgeLoop`)."""
+
+    def submit(self, turn_id: str, session_id: str) -> None:
+        """The turn has its next state (or a rating): judge it."""
+        ...
+
+    def session_ended(self, session_id: str) -> None:
+        """The session ended: its last turn gets no next state."""
+        ...
 
 
 class Collector:
@@ -42,6 +55,7 @@ class Collector:
         idle_timeout: float,
         expire_every: float,
         writer: StoreWriter,
+        judge: JudgeQueue | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
@@ -52,7 +66,7 @@ class Collector:
         self.writer = writer
         self._expiry: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
-        self.judge: JudgeLoop | None = None  # set by the app when judging is on
+        self.judge = judge  # None when judging is off
 
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
         return await self.writer.run(fn, *args)
@@ -100,8 +114,8 @@ class Collector:
         """503 while more than `most` writes wait (default: while the backlog is full; see StoreWriter)."""
         w = self.writer
         if w.full or (most is not None and w.pending > most):
-            raise StoreUnavailable(
-                f"the store cannot record this now ({w.health()['error']}); {w.pending} writes are "
+            raise StoreBusy(
+                f"the store cannot record this now ({w.health().error}); {w.pending} writes are "
                 "waiting for it; try again later",
                 code="store_unavailable",
             )
@@ -144,9 +158,7 @@ class Collector:
             turn, fid = await self.db(self._write_feedback, response_id, session_id, rating, comment)
         except TRANSIENT as exc:  # never kept for later: the reply carries the rating's id
             self.writer.failed(exc)
-            raise StoreUnavailable(
-                f"the store cannot record feedback now: {exc}", code="store_unavailable"
-            ) from exc
+            raise StoreBusy(f"the store cannot record feedback now: {exc}", code="store_unavailable") from exc
         if self.judge is not None:
             self.judge.submit(turn.id, turn.session_id)  # an explicit rating decides the reward
         return turn, fid
@@ -157,12 +169,14 @@ class Collector:
         if response_id is not None:
             turn = self.store.get_turn(response_id)
             if turn is None:
-                raise NotFound(f"no answer with id {response_id!r} was recorded", param="response_id")
+                raise UnknownTurn(f"no answer with id {response_id!r} was recorded", param="response_id")
         else:
             assert session_id is not None
             turn = self.store.latest_main_turn(session_id)
             if turn is None:
-                raise NotFound(f"no session {session_id!r} with a main turn was recorded", param="session_id")
+                raise UnknownTurn(
+                    f"no session {session_id!r} with a main turn was recorded", param="session_id"
+                )
         fid = self.store.add_feedback(Feedback(turn.id, rating, comment, self._clock()))
         return turn, fid
 
@@ -178,34 +192,3 @@ class Collector:
     def _write_ended(self, ended: list[tuple[str, str]], now: float) -> None:
         for session_id, reason in ended:
             self.store.end_session(session_id, reason, now)
-
-
-def build_turn(
-    r: Resolution,
-    c: Completion,
-    messages: list[Message],
-    tools: list[dict] | None,
-    temperature: float,
-    created_at: float,
-    first_token_at: float | None,
-    finish_reason: str,
-) -> Turn:
-    return Turn(
-        id=c.id,
-        session_id=r.session_id,
-        index=r.turn_index,
-        turn_type=r.turn_type,
-        messages=messages,
-        tools=tools,
-        prompt_ids=c.prompt_ids,
-        response_ids=[t.token_id for t in c.tokens],
-        logprobs=[t.logprob for t in c.tokens],
-        response_text=c.text,
-        tool_calls=[tool_call_json(call) for call in c.tool_calls],
-        finish_reason=finish_reason,
-        versions=c.versions,
-        temperature=temperature,
-        created_at=created_at,
-        first_token_at=first_token_at,
-        finished_at=time.time(),
-    )

@@ -23,6 +23,11 @@ Prefix caching (`engine.prefix_cache_mb`): a long prompt is looked up in the
 cached prompt's and only the rest is prefilled. Each fully prefilled long
 prompt is kept for later requests, unless a weight swap happened while it was
 prefilled (its KV would then mix two versions). A swap empties the cache.
+
+Versions (`serve_version`): the version's folder is read and checked in a worker
+thread, outside the pause; then `swap_weights` merges it between two decoding
+steps (`clawrl/engine/local/merge.py`). A folder that cannot be read or does not fit
+the model raises `VersionRefused` with the weights untouched.
 """
 
 from __future__ import annotations
@@ -37,11 +42,21 @@ from typing import Any
 
 import torch
 
-from clawrl.engine.base import EngineFailed, EngineStats, SamplingParams, TokenEvent, WeightLoader
-from clawrl.engine.batch import DecodeBatch
+from clawrl.engine.base import (
+    EngineFailed,
+    EngineStats,
+    SamplingParams,
+    TokenEvent,
+    VersionRefused,
+    WeightLoader,
+)
+from clawrl.engine.local.batch import DecodeBatch
+from clawrl.engine.local.merge import VersionMerger
+from clawrl.engine.local.prefix_cache import PrefixCache
+from clawrl.engine.local.sampling import RowSampler, Sampled, sample_rows, score_tokens
 from clawrl.engine.memory import release_free_memory
-from clawrl.engine.prefix_cache import PrefixCache
-from clawrl.engine.sampling import RowSampler, Sampled, sample_rows, score_tokens
+from clawrl.types import Version
+from clawrl.version_folder import DEFAULT_TARGETS
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +101,8 @@ class LocalEngine:
         prefill_chunk: int = 256,
         prefix_cache: PrefixCache | None = None,
         version: str = "v0",
+        lora_targets: tuple[str, ...] | list[str] = DEFAULT_TARGETS,
+        merge_eagerly: bool = False,
     ) -> None:
         self.model = model.eval()
         self.model_name = model_name
@@ -111,8 +128,12 @@ class LocalEngine:
         # idle team spinning beside the busy one steals the cores (seen as 10-20% lost throughput).
         self._thread: ThreadPoolExecutor | None = None
         self._stats = EngineStats()
+        self._versions = VersionMerger(self.model, lora_targets)
+        self._merge_eagerly = merge_eagerly  # a server that trains LoRA copies the base weights at start
 
     async def start(self) -> None:
+        if self._merge_eagerly:
+            await asyncio.get_running_loop().run_in_executor(None, self._versions.prepare)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clawrl-engine")
         self._task = asyncio.create_task(self._loop(), name="clawrl-engine")
 
@@ -163,7 +184,20 @@ class LocalEngine:
     ) -> list[float]:
         return await self._submit(lambda: self._score(prompt_ids, response_ids, temperature))
 
+    async def serve_version(self, version: Version) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            load = await loop.run_in_executor(None, self._versions.loader, version)
+            await self.swap_weights(load, version.name)  # checks shapes before changing a weight
+        except (ValueError, KeyError, OSError) as exc:  # a broken checkpoint must not stop serving
+            raise VersionRefused(f"cannot serve {version.name} from {version.path}: {exc}") from exc
+
+    def close(self) -> None:
+        """Nothing outside the event loop to release: the model goes with the process."""
+
     async def swap_weights(self, load: WeightLoader, version: str) -> None:
+        """Apply `load(model)` between two decoding steps and serve `version` from then on."""
+
         def swap() -> None:
             with torch.no_grad():
                 load(self.model)

@@ -28,7 +28,7 @@ with, and the previous adapter is unloaded once none is using it. v0 (or a
 rollback to it) is the base model. A version vLLM refuses, or whose rank is
 above `engine.vllm.max_lora_rank`, raises `VersionRefused`. Full fine-tuning
 versions are refused too: vLLM's supported way to serve other full weights is
-a restart on the new folder (see the README), which clawrl does not do
+a restart on the new folder (see docs/vllm.md), which clawrl does not do
 mid-run. After the supervisor restarts a dead server, the adapter being served
 is loaded again before the server counts as up.
 """
@@ -47,9 +47,9 @@ from typing import Any
 import httpx
 
 from clawrl.engine.base import EngineFailed, EngineStats, SamplingParams, TokenEvent, VersionRefused
-from clawrl.engine.vllm_server import VLLMServer
-from clawrl.train.weights import ADAPTER_CONFIG
+from clawrl.engine.vllm.server import VLLMServer
 from clawrl.types import Version
+from clawrl.version_folder import ADAPTER_CONFIG
 
 log = logging.getLogger(__name__)
 TOKEN_PREFIX = "token_id:"  # how vLLM names tokens with return_tokens_as_token_ids
@@ -284,7 +284,7 @@ def _adapter_config(folder: Path, version: str) -> dict[str, Any]:
     except FileNotFoundError as exc:
         raise VersionRefused(
             f"cannot serve {version} from {folder}: it holds no LoRA adapter; the vLLM engine serves "
-            "LoRA versions only (full weights need a vLLM restart on the new folder, see the README)"
+            "LoRA versions only (full weights need a vLLM restart on the new folder, see docs/vllm.md)"
         ) from exc
     except (OSError, ValueError) as exc:
         raise VersionRefused(f"cannot serve {version} from {folder}: {exc}") from exc

@@ -1,0 +1,59 @@
+"""GET /healthz: what each service says of itself, gathered into one answer.
+
+200 while the engine can serve; 503 (same body) while it cannot, e.g. vLLM restarting.
+A service that is off (no judge, no trainer, no canary gate) shows `{"status": "off"}`;
+no store shows `"store": null`. Each service reports a typed object (`EngineStats`,
+`WriterHealth`, `JudgeHealth`, `TrainerHealth`, `GuardHealth`); the body is made
+of them here, by `to_json`, NaN and infinities as null.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from clawrl.api.state import OFF, to_json
+from clawrl.collect.collector import Collector
+from clawrl.config import GuardConfig
+from clawrl.engine.base import Engine
+from clawrl.engine.watcher import VersionWatcher
+from clawrl.judge.worker import JudgeLoop
+from clawrl.train.supervisor import TrainerSupervisor
+
+
+@dataclass
+class HealthReport:
+    engine: Engine
+    model: str
+    collector: Collector | None = None
+    judge: JudgeLoop | None = None
+    trainer: TrainerSupervisor | None = None
+    watcher: VersionWatcher | None = None
+    guard: GuardConfig | None = None
+
+    def body(self) -> tuple[dict[str, Any], int]:
+        """The /healthz body and its status code."""
+        store = self.collector.writer.health() if self.collector else None
+        engine = self.engine.stats()
+        status = "degraded" if store is not None and not store.ok else "ok"
+        if engine.status != "ok":
+            status = f"engine {engine.status}"
+        body = {
+            "status": status,
+            "model": self.model,
+            "version": self.engine.version,
+            "engine": engine,
+            "open_sessions": len(self.collector.tracker) if self.collector else None,
+            "store": store,
+            "judge": self.judge.health() if self.judge is not None else OFF,
+            "trainer": self.trainer.health() if self.trainer is not None else OFF,
+            "guard": self._guard(),
+        }
+        return to_json(body), 200 if engine.status == "ok" else 503
+
+    def _guard(self) -> dict[str, Any]:
+        """The canary gate (run by the trainer): its limits, the held versions, the newest check."""
+        if self.watcher is None or self.guard is None:  # nothing collected, nothing trained here
+            return OFF
+        limits = self.guard.model_dump(include={"max_drop", "max_accuracy_drop", "max_kl"})
+        return {"status": "on" if self.guard.enabled else "off"} | limits | to_json(self.watcher.guard())

@@ -1,0 +1,170 @@
+"""Serving a published version in the local engine: merge its weights into the live model.
+
+The engine serves a plain model with the adapter *merged*, so decoding runs no
+LoRA matmuls: `MergedLora` keeps a copy of each targeted base weight and sets
+
+    W = W_base + scale * B @ A
+
+from a version's adapter folder (`clawrl/version_folder.py`), always from W_base
+(never from the previous version, so errors do not accumulate and v2 after v1 is
+exactly v2). A full version is copied into the weights as they are
+(`full_weights_loader`).
+
+Errors: `AdapterError` (a `ValueError`) for a folder that cannot be applied to the
+serving model; nothing is changed when it is raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from clawrl.types import Version
+from clawrl.version_folder import (
+    DEFAULT_TARGETS,
+    AdapterError,
+    LoraDelta,
+    is_adapter,
+    load_full_weights,
+    read_adapter,
+    read_full_weights,
+)
+
+
+class MergedLora:
+    """Swap LoRA versions into a plain serving model by merging them into its weights.
+
+    Holds a copy of every targeted `nn.Linear` weight as it is at construction
+    (v0). `device="cpu"` (the default) keeps the copies in host memory, pinned
+    when the model is on a GPU; `device=None` keeps each next to its weight
+    (faster swaps, but the copies cost accelerator memory). With the default
+    targets this is every attention and MLP projection: for SmolLM2-135M in
+    float32, 106M parameters, 425 MB.
+
+    Not thread-safe: call `apply` / `reset` where the engine changes weights
+    (`LocalEngine.swap_weights`, between two decoding steps); `loader` prepares that.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        targets: Iterable[str] = DEFAULT_TARGETS,
+        device: torch.device | str | None = "cpu",
+    ) -> None:
+        targets = tuple(targets)
+        self.model = model
+        self.targets = targets
+        self._linears = {
+            name: m
+            for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and any(name == t or name.endswith("." + t) for t in targets)
+        }
+        if not self._linears:
+            raise AdapterError(f"the model has no linear layer named like {list(targets)}")
+        self._base = {name: _copy(m.weight, device) for name, m in self._linears.items()}
+        self._merged: set[str] = set()  # modules whose weight is not W_base right now
+
+    @property
+    def base_bytes(self) -> int:
+        """Memory held by the base-weight copies."""
+        return sum(t.numel() * t.element_size() for t in self._base.values())
+
+    def apply(self, adapter: Path | Mapping[str, LoraDelta]) -> None:
+        """Serve the adapter in `adapter` (a folder, or what `read_adapter` read from one) from now on.
+
+        Every adapted weight becomes W_base + scale * B @ A; targeted weights the
+        adapter leaves out go back to W_base. Validation comes first, so a bad
+        adapter raises `AdapterError` with the model untouched.
+        """
+        deltas = read_adapter(adapter) if isinstance(adapter, str | Path) else adapter
+        self._check(deltas)
+        with torch.no_grad():
+            for name in self._merged - deltas.keys():
+                self._linears[name].weight.copy_(self._base[name])
+            for name, delta in deltas.items():
+                weight = self._linears[name].weight
+                # Merge in float32 and round once, so a bf16 model gets the closest bf16 weight.
+                base = self._base[name].to(weight.device, torch.float32)
+                b, a = (t.to(weight.device, torch.float32) for t in (delta.b, delta.a))
+                weight.copy_(torch.addmm(base, b, a, alpha=delta.scale))
+        self._merged = set(deltas)
+
+    def reset(self) -> None:
+        """Serve the base model (v0) again: every weight back to its exact copy."""
+        with torch.no_grad():
+            for name in self._merged:
+                self._linears[name].weight.copy_(self._base[name])
+        self._merged = set()
+
+    def loader(self, adapter_dir: Path | None) -> Callable[[nn.Module], None]:
+        """Read and check `adapter_dir` now (None: the base model); return what `swap_weights` applies.
+
+        The disk read happens here, outside the engine's swap, so decoding pauses only for the merge.
+        """
+        deltas = {} if adapter_dir is None else read_adapter(adapter_dir)
+        self._check(deltas)
+
+        def load(model: nn.Module) -> None:
+            if model is not self.model:
+                raise AdapterError("this MergedLora was built for another model")
+            self.apply(deltas)
+
+        return load
+
+    def _check(self, deltas: Mapping[str, LoraDelta]) -> None:
+        modules = dict(self.model.named_modules())
+        if missing := sorted(set(deltas) - modules.keys()):
+            raise AdapterError(f"the adapter targets modules this model does not have: {missing[:5]}")
+        if untracked := sorted(set(deltas) - self._linears.keys()):
+            raise AdapterError(
+                f"the adapter targets {untracked[:5]}, outside this MergedLora's targets "
+                f"{list(self.targets)}; build it with targets that cover the adapter's target_modules"
+            )
+        for name, delta in deltas.items():
+            shape, weight = (delta.b.shape[0], delta.a.shape[1]), tuple(self._linears[name].weight.shape)
+            if weight != shape:
+                raise AdapterError(f"{name}: the adapter's B @ A is {shape}, the weight is {weight}")
+
+
+def _copy(weight: torch.Tensor, device: torch.device | str | None) -> torch.Tensor:
+    copy = weight.detach().to(weight.device if device is None else device, copy=True)
+    if copy.device.type == "cpu" and weight.device.type == "cuda":
+        copy = copy.pin_memory()  # host-to-device copies at full speed during a swap
+    return copy
+
+
+def full_weights_loader(folder: Path) -> Callable[[nn.Module], None]:
+    """Read a full version now; return what `LocalEngine.swap_weights` calls to copy it in."""
+    state = read_full_weights(folder)
+
+    def load(model: nn.Module) -> None:
+        load_full_weights(model, state)
+
+    return load
+
+
+class VersionMerger:
+    """What the local engine does to serve a published version: merge its adapter over the base
+    weights' copies (`MergedLora`, made on the first swap unless `prepare` made them at start),
+    or copy a full version in (`full_weights_loader`). v0, a version without a folder, is the base."""
+
+    def __init__(self, model: nn.Module, targets: Iterable[str]) -> None:
+        self.model, self.targets = model, tuple(targets)
+        self._merged: MergedLora | None = None
+
+    def prepare(self) -> None:
+        """Copy the base weights now, not during the first swap (measured: 1.45 s vs 0.23 s)."""
+        if self._merged is None:
+            self._merged = MergedLora(self.model, self.targets)
+
+    def loader(self, version: Version) -> Callable[[nn.Module], None]:
+        """Read and check `version`'s folder now; return what the engine applies between two steps."""
+        folder = Path(version.path) if version.path else None
+        if folder is not None and not is_adapter(folder):
+            return full_weights_loader(folder)  # full fine-tuning: the whole model is copied in
+        self.prepare()
+        assert self._merged is not None
+        return self._merged.loader(folder)

@@ -1,0 +1,191 @@
+"""The version-folder format: what a published policy version is on disk (a shared contract).
+
+    <run_dir>/checkpoints/vN/
+        adapter_model.safetensors, adapter_config.json   the PEFT LoRA adapter (vLLM and
+                                                         `PeftModel.from_pretrained` load it)
+        or model*.safetensors, config.json               full fine-tuning: the whole model
+                                                         (`save_pretrained`'s layout)
+        optimizer.pt                                     the AdamW state dict
+        manifest.json                                    {"version", "step", "samples", "metrics",
+                                                          "created_at", "base_model", "parent"}
+
+v0 is the base model and has no folder. The trainer writes a folder (`clawrl/train/checkpoints.py`:
+atomically, under the publish lock, never over an existing one) and then the version's
+row in the store; the engines read it (`clawrl/engine/local/merge.py` merges an adapter
+into live weights, `clawrl/engine/vllm/` loads it as a LoRA adapter). A reader may rely
+on: a `vN` folder with a `manifest.json` is complete (a crash leaves only hidden
+`.vN-*.tmp` folders); an adapter is safetensors only (a pickled file is never read); the
+LoRA math is
+
+    W = W_base + scale * B @ A     A: [r, in], B: [out, r], scale = alpha / r (alpha / sqrt(r): rsLoRA)
+
+See docs/design.md, "The version folder".
+
+Errors: `AdapterError` (a `ValueError`) for an adapter or weights file that cannot be read
+or applied; nothing is changed when it is raised.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch and safetensors load with the first tensor read: naming versions stays cheap
+    import torch
+    from torch import nn
+
+CHECKPOINTS = "checkpoints"
+MANIFEST = "manifest.json"
+OPTIMIZER = "optimizer.pt"
+VERSION_NAME = re.compile(r"^v(\d+)$")
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# PEFT saves `base_model.model.<module>.lora_A.weight`; the adapter name
+# (`lora_A.default.weight`) appears only in unsaved, in-memory state dicts.
+_LORA_KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[^.]+)?\.weight$")
+
+# adapter_config.json options that change the math above; we refuse rather than merge wrongly.
+UNSUPPORTED = ("use_dora", "lora_bias", "fan_in_fan_out", "modules_to_save", "trainable_token_indices")
+
+WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt")
+
+
+def version_number(version: str) -> int:
+    """`"v12"` -> 12; anything else is a ValueError."""
+    match = VERSION_NAME.match(version)
+    if match is None:
+        raise ValueError(f"a version is named vN, not {version!r}")
+    return int(match[1])
+
+
+def version_dir(run_dir: Path, version: str) -> Path:
+    """Where `version` lives (or would live) in `run_dir`."""
+    version_number(version)
+    return Path(run_dir) / CHECKPOINTS / version
+
+
+def is_adapter(folder: Path) -> bool:
+    """True for a LoRA version (an adapter folder), False for full weights."""
+    return (Path(folder) / ADAPTER_CONFIG).is_file()
+
+
+def read_manifest(folder: Path) -> dict:
+    return json.loads((Path(folder) / MANIFEST).read_text())
+
+
+def complete_versions(run_dir: Path) -> list[Path]:
+    """The folders of every complete version (a manifest written), v1 first."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    folders = [p for p in root.iterdir() if VERSION_NAME.match(p.name) and (p / MANIFEST).is_file()]
+    return sorted(folders, key=lambda p: version_number(p.name))
+
+
+class AdapterError(ValueError):
+    """An adapter folder that cannot be merged into the serving model."""
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors; a truncated or garbled file is an AdapterError naming it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path)
+    except SafetensorError as exc:  # not an OSError or ValueError: callers would miss it
+        raise AdapterError(f"{path} is not a readable safetensors file: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class LoraDelta:
+    """One adapted linear layer: W = W_base + scale * b @ a."""
+
+    a: torch.Tensor  # [r, in]
+    b: torch.Tensor  # [out, r]
+    scale: float
+
+
+def read_adapter(adapter_dir: Path) -> dict[str, LoraDelta]:
+    """Read a PEFT LoRA folder (as `PeftModel.save_pretrained` writes it): module name -> delta."""
+    adapter_dir = Path(adapter_dir)
+    config = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())
+    if config.get("peft_type") != "LORA":
+        raise AdapterError(f"{adapter_dir} holds a {config.get('peft_type')} adapter, not LORA")
+    if used := [k for k in UNSUPPORTED if config.get(k)]:
+        raise AdapterError(f"{adapter_dir}: merging adapters with {', '.join(used)} is not supported")
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in read_tensors(adapter_dir / ADAPTER_WEIGHTS).items():
+        match = _LORA_KEY.match(key)
+        if match is None:
+            raise AdapterError(f"{adapter_dir}: unexpected tensor {key} (only linear LoRA A/B weights merge)")
+        pairs.setdefault(match["module"], {})[match["ab"]] = tensor
+    return {module: _delta(adapter_dir, module, ab, config) for module, ab in pairs.items()}
+
+
+def _delta(adapter_dir: Path, module: str, ab: dict[str, torch.Tensor], config: dict) -> LoraDelta:
+    if ab.keys() != {"A", "B"} or ab["B"].shape[1] != ab["A"].shape[0]:
+        shapes = {k: tuple(v.shape) for k, v in ab.items()}
+        raise AdapterError(f"{adapter_dir}: {module} needs matching lora_A and lora_B, found {shapes}")
+    rank = ab["A"].shape[0]  # the saved shape is the truth, whatever rank_pattern says
+    alpha = config["lora_alpha"]
+    for pattern, value in (config.get("alpha_pattern") or {}).items():
+        if re.match(rf"(.*\.)?({pattern})$", module):  # PEFT's own rule (peft.utils.other.get_pattern_key)
+            alpha = value
+            break
+    scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    return LoraDelta(a=ab["A"], b=ab["B"], scale=scale)
+
+
+def read_full_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """A full version's state dict, read from its `*.safetensors` files (one or several shards)."""
+    files = sorted(p for p in Path(folder).glob("*.safetensors") if p.name != ADAPTER_WEIGHTS)
+    if not files:
+        raise AdapterError(f"{folder} holds no model weights (*.safetensors)")
+    state: dict[str, torch.Tensor] = {}
+    for path in files:
+        state.update(read_tensors(path))
+    return state
+
+
+def is_weights(name: str) -> bool:
+    return name.endswith(WEIGHT_FILES) or name.endswith(".index.json")
+
+
+def latest_version(run_dir: Path) -> str | None:
+    """The complete version with the highest N, or None when only v0 (the base model) exists."""
+    versions = complete_versions(run_dir)
+    return versions[-1].name if versions else None
+
+
+def list_versions(run_dir: Path) -> list[dict]:
+    """The manifests of every complete version, v1 first."""
+    return [read_manifest(folder) for folder in complete_versions(run_dir)]
+
+
+def load_full_weights(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy `state` into `model`'s weights in place (cast to their dtype and device); no grad needed.
+
+    Every weight must be given, except tied copies of a given one (an LM head tied
+    to the embeddings, which `save_pretrained` stores once). Checked first: on an
+    `AdapterError` nothing has changed.
+    """
+    own = model.state_dict(keep_vars=True)
+    if unexpected := sorted(state.keys() - own.keys()):
+        raise AdapterError(f"the weights name tensors this model does not have: {unexpected[:5]}")
+    given = {own[k].data_ptr() for k in state}
+    if missing := sorted(k for k in own.keys() - state.keys() if own[k].data_ptr() not in given):
+        raise AdapterError(f"the weights leave out {missing[:5]}")
+    for key, tensor in state.items():
+        if tuple(tensor.shape) != tuple(own[key].shape):
+            raise AdapterError(
+                f"{key}: the weights are {tuple(tensor.shape)}, the model {tuple(own[key].shape)}"
+            )
+    for key, tensor in state.items():
+        own[key].data.copy_(tensor)

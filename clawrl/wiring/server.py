@@ -1,0 +1,150 @@
+"""The server process, wired in one place: open the store, build the engine through the
+registry, build each service with its collaborators, hand them to the app, run uvicorn.
+
+    store ─┬─ Collector (SessionTracker, StoreWriter, JudgeLoop)
+           ├─ JudgeLoop (a judge backend on the engine or an OpenAI-compatible server, the method)
+           ├─ VersionWatcher (the engine: serves each published version)
+           └─ TrainerSupervisor (the trainer process, `clawrl/wiring/trainer.py`)
+    engine ── ChatService ── the routes; PipelineState ── /metrics, /dashboard; HealthReport ── /healthz
+
+Services start in that order (engine first) and stop in reverse (`clawrl/api/app.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import uvicorn
+
+from clawrl.algo import get_method
+from clawrl.algo.teacher import teacher_prompt
+from clawrl.api.app import Routes, Service, create_app
+from clawrl.api.completions import ChatService
+from clawrl.api.health import HealthReport
+from clawrl.api.metrics import Metrics
+from clawrl.api.state import PipelineState
+from clawrl.chat.template import ChatRenderer
+from clawrl.collect.collector import Collector
+from clawrl.config import Config
+from clawrl.engine.base import Engine, EngineUnavailable
+from clawrl.engine.registry import build_engine
+from clawrl.engine.watcher import VersionWatcher
+from clawrl.judge.backends import JudgeBackend, LocalJudge, OpenAIJudge
+from clawrl.judge.worker import JudgeLoop
+from clawrl.sessions.injected import InjectedContext
+from clawrl.sessions.tracker import SessionTracker
+from clawrl.sessions.turn_type import SidePatterns
+from clawrl.store.db import Store, StoreError
+from clawrl.store.writer import StoreWriter
+from clawrl.train.supervisor import TrainerSupervisor
+
+log = logging.getLogger(__name__)
+
+
+def run_server(config: Config) -> int:
+    """`clawrl serve`: 0 after a clean shutdown, 2 when the store or the engine cannot be had."""
+    try:
+        store = open_store(config)
+    except StoreError as exc:
+        log.error("cannot record conversations: %s", exc)
+        return 2
+    try:
+        engine, tokenizer = build_engine(config)
+    except EngineUnavailable as exc:
+        log.error("%s", exc)
+        return 2
+    try:
+        app = build_app(config, engine, tokenizer, store)
+        uvicorn.run(
+            app,
+            host=config.server.host,
+            port=config.server.port,
+            log_level=config.server.log_level,
+            log_config=None,  # uvicorn's loggers go through ours: console and logs/server.log
+            timeout_graceful_shutdown=5,
+        )
+    finally:
+        engine.close()  # a vLLM server clawrl started goes with it, whatever happened
+        if store is not None:
+            store.close()
+    return 0
+
+
+def open_store(config: Config) -> Store | None:
+    """The run's database, opened (and proven writable) before anything is served."""
+    if not config.collect.enabled:
+        return None
+    return Store.open(config.run_dir / "clawrl.db", busy_timeout_s=config.collect.write_wait_s)
+
+
+def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | None) -> Any:
+    """Every service of the server, each given its collaborators; without a store it only serves."""
+    s = config.server
+    writer = judge = collector = watcher = trainer = None
+    if store is not None:
+        writer = StoreWriter(config.collect.retry_every_s, config.collect.max_pending_writes)
+        if config.judge.enabled:
+            judge = build_judge(config, store, writer, engine, tokenizer)
+        collector = build_collector(config, store, writer, judge)
+        if config.train.enabled:
+            # The resolved config.json `clawrl serve` wrote: the trainer trains exactly what is served.
+            trainer = TrainerSupervisor(config.run_dir / "config.json", config.run_dir, config.train)
+    pipeline = PipelineState(
+        engine,
+        model=s.served_model_name,
+        method=config.method,
+        max_batch_size=config.engine.max_batch_size,
+        batch_size=config.train.batch_size if trainer is not None else None,
+        store_path=store.path if store is not None else None,
+        judge=judge,
+        trainer=trainer,
+    )
+    metrics = Metrics(pipeline)
+    if collector is not None:
+        watcher = VersionWatcher(
+            engine, collector.store, collector.db, config.train.swap_poll_s, metrics.swapped
+        )
+    services: list[Service] = [engine]
+    services += [x for x in (collector, judge, watcher, trainer) if x is not None]
+    routes = Routes(
+        chat=ChatService(engine, tokenizer, s.served_model_name, s.default_max_tokens, collector),
+        pipeline=pipeline,
+        metrics=metrics,
+        health=HealthReport(engine, s.served_model_name, collector, judge, trainer, watcher, config.guard),
+        affinity_keys=config.collect.affinity_keys,
+        api_key=s.api_key.get_secret_value() if s.api_key else None,
+        max_body_bytes=s.max_body_bytes,
+    )
+    return create_app(
+        routes,
+        services,
+        lambda: f"serving {s.served_model_name!r} ({engine.version}) on http://{s.host}:{s.port}/v1",
+    )
+
+
+def build_collector(config: Config, store: Store, writer: StoreWriter, judge: JudgeLoop | None) -> Collector:
+    c = config.collect
+    tracker = SessionTracker(
+        SidePatterns(c.side_patterns),
+        c.idle_timeout_s,
+        c.max_open_sessions,
+        injected=InjectedContext(c.context_patterns),
+    )
+    return Collector(store, tracker, c.idle_timeout_s, c.expire_every_s, writer, judge)
+
+
+def build_judge(
+    config: Config, store: Store, writer: StoreWriter, engine: Engine, tokenizer: Any
+) -> JudgeLoop:
+    j = config.judge
+    renderer = ChatRenderer(tokenizer)
+    backend: JudgeBackend | None = None
+    if j.backend == "local":
+        backend = LocalJudge(engine, renderer)
+    elif j.backend == "openai":
+        assert j.base_url and j.model  # checked by the config
+        key = j.api_key.get_secret_value() if j.api_key else None
+        backend = OpenAIJudge(j.base_url, j.model, key, j.timeout_s)
+    method = get_method(config.method)
+    return JudgeLoop(store, writer, backend, method, teacher_prompt(renderer), j)
