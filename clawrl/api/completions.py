@@ -87,10 +87,12 @@ class ChatService:
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         prompt = self._render(req, messages, tools)
+        defaults = self.engine.sampling_defaults  # for what the request leaves unset
         params = SamplingParams(
             max_tokens=self._max_tokens(req, len(prompt.prompt_ids)),
-            temperature=req.temperature,
-            top_p=req.top_p,
+            temperature=defaults.temperature if req.temperature is None else req.temperature,
+            top_p=defaults.top_p if req.top_p is None else req.top_p,
+            top_k=defaults.top_k if req.top_k is None else req.top_k,
             seed=req.seed,
             top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
             stop_token_ids=self.engine.stop_token_ids,

@@ -15,6 +15,7 @@ from clawrl.api.completions import ChatService
 from clawrl.api.errors import NotFound, documented_errors
 from clawrl.api.schemas import ChatCompletionRequest, FeedbackRequest
 from clawrl.api.session_hints import hints_from
+from clawrl.engine.base import SamplingDefaults
 
 STARTED = int(time.time())
 # With "stream": true the answer is server-sent events; without, a chat.completion object.
@@ -95,7 +96,13 @@ def _model_card(request: Request) -> dict[str, Any]:
         "owned_by": "clawrl",
         "max_model_len": chat.engine.max_context,
         "version": chat.engine.version,
+        "sampling_defaults": _sampling(chat.engine.sampling_defaults),
     }
+
+
+def _sampling(d: SamplingDefaults) -> dict[str, Any]:
+    """What a request that names no temperature, top_p or top_k samples with, and from where."""
+    return {"temperature": d.temperature, "top_p": d.top_p, "top_k": d.top_k, "source": d.source}
 
 
 async def until_disconnected(request: Request, work: Any) -> Any:

@@ -93,8 +93,10 @@ class ChatCompletionRequest(_Open):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, ge=0.0, le=1.0)
+    # Unset: the model's own sampling defaults (its generation config; GET /v1/models shows them).
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1, description="vLLM's: sample among the k most likely; 0 or -1: off")
     n: int = Field(1, json_schema_extra={"const": 1})
     stop: str | list[str] | None = Field(
         None,

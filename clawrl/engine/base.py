@@ -50,12 +50,27 @@ class VersionRefused(EngineError):
 
 
 @dataclass(frozen=True)
+class SamplingDefaults:
+    """What a request that names no temperature, top_p or top_k samples with: the model folder's
+    generation config (`engine.models.generation_defaults`), else these values. `top_k` 0: off."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    source: str = "clawrl"  # where they came from: "clawrl" (no generation config) or the file
+
+
+CLAWRL_SAMPLING = SamplingDefaults()  # a model folder that names none gets these
+
+
+@dataclass(frozen=True)
 class SamplingParams:
-    """How to sample one completion. `temperature == 0` means greedy."""
+    """How to sample one completion. `temperature == 0` means greedy; `top_k` 0 means no top-k cut."""
 
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
     seed: int | None = None
     top_logprobs: int = 0
     stop_token_ids: frozenset[int] = frozenset()
@@ -108,6 +123,7 @@ class Engine(Protocol):
     max_context: int
     version: str
     stop_token_ids: frozenset[int]
+    sampling_defaults: SamplingDefaults  # for requests that name no temperature, top_p or top_k
 
     async def start(self) -> None: ...
 

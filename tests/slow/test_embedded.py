@@ -165,3 +165,22 @@ def test_the_embedded_model_serves_a_32k_window(smol_server):
     assert body["code"] == "context_length_exceeded"
     numbers = [int(n) for n in re.findall(r"\d+", body["message"])]
     assert 32768 in numbers and max(numbers) > 36000  # the window and the prompt's length
+
+
+def test_the_embedded_model_samples_with_smollm2s_published_defaults(smol_server):
+    """A client that names no temperature (OpenClaw by default) gets temperature 0.2, top_p 0.9, not
+    1.0, and the capital of France is Paris in most seeded answers. (Not all: under the default 32k
+    window's YaRN scaling one seed of three wanders off; scaling only past the trained window is
+    issue 26's second part.)"""
+    client = smol_server.client()
+    defaults = client.models.list().data[0].model_extra["sampling_defaults"]
+    assert (defaults["temperature"], defaults["top_p"], defaults["top_k"]) == (0.2, 0.9, 0)
+    assert defaults["source"].endswith("SmolLM2-135M-Instruct/generation_config.json")
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    texts = [
+        client.chat.completions.create(model="clawrl", messages=question, max_tokens=30, seed=seed)
+        .choices[0]
+        .message.content
+        for seed in range(3)
+    ]
+    assert sum("Paris" in text for text in texts) >= 2, texts

@@ -16,7 +16,7 @@ import torch
 from clawrl.config import Config
 from clawrl.engine.local.engine import LocalEngine
 from clawrl.engine.local.prefix_cache import PrefixCache
-from clawrl.engine.models import load_model, model_folder, served_context
+from clawrl.engine.models import generation_defaults, load_model, model_folder, served_context
 
 log = logging.getLogger(__name__)
 
@@ -44,5 +44,6 @@ def build_local_engine(config: Config) -> tuple[LocalEngine, Any]:
         prefix_cache=cache,
         lora_targets=t.lora.targets,
         merge_eagerly=config.collect.enabled and t.enabled and t.weights == "lora",
+        sampling_defaults=generation_defaults(folder),
     )
     return engine, loaded.tokenizer

@@ -43,8 +43,10 @@ from typing import Any
 import torch
 
 from clawrl.engine.base import (
+    CLAWRL_SAMPLING,
     EngineFailed,
     EngineStats,
+    SamplingDefaults,
     SamplingParams,
     TokenEvent,
     VersionRefused,
@@ -103,12 +105,14 @@ class LocalEngine:
         version: str = "v0",
         lora_targets: tuple[str, ...] | list[str] = DEFAULT_TARGETS,
         merge_eagerly: bool = False,
+        sampling_defaults: SamplingDefaults = CLAWRL_SAMPLING,
     ) -> None:
         self.model = model.eval()
         self.model_name = model_name
         self.max_context = max_context
         self.stop_token_ids = stop_token_ids
         self.version = version
+        self.sampling_defaults = sampling_defaults
         self.device = next(model.parameters()).device
         self._max_batch = max_batch_size
         self._prefill_budget = max_prefill_tokens
@@ -161,7 +165,7 @@ class LocalEngine:
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
         sampler = RowSampler.create(
-            params.temperature, params.top_p, params.top_logprobs, params.seed, self.device
+            params.temperature, params.top_p, params.top_logprobs, params.seed, self.device, params.top_k
         )
         req = _Request(list(prompt_ids), params, sampler)
         self._waiting.append(req)

@@ -2,7 +2,7 @@
 
 For row i with temperature T_i > 0:
     logp_i = log_softmax(logits_i / T_i)                    (recorded logprob, full vocab)
-    q_i    = softmax(logits_i / T_i) restricted to the top-p nucleus
+    q_i    = softmax(logits_i / T_i) restricted to the top-k tokens, then to the top-p nucleus
     token  = argmax_v q_i[v] / E_v,  E_v ~ Exp(1)           (an exact draw from q_i, renormalised)
 For T_i == 0 the token is argmax(logits_i) and logp_i = log_softmax(logits_i).
 
@@ -10,8 +10,9 @@ The exponential race samples every row in one vectorised argmax; a seeded
 request draws its noise from its own generator, so its tokens do not depend on
 which other requests share the batch.
 
-The recorded logprob ignores the top-p truncation on purpose: the trainer can
-recompute log_softmax(logits / T) from logits alone, not the nucleus.
+The recorded logprob ignores the top-k and top-p truncations on purpose: the trainer can
+recompute log_softmax(logits / T) from logits alone, not the nucleus. (top_k <= 0: no
+top-k cut, as vLLM's -1.)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class RowSampler:
     top_p: float
     top_logprobs: int
     generator: torch.Generator | None
+    top_k: int = 0
 
     @classmethod
     def create(
@@ -38,12 +40,13 @@ class RowSampler:
         top_logprobs: int,
         seed: int | None,
         device: str | torch.device = "cpu",
+        top_k: int = 0,
     ) -> RowSampler:
         generator = None
         if seed is not None:
             generator = torch.Generator(device=device)
             generator.manual_seed(seed)
-        return cls(temperature, top_p, top_logprobs, generator)
+        return cls(temperature, top_p, top_logprobs, generator, top_k)
 
 
 @dataclass
@@ -73,6 +76,8 @@ def _choose(logprobs: torch.Tensor, rows: list[RowSampler]) -> torch.Tensor:
         return chosen
     probs = logprobs[hot].exp()  # [S, V]
     for j, i in enumerate(hot):
+        if 0 < rows[i].top_k < probs.shape[-1]:
+            probs[j] = _top_k(probs[j], rows[i].top_k)
         if rows[i].top_p < 1.0:
             probs[j] = _nucleus(probs[j], rows[i].top_p)
     # Exp(1) noise as -log(U): torch's exponential_ is ~6x slower than rand on CPU.
@@ -84,6 +89,12 @@ def _choose(logprobs: torch.Tensor, rows: list[RowSampler]) -> torch.Tensor:
             uniform[j].uniform_(generator=rows[i].generator)
     chosen[hot] = (probs / -uniform.log()).argmax(dim=-1)
     return chosen
+
+
+def _top_k(probs: torch.Tensor, k: int) -> torch.Tensor:
+    """Zero out every token outside the k most likely (ties at the k-th are kept)."""
+    kth = probs.topk(k).values[-1]
+    return probs.masked_fill(probs < kth, 0.0)
 
 
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:

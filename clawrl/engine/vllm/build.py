@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from clawrl.config import Config
-from clawrl.engine.models import load_tokenizer, model_folder, served_context
+from clawrl.engine.models import generation_defaults, load_tokenizer, model_folder, served_context
 from clawrl.engine.vllm.engine import VLLMEngine
 from clawrl.engine.vllm.server import VENV, VLLMServer, VLLMUnavailable, vllm_command
 from clawrl.net import free_port
@@ -61,5 +61,6 @@ def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
         max_context=loaded.max_context,
         stop_token_ids=loaded.stop_token_ids,
         max_lora_rank=v.max_lora_rank,
+        sampling_defaults=generation_defaults(folder),
     )
     return engine, loaded.tokenizer

@@ -46,7 +46,15 @@ from typing import Any
 
 import httpx
 
-from clawrl.engine.base import EngineFailed, EngineStats, SamplingParams, TokenEvent, VersionRefused
+from clawrl.engine.base import (
+    CLAWRL_SAMPLING,
+    EngineFailed,
+    EngineStats,
+    SamplingDefaults,
+    SamplingParams,
+    TokenEvent,
+    VersionRefused,
+)
 from clawrl.engine.vllm.server import VLLMServer
 from clawrl.types import Version
 from clawrl.version_folder import ADAPTER_CONFIG
@@ -64,11 +72,13 @@ class VLLMEngine:
         max_context: int,
         stop_token_ids: frozenset[int],
         max_lora_rank: int,
+        sampling_defaults: SamplingDefaults = CLAWRL_SAMPLING,
     ) -> None:
         self.server = server
         self.model_name = model_name
         self.max_context = max_context
         self.stop_token_ids = stop_token_ids
+        self.sampling_defaults = sampling_defaults
         self.version = "v0"
         self._max_rank = max_lora_rank
         self._base = ""  # vLLM's name of the base model, read at start
@@ -153,6 +163,7 @@ class VLLMEngine:
             "max_tokens": params.max_tokens,
             "temperature": params.temperature if params.top_p > 0 else 0.0,
             "top_p": params.top_p if params.top_p > 0 else 1.0,
+            "top_k": max(params.top_k, 0),  # explicit: vLLM would otherwise apply the model's own default
             "logprobs": params.top_logprobs,  # 0: the sampled token's logprob alone
             # As on the local engine, ignore_eos ignores every stop token (vLLM would still stop on these).
             "stop_token_ids": [] if params.ignore_eos else sorted(params.stop_token_ids),
