@@ -108,6 +108,7 @@ def make_turn(turn_id: str = "chatcmpl-1", session_id: str = "s1", index: int = 
         created_at=1_700_000_000.123456,
         finished_at=1_700_000_001.654321,
         first_token_at=1_700_000_000.5,
+        rope_scaled=True,
     )
     values.update(kw)
     return Turn(**values)

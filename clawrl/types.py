@@ -40,6 +40,7 @@ class Turn:
     first_token_at: float | None = None
     next_state: list[Message] | None = None
     next_state_at: float | None = None
+    rope_scaled: bool | None = None  # RoPE scaled past the trained window (engine/rope.py); None: unknown
 
     @property
     def policy_version(self) -> str:
@@ -113,6 +114,7 @@ class Sample:
     teacher_prompt_ids: list[int] | None = None  # opd: the enhanced prompt's IDs
     loss_mask: list[int] | None = None  # per response token; None means all ones
     judgment_id: int | None = None
+    rope_scaled: bool | None = None  # as its turn was served: the trainer scores it the same way
     status: str = "ready"  # ready | trained | stale | skipped | superseded
     created_at: float = field(default_factory=time.time)
     id: int | None = None

@@ -61,6 +61,7 @@ def make_sample(
         logprobs=list(turn.logprobs),
         version=turn.policy_version,
         temperature=turn.temperature,
+        rope_scaled=turn.rope_scaled,
         reward=reward,
         hint=hint,
         teacher_prompt_ids=teacher_prompt_ids,

@@ -295,4 +295,5 @@ def build_turn(
         created_at=created_at,
         first_token_at=first_token_at,
         finished_at=time.time(),
+        rope_scaled=c.tokens[0].rope_scaled if c.tokens else None,
     )

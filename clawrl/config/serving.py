@@ -59,6 +59,12 @@ class ModelConfig(Section):
         description="How RoPE is scaled when max_context exceeds the trained window: 'yarn' (attention "
         "factor 1.0; measured best: bench/context.py) or 'linear' (position interpolation).",
     )
+    scale_rope: Literal["past_window", "always"] = Field(
+        "past_window",
+        description="With max_context past the trained window: 'past_window' scales RoPE only for a "
+        "sequence that may pass the trained window (prompt + max_tokens), each other keeps the model's "
+        "own (clawrl/engine/rope.py); 'always' scales every position of every sequence.",
+    )
 
 
 class VLLMConfig(Section):

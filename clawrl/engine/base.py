@@ -95,6 +95,7 @@ class TokenEvent:
     top_logprobs: tuple[tuple[int, float], ...] = ()
     finish_reason: FinishReason | None = None
     cached_tokens: int = 0
+    rope_scaled: bool | None = None  # first token only: was RoPE scaled for this sequence (engine/rope.py)
 
 
 @dataclass

@@ -17,6 +17,7 @@ converted before they existed.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import logging
@@ -35,6 +36,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from clawrl.engine import rope
 from clawrl.engine.base import EngineUnavailable, SamplingDefaults
 
 log = logging.getLogger(__name__)
@@ -181,11 +183,13 @@ def load_model(
     dtype: str = "auto",
     max_context: int | None = None,
     rope_scaling: str = "yarn",
+    scale_rope: str = "past_window",
 ) -> LoadedModel:
     """Load a local Hugging Face model folder (safetensors + tokenizer with a chat template).
 
     `max_context` beyond the window the model was trained on scales its RoPE (`scaled_config`);
-    None serves the model's own window.
+    None serves the model's own window. With `scale_rope = "past_window"` the scaling applies
+    only to sequences that need it (`clawrl/engine/rope.py`); "always" scales every position.
     """
     if not (path / "config.json").is_file():
         raise ModelNotFound(f"{path} is not a Hugging Face model folder (no config.json)")
@@ -193,9 +197,15 @@ def load_model(
     tokenizer = AutoTokenizer.from_pretrained(path)
     if not tokenizer.chat_template:
         raise ModelNotFound(f"{path}: the tokenizer has no chat template")
-    config = scaled_config(AutoConfig.from_pretrained(path), max_context, rope_scaling)
+    own = AutoConfig.from_pretrained(path)
+    unscaled, trained = copy.deepcopy(own), trained_context(own)
+    config = scaled_config(own, max_context, rope_scaling)
     model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=resolve_dtype(dtype, dev))
     model = model.to(dev).eval()
+    scaled_here = trained is not None and max_context is not None and max_context > trained
+    windowed = scale_rope == "past_window" and scaled_here and _rope_type(unscaled) == "default"
+    if windowed and rope.install(model, unscaled, trained) is None:
+        log.warning("%s: no rotary module found; RoPE is scaled at every position", path)
     windows = [w for w in (getattr(model.config, "max_position_embeddings", None), max_context) if w]
     context = min(windows) if windows else 2048  # a shorter max_context caps the window
     return LoadedModel(model, tokenizer, path, context, _stop_ids(model, tokenizer))
@@ -230,6 +240,10 @@ def load_tokenizer(path: Path, max_context: int | None = None) -> LoadedTokenize
     windows = [w for w in (trained_context(config), max_context) if w]
     context = min(windows) if windows else 2048
     return LoadedTokenizer(tokenizer, path, context, _stop_ids_of((generation, config), tokenizer))
+
+
+def _rope_type(config: Any) -> str:
+    return str((getattr(config, "rope_parameters", None) or {}).get("rope_type", "default"))
 
 
 def trained_context(config: Any) -> int | None:

@@ -35,8 +35,9 @@ def recheck(config: Config, store: Store, names: list[str] | None = None) -> Ite
         versions = [v for v in versions if v.name in names]
     m = config.model
     base = model_folder(m.path, config.cache_dir())
+    context = served_context(m.path, m.max_context)
     policy = build_policy(
-        base, config.train, m.device, served_context(m.path, m.max_context), m.rope_scaling, keep_base=True
+        base, config.train, m.device, context, m.rope_scaling, keep_base=True, scale_rope=m.scale_rope
     )
     tokenizer = transformers.AutoTokenizer.from_pretrained(base)
     canary = Canary.build(store, tokenizer, config.guard, config.train.micro_batch_tokens)

@@ -228,6 +228,12 @@ ALTER TABLE versions ADD COLUMN status TEXT NOT NULL DEFAULT 'unchecked';
 ALTER TABLE versions ADD COLUMN canary TEXT NULL;
 """
 
+# Which rotary table served the turn (clawrl/engine/rope.py): 1 scaled, 0 the model's own,
+# NULL unknown (turns from before, or an engine that does not say).
+M007_TURN_ROPE = """
+ALTER TABLE turns ADD COLUMN rope_scaled INTEGER NULL;
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_sample_judgment_session", M002_SAMPLE_JUDGMENT_SESSION),
@@ -235,6 +241,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m004_sample_status_reason", M004_SAMPLE_STATUS_REASON),
     ("m005_dashboard_counters", M005_DASHBOARD_COUNTERS),
     ("m006_version_canary", M006_VERSION_CANARY),
+    ("m007_turn_rope", M007_TURN_ROPE),
 ]
 
 _NAME = re.compile(r"m[0-9]{3}_[a-z0-9_]+")

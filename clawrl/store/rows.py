@@ -48,6 +48,8 @@ def turn_row(turn: Turn) -> tuple[Any, ...]:
 def turn_from_row(row: sqlite3.Row) -> Turn:
     """A `Turn` from a row holding at least `TURN_COLUMNS` (extra columns are ignored)."""
     values = {name: row[_COLUMN.get(name, name)] for name in _TURN_FIELDS}
+    if values["rope_scaled"] is not None:  # SQLite keeps a bool as 0 / 1
+        values["rope_scaled"] = bool(values["rope_scaled"])
     return Turn(**{name: loads(v) if name in _JSON_FIELDS else v for name, v in values.items()})
 
 

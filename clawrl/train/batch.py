@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from clawrl.engine.rope import rope_rows
 from clawrl.train.logprobs import chunked_token_logprobs
 
 
@@ -56,6 +57,8 @@ class Padded:
     position_ids: Tensor  # [B, L]
     targets: Tensor  # [B, R_max] response ids, right-aligned (row i's last R_i entries), else 0
     lengths: list[int]  # R_i
+    # Per row, the RoPE it was served with (clawrl/engine/rope.py); None (a row or all): by length.
+    rope: Sequence[bool | None] | None = None
 
 
 def left_pad(prompts: Sequence[list[int]], responses: Sequence[list[int]], device: torch.device) -> Padded:
@@ -96,13 +99,14 @@ def score(
 def response_logits(model: nn.Module, batch: Padded) -> Tensor:
     """logits [B, R_max + 1, V] of the last R_max + 1 positions: position j predicts the token after
     it, so the first R_max predict the (right-aligned) response tokens; the last predicts nothing."""
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        logits_to_keep=batch.targets.shape[1] + 1,
-        use_cache=False,  # whole sequences are scored: no KV cache to keep
-    )
+    with rope_rows(model, batch.rope):  # per row: scaled, the model's own, or None: by its length
+        out = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            logits_to_keep=batch.targets.shape[1] + 1,
+            use_cache=False,  # whole sequences are scored: no KV cache to keep
+        )
     return out.logits
 
 

@@ -68,16 +68,17 @@ def build_policy(
     rope_scaling: str = "yarn",
     group: Group | None = None,
     keep_base: bool = False,
+    scale_rope: str = "past_window",
 ) -> Policy:
     """Load the base model from `base_dir` and make it trainable as `cfg.weights` says.
 
-    `max_context` and `rope_scaling` must be the server's (`clawrl/engine/local/build.py`): the
+    `max_context`, `rope_scaling` and `scale_rope` must be the server's (`clawrl/engine/local/build.py`): the
     policy trained is the policy served, RoPE scaling included. `group`: the ranks this process
     trains with (default: alone); `device` is then this rank's. `keep_base`: keep the base at hand
     for full fine-tuning even without KL or a reference teacher (the canary compares every version with it).
     """
     # Train in float32 on a CPU; on a GPU the base is bf16 and PEFT keeps the adapter in float32.
-    base = load_model(Path(base_dir), device, "auto", max_context, rope_scaling).model
+    base = load_model(Path(base_dir), device, "auto", max_context, rope_scaling, scale_rope).model
     reference: nn.Module | None = None
     if cfg.activation_checkpointing:  # recomputed layers give the same gradients (no dropout in them)
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

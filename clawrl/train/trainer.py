@@ -193,6 +193,7 @@ class Trainer:
         cfg, device = self.cfg, self.device
         temps = torch.tensor([s.temperature for s in group], device=device)
         batch = left_pad([s.prompt_ids for s in group], [s.response_ids for s in group], device)
+        batch.rope = [s.rope_scaled for s in group]  # as each was served (clawrl/engine/rope.py)
         width = batch.targets.shape[1]
         old = pad_rows([s.logprobs for s in group], width, device)
         mask = pad_rows([s.loss_mask or [1] * len(s.response_ids) for s in group], width, device)
@@ -224,6 +225,7 @@ class Trainer:
             return None
         prompts = [group[i].teacher_prompt_ids or [] for i in rows]
         batch = left_pad(prompts, [group[i].response_ids for i in rows], self.device)
+        batch.rope = [group[i].rope_scaled for i in rows]
         with self._scorer(reference=self.cfg.opd_teacher == "reference") as module:
             logp = score(module, batch, temps[rows], with_entropy=False)[0]
         out = torch.zeros(len(group), width, device=self.device)

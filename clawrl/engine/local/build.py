@@ -27,7 +27,8 @@ def build_local_engine(config: Config) -> tuple[LocalEngine, Any]:
     if e.threads:
         torch.set_num_threads(e.threads)
     folder = model_folder(m.path, config.cache_dir())
-    loaded = load_model(folder, m.device, m.dtype, served_context(m.path, m.max_context), m.rope_scaling)
+    context = served_context(m.path, m.max_context)
+    loaded = load_model(folder, m.device, m.dtype, context, m.rope_scaling, m.scale_rope)
     log.info("loaded %s on %s (context %d)", folder, loaded.model.device, loaded.max_context)
     cache = (
         PrefixCache(e.prefix_cache_mb << 20, e.prefix_cache_across_versions) if e.prefix_cache_mb else None

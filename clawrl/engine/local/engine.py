@@ -18,6 +18,11 @@ the new weights; each token records the version that produced it. (The KV cache
 of in-flight requests was computed by the old weights; like PipelineRL, we keep
 it rather than recompute.)
 
+RoPE past the trained window (`model.scale_rope = "past_window"`, the default): a request
+whose prompt + max_tokens passes the window the model was trained on uses the scaled rotary
+table for all its positions, every other one the model's own (`clawrl/engine/rope.py`); the
+choice goes out on the first token (`TokenEvent.rope_scaled`) to be recorded with the turn.
+
 Prefix caching (`engine.prefix_cache_mb`): a long prompt is looked up in the
 `PrefixCache` before its first chunk; on a hit its KV starts as a view of the
 cached prompt's and only the rest is prefilled. Each fully prefilled long
@@ -42,6 +47,7 @@ from typing import Any
 
 import torch
 
+from clawrl.engine import rope
 from clawrl.engine.base import (
     CLAWRL_SAMPLING,
     EngineFailed,
@@ -77,6 +83,7 @@ class _Request:
     prefilled: int = 0
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     kv_version: str | None = None  # the version that computed this prompt's first KV
+    scaled: bool = False  # RoPE scaled for this whole sequence (clawrl/engine/rope.py)
 
 
 @dataclass(eq=False)
@@ -134,6 +141,7 @@ class LocalEngine:
         self._stats = EngineStats()
         self._versions = VersionMerger(self.model, lora_targets)
         self._merge_eagerly = merge_eagerly  # a server that trains LoRA copies the base weights at start
+        self._rope = rope.find(self.model)  # None: one RoPE for every sequence
 
     async def start(self) -> None:
         if self._merge_eagerly:
@@ -168,6 +176,8 @@ class LocalEngine:
             params.temperature, params.top_p, params.top_logprobs, params.seed, self.device, params.top_k
         )
         req = _Request(list(prompt_ids), params, sampler)
+        # A sequence that may pass the trained window is scaled from its first token (engine/rope.py).
+        req.scaled = self._rope is not None and len(prompt_ids) + params.max_tokens > self._rope.trained
         self._waiting.append(req)
         self._wake.set()
         try:
@@ -363,7 +373,8 @@ class LocalEngine:
         self._retire()
         events: list[tuple[_Request, TokenEvent]] = []
         if self._rows:
-            logits = self._batch.step([r.last_token for r in self._rows])
+            with rope.rope_rows(self._rope, [r.scaled for r in self._rows]):
+                logits = self._batch.step([r.last_token for r in self._rows])
             sampled = sample_rows(logits, [r.sampler for r in self._rows])
             events += [(req, self._emit(req, s)) for req, s in zip(self._rows, sampled, strict=True)]
             self._stats.steps += 1
@@ -373,7 +384,8 @@ class LocalEngine:
 
     def _prefill(self, admitted: list[_Request]) -> list[tuple[_Request, TokenEvent]]:
         self._retire()
-        logits, cache, mask = self._batch.prefill([r.prompt_ids for r in admitted])
+        with rope.rope_rows(self._rope, [r.scaled for r in admitted]):
+            logits, cache, mask = self._batch.prefill([r.prompt_ids for r in admitted])
         sampled = sample_rows(logits, [r.sampler for r in admitted])
         events = [(req, self._emit(req, s)) for req, s in zip(admitted, sampled, strict=True)]
         self._batch.join(cache, mask)
@@ -387,7 +399,8 @@ class LocalEngine:
         start = req.prefilled
         # Background prompts go in quarter-size chunks: a served request arriving meanwhile waits less.
         size = max(16, self._chunk // 4) if req.params.background else self._chunk
-        logits, req.cache = self._batch.extend(req.cache, req.prompt_ids[start : start + size], start)
+        with rope.rope_rows(self._rope, [req.scaled]):
+            logits, req.cache = self._batch.extend(req.cache, req.prompt_ids[start : start + size], start)
         req.prefilled = min(len(req.prompt_ids), start + size)
         if req.prefilled < len(req.prompt_ids):
             return []
@@ -410,7 +423,7 @@ class LocalEngine:
         req.kv_version = self.version
         if self.prefix_cache is None:
             return
-        hit, kv = self.prefix_cache.lookup(req.prompt_ids, self.version)
+        hit, kv = self.prefix_cache.lookup(req.prompt_ids, self.version, _rope_key(req))
         if kv is not None:
             req.cache, req.prefilled, req.cached_tokens = self._batch.cache_of(kv), hit, hit
 
@@ -419,7 +432,7 @@ class LocalEngine:
         if self.prefix_cache is None or req.kv_version != self.version:
             return
         kv = [(layer.keys, layer.values) for layer in req.cache.layers]
-        self.prefix_cache.insert(req.prompt_ids, kv, self.version)
+        self.prefix_cache.insert(req.prompt_ids, kv, self.version, _rope_key(req))
 
     def _emit(self, req: _Request, s: Sampled) -> TokenEvent:
         req.generated += 1
@@ -435,8 +448,11 @@ class LocalEngine:
         if finish is not None:
             req.done = True
             self._stats.requests_finished += 1
-        cached = req.cached_tokens if req.generated == 1 else 0
-        return TokenEvent(s.token_id, s.logprob, self.version, s.top, finish, cached)
+        first = req.generated == 1
+        scaled = req.scaled if first else None
+        return TokenEvent(
+            s.token_id, s.logprob, self.version, s.top, finish, req.cached_tokens if first else 0, scaled
+        )
 
     def _retire(self) -> None:
         keep = [i for i, r in enumerate(self._rows) if not (r.done or r.cancelled)]
@@ -452,6 +468,11 @@ class LocalEngine:
         logits = self.model(input_ids=ids, logits_to_keep=len(response_ids) + 1).logits[0, :-1]
         targets = torch.tensor(response_ids, device=self.device)
         return score_tokens(logits, targets, temperature).tolist()
+
+
+def _rope_key(req: _Request) -> str:
+    """The prefix cache keeps scaled and unscaled KV apart: they never match each other."""
+    return "scaled" if req.scaled else "own"
 
 
 def _settle(job: _Job) -> None:

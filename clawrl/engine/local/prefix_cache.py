@@ -13,6 +13,8 @@ common token prefix with it (`lookup`); only the rest is prefilled.
 - Memory is bounded by `budget_bytes`: least recently used entries are evicted first; an entry
   larger than the whole budget is simply not kept (never an error). An entry whose tokens are a
   prefix of a newer entry's is dropped when the newer one is inserted: a conversation keeps one.
+- Entries are keyed by the RoPE their KV was computed with (scaled or the model's own): the two
+  never match, whatever `across_versions` says.
 - Entries are salted by the policy version whose weights computed them. A lookup only matches
   entries of the version being served unless `across_versions` is set, so after a weight swap no
   token is computed from a cache of other weights (the engine also clears the cache on a swap).
@@ -36,6 +38,7 @@ class _Entry:
     kv: KV
     version: str
     nbytes: int
+    rope: str = ""  # which rotary table computed it ("scaled" / "own"; see clawrl/engine/rope.py)
 
 
 @dataclass
@@ -68,15 +71,15 @@ class PrefixCache:
     def nbytes(self) -> int:
         return self._bytes
 
-    def lookup(self, ids: list[int], version: str) -> tuple[int, KV | None]:
+    def lookup(self, ids: list[int], version: str, rope: str = "") -> tuple[int, KV | None]:
         """The longest cached prefix of `ids` (at most len(ids) - 1 tokens) and its KV views."""
         self.stats.lookups += 1
         self.stats.looked_up_tokens += len(ids)
         query = torch.tensor(ids, dtype=torch.long)
         best, best_len = None, 0
         for key, entry in self._entries.items():
-            if entry.version != version and not self.across_versions:
-                continue
+            if entry.rope != rope or (entry.version != version and not self.across_versions):
+                continue  # KV computed with another RoPE never matches (clawrl/engine/rope.py)
             n = _common_prefix(entry.ids, query)
             if n > best_len:
                 best, best_len = key, n
@@ -89,17 +92,17 @@ class PrefixCache:
         kv = [(k[:, :, :best_len], v[:, :, :best_len]) for k, v in self._entries[best].kv]
         return best_len, kv
 
-    def insert(self, ids: list[int], kv: KV, version: str) -> bool:
+    def insert(self, ids: list[int], kv: KV, version: str, rope: str = "") -> bool:
         """Keep the KV of prompt `ids`; returns False when it cannot fit the budget at all."""
         nbytes = sum(k.nbytes + v.nbytes for k, v in kv)
         if nbytes > self.budget or not ids:
             return False
         query = torch.tensor(ids, dtype=torch.long)
-        for key in [k for k, e in self._entries.items() if e.version == version]:
+        for key in [k for k, e in self._entries.items() if e.version == version and e.rope == rope]:
             entry = self._entries[key]
             if len(entry.ids) <= len(ids) and _common_prefix(entry.ids, query) == len(entry.ids):
                 self._remove(key)  # the new entry holds all of it
-        self._entries[self._next] = _Entry(query, kv, version, nbytes)
+        self._entries[self._next] = _Entry(query, kv, version, nbytes, rope)
         self._next += 1
         self._bytes += nbytes
         self.stats.inserted += 1

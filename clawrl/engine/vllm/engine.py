@@ -36,6 +36,7 @@ is loaded again before the server counts as up.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -192,7 +193,11 @@ class VLLMEngine:
         events = []
         for i, token in enumerate(ids):
             top = _top(tops[i] if i < len(tops) else None)
-            events.append(TokenEvent(token, float(logprobs[i]), version, top, None, cached if i == 0 else 0))
+            # vLLM serves the model's own window unscaled: every sequence on the model's own RoPE.
+            scaled = False if first and i == 0 else None
+            events.append(
+                TokenEvent(token, float(logprobs[i]), version, top, None, cached if i == 0 else 0, scaled)
+            )
         finish = choice.get("finish_reason")
         if finish is not None:
             if not events:
@@ -314,6 +319,4 @@ def _cached_tokens(chunk: dict[str, Any]) -> int:
 
 
 def _finished(event: TokenEvent, reason: str) -> TokenEvent:
-    return TokenEvent(
-        event.token_id, event.logprob, event.version, event.top_logprobs, reason, event.cached_tokens
-    )
+    return dataclasses.replace(event, finish_reason=reason)
