@@ -59,6 +59,7 @@ def test_recorded_ids_are_those_vllm_saw_and_produced(tmp_path, vllm_gateway, em
                 messages=messages,
                 max_tokens=24,
                 temperature=temperature,
+                top_p=1.0,  # full vocabulary: at the model's default 0.9 vLLM renormalises over the nucleus
                 seed=seed,
                 extra_body={"ignore_eos": True},
             )
