@@ -36,8 +36,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from clawrl.engine import rope
 from clawrl.engine.base import EngineUnavailable, SamplingDefaults
+from clawrl.engine.rope import install as install_windowed_rope
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ def load_model(
     model = model.to(dev).eval()
     scaled_here = trained is not None and max_context is not None and max_context > trained
     windowed = scale_rope == "past_window" and scaled_here and _rope_type(unscaled) == "default"
-    if windowed and rope.install(model, unscaled, trained) is None:
+    if windowed and install_windowed_rope(model, unscaled, trained) is None:
         log.warning("%s: no rotary module found; RoPE is scaled at every position", path)
     windows = [w for w in (getattr(model.config, "max_position_embeddings", None), max_context) if w]
     context = min(windows) if windows else 2048  # a shorter max_context caps the window
@@ -272,7 +272,7 @@ def scaled_config(config: Any, max_context: int | None, kind: str = "yarn") -> A
     if rope.get("rope_type") == kind and config.max_position_embeddings == max_context:
         return config  # scaled already (a full-weights version saved by the trainer)
     theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
-    if rope.get("rope_type", "default") != "default" or theta is None:
+    if _rope_type(config) != "default" or theta is None:
         raise ValueError(
             f"the model's RoPE is already {rope.get('rope_type')!r}: cannot scale it to {max_context} tokens"
         )

@@ -57,10 +57,13 @@ class WindowedRope(nn.Module):
         return torch.where(pick, cos_s, cos_u), torch.where(pick, sin_s, sin_u)
 
     def _flags(self, position_ids: torch.Tensor) -> torch.Tensor:
+        rows = self.rows
+        if rows is not None and None not in rows:  # every row's choice given: nothing to measure
+            return torch.tensor(rows, dtype=torch.bool, device=position_ids.device)
         long = position_ids.max(dim=-1).values >= self.trained  # [B] (or [1]): by length
-        if self.rows is None:
+        if rows is None:
             return long
-        given = [long[min(i, len(long) - 1)].item() if r is None else r for i, r in enumerate(self.rows)]
+        given = [bool(long[min(i, len(long) - 1)]) if r is None else r for i, r in enumerate(rows)]
         return torch.tensor(given, dtype=torch.bool, device=position_ids.device)
 
 
