@@ -114,7 +114,10 @@ def _records_parser(sub: Any) -> None:
     export.add_argument("--session", help="only this session's turns")
     show = actions.add_parser("show", help="print one session for a human")
     show.add_argument("--session", required=True, help="the session id")
-    for p in (export, show):
+    episodes = actions.add_parser("episodes", help="list the latest Track 2 episodes, one line each")
+    episodes.add_argument("--limit", type=int, default=50, help="how many (default 50)")
+    episodes.set_defaults(session=None)
+    for p in (export, show, episodes):
         p.add_argument("--run-dir", type=Path, default=Path("clawrl-run"), help="default ./clawrl-run")
         p.set_defaults(direct=cmd_records)
     versions = sub.add_parser("versions", help="list the published policy versions, one line each")
@@ -292,7 +295,8 @@ def _with_store(run_dir: Path, action: Any, readonly: bool = True) -> int:
 
 
 def cmd_records(args: argparse.Namespace) -> int:
-    """`clawrl records export|show`: one JSON line per turn, or one session for a human."""
+    """`clawrl records export|show|episodes`: one JSON line per turn, one session for a human, or
+    the latest episodes."""
 
     def act(store: Any) -> int:
         if args.session is not None and not store.session_exists(args.session):
@@ -341,10 +345,12 @@ def _canary_text(v: Any) -> str:
 
 
 def _records_action(store: Any, args: argparse.Namespace) -> None:
-    from clawrl.store.records import export, show
+    from clawrl.store.records import episodes, export, show
 
     if args.action == "show":
         show(store, args.session, sys.stdout)
+    elif args.action == "episodes":
+        episodes(store, sys.stdout, args.limit)
     elif args.out is None:
         export(store, sys.stdout, args.session)
     else:

@@ -41,6 +41,7 @@ class Turn:
     next_state: list[Message] | None = None
     next_state_at: float | None = None
     rope_scaled: bool | None = None  # RoPE scaled past the trained window (engine/rope.py); None: unknown
+    grammar: dict[str, Any] | None = None  # the constraint it was decoded under (chat/grammar.py); None: free
 
     @property
     def policy_version(self) -> str:
@@ -115,9 +116,61 @@ class Sample:
     loss_mask: list[int] | None = None  # per response token; None means all ones
     judgment_id: int | None = None
     rope_scaled: bool | None = None  # as its turn was served: the trainer scores it the same way
+    grammar: dict[str, Any] | None = None  # as its turn was decoded: the trainer scores under the same mask
     status: str = "ready"  # ready | trained | stale | skipped | superseded
     created_at: float = field(default_factory=time.time)
     id: int | None = None
+
+
+EPISODE_OK, EPISODE_DROPPED = "ok", "dropped"
+GROUP_OPEN, GROUP_USED, GROUP_DROPPED, GROUP_EVAL = "open", "used", "dropped", "eval"
+
+
+@dataclass
+class Episode:
+    """One run of an agent in an environment (Track 2, clawrl/envs): one session, one reward.
+
+    Posted to `POST /v1/episodes` when it ends. `reward` None means the episode
+    was dropped (its reward was not a finite number, its task row did not fit the
+    environment, ...) and `reason` says why; otherwise `reason` says how it ended
+    (`done`, `answered`, `turn_limit`, `token_limit`, ...).
+    """
+
+    session_id: str
+    group_id: str
+    group_size: int  # G: the group is complete when this many episodes are in
+    reward: float | None
+    reason: str | None = None
+    task: str | None = None
+    env: str | None = None
+    turns: int = 0
+    tool_calls: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+    train: bool = True  # False: an evaluation episode, recorded but never trained on
+    created_at: float = field(default_factory=time.time)
+    id: int | None = None
+
+    @property
+    def status(self) -> str:
+        return EPISODE_DROPPED if self.reward is None else EPISODE_OK
+
+
+@dataclass
+class Group:
+    """G episodes of one task; when all are in, the grpo method uses it or drops it (reason says why)."""
+
+    id: str
+    size: int
+    task: str | None = None
+    env: str | None = None
+    status: str = GROUP_OPEN  # GROUP_OPEN | GROUP_USED | GROUP_DROPPED | GROUP_EVAL (not for training)
+    reason: str | None = None
+    reward_mean: float | None = None
+    reward_std: float | None = None
+    samples: int = 0
+    received: int = 0  # episodes in so far (counted, not stored)
+    created_at: float = field(default_factory=time.time)
+    closed_at: float | None = None
 
 
 @dataclass

@@ -8,10 +8,13 @@ the per-token advantage A_t and in which turns they keep:
 | `rl`      | BinaryRL             | r, the PRM vote in {-1, 0, +1}                 | `rl` if r != 0 (*) |
 | `opd`     | OnPolicyDistillation | logp_teacher - logp_old                        | `opd` if hinted    |
 | `combine` | Combine              | w_rl * r + w_opd * (logp_teacher - logp_old)   | both (*)           |
+| `grpo`    | GroupRelative        | (R_i - mean R) / (std R + eps), per episode    | `rl` per main turn |
 
 logp_teacher = log pi(a_t | s + hint), the response token under the enhanced
 prompt (clawrl.algo.teacher); logp_old = the behaviour logprob recorded at
-serving. (*) At-least-one guarantee: a session that gave no `rl` sample
+serving. grpo (Track 2) reads no judgment of its own: R_i is the reward the environment
+gave episode i of a group of G episodes of one task (clawrl/algo/grpo.py).
+(*) At-least-one guarantee: a session that gave no `rl` sample
 contributes its first scored turn (reward 0) when it ends.
 
 Side turns, aborted turns and turns without response tokens never give
@@ -22,10 +25,13 @@ from __future__ import annotations
 
 from clawrl.algo.base import Method, TeacherPrompt, eligible, make_sample
 from clawrl.algo.combine import Combine
+from clawrl.algo.grpo import EpisodeTurns, GroupOutcome, GroupRelative
 from clawrl.algo.opd import OnPolicyDistillation
 from clawrl.algo.rl import BinaryRL
 
-METHODS: dict[str, Method] = {m.name: m for m in (BinaryRL(), OnPolicyDistillation(), Combine())}
+METHODS: dict[str, Method] = {
+    m.name: m for m in (BinaryRL(), OnPolicyDistillation(), Combine(), GroupRelative())
+}
 
 
 def get_method(name: str) -> Method:
@@ -36,4 +42,14 @@ def get_method(name: str) -> Method:
         raise KeyError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}") from None
 
 
-__all__ = ["METHODS", "Method", "TeacherPrompt", "eligible", "get_method", "make_sample"]
+__all__ = [
+    "METHODS",
+    "EpisodeTurns",
+    "GroupOutcome",
+    "GroupRelative",
+    "Method",
+    "TeacherPrompt",
+    "eligible",
+    "get_method",
+    "make_sample",
+]

@@ -46,7 +46,7 @@ def eligible(turn: Turn) -> bool:
 
 def make_sample(
     turn: Turn,
-    judgment: Judgment,
+    judgment: Judgment | None,
     kind: SampleKind,
     reward: float = 0.0,
     hint: str | None = None,
@@ -62,8 +62,9 @@ def make_sample(
         version=turn.policy_version,
         temperature=turn.temperature,
         rope_scaled=turn.rope_scaled,
+        grammar=turn.grammar,
         reward=reward,
         hint=hint,
         teacher_prompt_ids=teacher_prompt_ids,
-        judgment_id=judgment.id,
+        judgment_id=judgment.id if judgment is not None else None,
     )

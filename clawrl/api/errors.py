@@ -8,6 +8,7 @@ answer, so SDKs raise their usual exception types with a readable message.
     ├── BadRequest           400 invalid_request_error
     ├── Unauthorized         401 authentication_error
     ├── NotFound             404 not_found_error
+    ├── Conflicting          409 invalid_request_error (an episode posted twice, ...)
     ├── PayloadTooLarge      413 invalid_request_error (over server.max_body_bytes)
     ├── EngineUnavailable    503 service_unavailable (the model itself failed)
     └── StoreUnavailable     503 service_unavailable (the store refuses writes: disk full, locked)
@@ -29,7 +30,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
-from clawrl.collect.errors import CollectError, StoreBusy, UnknownTurn
+from clawrl.collect.errors import CollectError, Conflict, StoreBusy, UnknownTurn
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,10 @@ class NotFound(APIError):
     status, type = 404, "not_found_error"
 
 
+class Conflicting(APIError):
+    status, type = 409, "invalid_request_error"
+
+
 class PayloadTooLarge(APIError):
     status, type = 413, "invalid_request_error"
 
@@ -69,6 +74,7 @@ class StoreUnavailable(APIError):
 
 SERVICE_ERRORS: dict[type[CollectError], type[APIError]] = {
     UnknownTurn: NotFound,
+    Conflict: Conflicting,
     StoreBusy: StoreUnavailable,
 }
 

@@ -271,6 +271,12 @@ def _store(s: Stored) -> Iterator[Metric]:
     for status, n in sorted(c.samples.items()):
         samples.add_metric([status], n)
     yield samples
+    yield _counter("clawrl_episodes", "Episodes posted to /v1/episodes (Track 2).", c.episodes)
+    yield _counter("clawrl_episodes_dropped", "Episodes posted with no reward.", c.episodes_dropped)
+    groups = CounterMetricFamily("clawrl_groups", "Episode groups closed, by status.", labels=["status"])
+    for status in ("used", "dropped", "eval"):
+        groups.add_metric([status], c.groups.get(status, 0))
+    yield groups
     yield _counter("clawrl_versions_published", "Versions published after v0.", s.version_count - 1)
 
 

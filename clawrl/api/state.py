@@ -18,6 +18,7 @@ It becomes JSON only at the edge, through `to_json`: /healthz (api/health.py),
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import time
@@ -34,6 +35,7 @@ from clawrl.types import Turn
 
 RECENT_VERSIONS = 100  # versions listed (and charted) on the dashboard
 RECENT_SESSIONS = 20
+RECENT_GROUPS = 20  # episode groups on the dashboard (Track 2)
 SESSION_TURNS = 200  # turns shown on one session's page
 REWARD_WINDOW_S = 24 * 3600.0  # reward over time: the last day, by minute
 TRAIN_KEYS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm", "mean_reward", "tokens_per_s")
@@ -88,6 +90,9 @@ class Counts:
     judged: int
     hinted: int  # judged turns whose judgment accepted a hint
     samples: dict[str, int]  # status -> samples
+    episodes: int = 0  # Track 2: episodes posted (m009)
+    episodes_dropped: int = 0  # ... with no reward (their reason says why)
+    groups: dict[str, int] = field(default_factory=dict)  # closed groups by status: used, dropped, eval
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ class Stored:
     reward_by_version: dict[str, dict[str, Any]]
     reward_over_time: list[dict[str, Any]]  # by minute, over the last `REWARD_WINDOW_S`
     sessions: list[dict[str, Any]]  # the newest `RECENT_SESSIONS`
+    groups: list[dict[str, Any]] = field(default_factory=list)  # Track 2: the newest `RECENT_GROUPS`
 
 
 @dataclass(frozen=True)
@@ -229,6 +235,7 @@ class PipelineState:
                 for row in r.reward_by_minute(time.time() - REWARD_WINDOW_S)
             ],
             sessions=r.recent_sessions(RECENT_SESSIONS),
+            groups=[dataclasses.asdict(g) for g in r.recent_groups(RECENT_GROUPS)],
         )
 
 
@@ -243,6 +250,9 @@ def _counts(counters: dict[str, int], by_version: dict[str, dict[str, int]]) -> 
         judged=sum(row["judged"] for row in by_version.values()),
         hinted=sum(row["hinted"] for row in by_version.values()),
         samples=samples,
+        episodes=counters.get("episodes", 0),
+        episodes_dropped=counters.get("episodes:dropped", 0),
+        groups={k.removeprefix("groups:"): n for k, n in counters.items() if k.startswith("groups:")},
     )
 
 

@@ -136,6 +136,16 @@ class Collector:
             await self.writer.write(self.store.end_session, r.session_id, "done", self._clock())
             self._ended(r.session_id)
 
+    async def end_session(self, session_id: str, reason: str = "done") -> None:
+        """End a session now (its episode was posted): its last turn gets no next state."""
+        if self.tracker.end(session_id):
+            await self.writer.write(self.store.end_session, session_id, reason, self._clock())
+            self._ended(session_id)
+
+    def admit(self) -> None:
+        """503 unless the store takes writes now (a reply that must name what it recorded)."""
+        self._admit(most=0)
+
     def _ended(self, session_id: str) -> None:
         if self.judge is not None:
             self.judge.session_ended(session_id)

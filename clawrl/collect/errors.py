@@ -2,6 +2,7 @@
 
 CollectError     base: a message, and the request field and code it is about
 ├── UnknownTurn  no recorded answer (or session) has that id      -> 404
+├── Conflict     an episode posted twice, a group posted with two sizes -> 409
 └── StoreBusy    the store cannot record this now (disk full, locked; the backlog is full) -> 503
 """
 
@@ -16,6 +17,10 @@ class CollectError(Exception):
 
 class UnknownTurn(CollectError):
     """No answer or session with that id was recorded."""
+
+
+class Conflict(CollectError):
+    """The request contradicts what was recorded before (an episode posted twice, ...)."""
 
 
 class StoreBusy(CollectError):

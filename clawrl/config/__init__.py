@@ -7,7 +7,7 @@ dashes and underscores are the same). Unknown keys are errors, so a typo in a
 config file fails loudly instead of being ignored.
 
 The sections live by role: `serving.py` (server, model, engine, collect, judge) and
-`training.py` (train, its LoRA and distributed parts, guard); every name is importable
+`training.py` (train, its LoRA and distributed parts, guard, grpo); every name is importable
 from `clawrl.config`. The resolved tree is written to `<run_dir>/config.json` by `clawrl serve`.
 """
 
@@ -31,7 +31,7 @@ from clawrl.config.serving import (
     ServerConfig,
     VLLMConfig,
 )
-from clawrl.config.training import DistributedConfig, GuardConfig, LoraConfig, TrainConfig
+from clawrl.config.training import DistributedConfig, GrpoConfig, GuardConfig, LoraConfig, TrainConfig
 
 __all__ = [
     "API_KEY_ENV",
@@ -42,6 +42,7 @@ __all__ = [
     "ConfigError",
     "DistributedConfig",
     "EngineConfig",
+    "GrpoConfig",
     "GuardConfig",
     "JudgeConfig",
     "LoraConfig",
@@ -66,10 +67,12 @@ class Config(Section):
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     guard: GuardConfig = Field(default_factory=GuardConfig)
+    grpo: GrpoConfig = Field(default_factory=GrpoConfig)
     method: str = Field(
         "combine",
         description="How judged turns become samples: binary RL (rl), on-policy distillation (opd), "
-        "or both (combine); any name in clawrl.algo.METHODS.",
+        "or both (combine); grpo for episodes in environments (Track 2, `clawrl envs`); any name in "
+        "clawrl.algo.METHODS.",
     )
 
     @field_validator("method")

@@ -193,3 +193,23 @@ class GuardConfig(Section):
         "and optimizer state) with the next samples; 'rollback' also publishes a copy of it as a new "
         "version, as `clawrl rollback` does, so the history shows the return.",
     )
+
+
+class GrpoConfig(Section):
+    """Track 2's group-relative method (`method = "grpo"`, clawrl/algo/grpo.py)."""
+
+    normalize_std: bool = Field(
+        True, description="Divide each episode's advantage R_i - mean(R) by the group's std (plus eps)."
+    )
+    eps: float = Field(1e-6, gt=0, description="Added to the group's std before dividing.")
+    judge_coef: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of the judge's vote on each step (r_t in {-1, 0, +1}) added to the episode's "
+        "advantage; 0 (the default) asks the judge nothing.",
+    )
+    episode_weighting: bool = Field(
+        False,
+        description="Scale each episode's samples by mean(T) / T_i (T: its response tokens), so long "
+        "episodes do not dominate the token mean of the loss.",
+    )

@@ -78,6 +78,7 @@ class JudgeLoop:
         self._calls = asyncio.Semaphore(config.concurrency)
         self._pending: Counter[str] = Counter()  # session -> turns queued or being judged
         self._ending: set[str] = set()  # sessions that ended while judgments were pending
+        self._drained = asyncio.Condition()  # notified each time a queued turn is done with
         self._workers: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()  # session-end rules in flight
         self._recent: deque[bool] = deque(maxlen=5)  # last vote outcomes, True = failed
@@ -120,6 +121,11 @@ class JudgeLoop:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
+    async def settled(self, session_ids: list[str]) -> None:
+        """Return once no turn of these sessions is queued or being judged (their judgments written)."""
+        async with self._drained:
+            await self._drained.wait_for(lambda: not any(self._pending[s] for s in session_ids))
+
     def health(self) -> JudgeHealth:
         failing = sum(self._recent) >= 3  # 3 of the last 5 votes failed: the judge is in trouble now
         return JudgeHealth(
@@ -151,6 +157,8 @@ class JudgeLoop:
                     if session_id in self._ending:
                         self._ending.discard(session_id)
                         await self._end_session(session_id)
+                async with self._drained:
+                    self._drained.notify_all()
 
     async def judge(self, turn_id: str) -> Judgment | None:
         """Judge one turn now: votes (reused if it was judged before, none if it was rated before it

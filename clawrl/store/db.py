@@ -5,10 +5,13 @@ Errors (clawrl.store.errors, re-exported here):
     StoreError           base (a RuntimeError): no clawrl database there, schema too old, ...
     ├── StoreUnwritable  the file or its folder cannot be written (read-only, disk full)
     ├── StoreBusy        another connection held the database lock past the busy timeout
-    └── UnknownTurn      feedback, a judgment or a sample for a turn that was never recorded
+    ├── UnknownTurn      feedback, a judgment or a sample for a turn that was never recorded
+    ├── UnknownSession   an episode for a session that was never recorded
+    └── EpisodeConflict  an episode posted twice, or a group posted with two sizes
 
 Judgments and samples live in `clawrl.store.training` (`TrainingStore`, mixed in); the
-dashboard's bounded reads in `clawrl.store.stats` (`StatsStore`).
+dashboard's bounded reads in `clawrl.store.stats` (`StatsStore`); Track 2's episodes and
+groups in `clawrl.store.episodes` (`EpisodeStore`).
 
 The methods are synchronous. The server calls them from one dedicated writer
 thread; the connection is shared (`check_same_thread=False`) and guarded by a
@@ -33,7 +36,15 @@ from typing import Any
 from urllib.parse import quote
 
 from clawrl.store import migrations
-from clawrl.store.errors import StoreBusy, StoreError, StoreUnwritable, UnknownTurn
+from clawrl.store.episodes import EpisodeStore
+from clawrl.store.errors import (
+    EpisodeConflict,
+    StoreBusy,
+    StoreError,
+    StoreUnwritable,
+    UnknownSession,
+    UnknownTurn,
+)
 from clawrl.store.rows import (
     INSERT_TURN,
     OPEN_SESSIONS,
@@ -50,7 +61,16 @@ from clawrl.store.training import TrainingStore
 from clawrl.store.versions import VersionStore
 from clawrl.types import Feedback, Message, Turn
 
-__all__ = ["OpenSession", "Store", "StoreBusy", "StoreError", "StoreUnwritable", "UnknownTurn"]
+__all__ = [
+    "EpisodeConflict",
+    "OpenSession",
+    "Store",
+    "StoreBusy",
+    "StoreError",
+    "StoreUnwritable",
+    "UnknownSession",
+    "UnknownTurn",
+]
 
 BUSY_TIMEOUT_S = 10.0
 PAGE = 256  # turns read per query by `Store.turns`, so the lock is never held across a yield
@@ -115,7 +135,7 @@ def _connect_readonly(path: Path) -> sqlite3.Connection:
         return _connect(uri + "&immutable=1", uri=True)
 
 
-class Store(TrainingStore, VersionStore, StatsStore):
+class Store(TrainingStore, VersionStore, StatsStore, EpisodeStore):
     """Sessions, turns and feedback of one run; judgments and samples come from `TrainingStore`."""
 
     def __init__(self, conn: sqlite3.Connection, path: Path, readonly: bool = False) -> None:

@@ -3,7 +3,9 @@
     StoreError           base (a RuntimeError): no clawrl database there, schema too old, ...
     ├── StoreUnwritable  the file or its folder cannot be written (read-only, disk full)
     ├── StoreBusy        another connection held the database lock past the busy timeout
-    └── UnknownTurn      feedback, a judgment or a sample for a turn that was never recorded
+    ├── UnknownTurn      feedback, a judgment or a sample for a turn that was never recorded
+    ├── UnknownSession   an episode for a session that was never recorded
+    └── EpisodeConflict  an episode posted twice, or a group posted with two sizes
 
 `clawrl.store` and `clawrl.store.db` re-export them.
 """
@@ -25,3 +27,11 @@ class StoreBusy(StoreError):
 
 class UnknownTurn(StoreError):
     """A row referred to a turn id that the store never recorded."""
+
+
+class UnknownSession(StoreError):
+    """An episode named a session id that the store never recorded."""
+
+
+class EpisodeConflict(StoreError):
+    """The session's episode was already recorded, or its group was recorded with another size."""

@@ -233,6 +233,59 @@ ALTER TABLE versions ADD COLUMN canary TEXT NULL;
 M007_TURN_ROPE = """
 ALTER TABLE turns ADD COLUMN rope_scaled INTEGER NULL;
 """
+# The grammar a forced tool call or a response_format constrained the answer with
+# (clawrl/chat/grammar.py), as JSON; NULL for an unconstrained answer. The trainer
+# scores such an answer under the same mask its logprobs were sampled under.
+M008_TURN_GRAMMAR = """
+ALTER TABLE turns ADD COLUMN grammar TEXT NULL;
+"""
+
+# Track 2 (clawrl/envs): an episode is one session run against an environment; its
+# reward is posted when it ends (POST /v1/episodes). A group is G episodes of one task;
+# when every one of them is in, the grpo method turns the group into samples, or drops
+# it (equal rewards) and says why. Counters for /metrics and the dashboard.
+M009_EPISODES = """
+CREATE TABLE groups (
+    id TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    task TEXT NULL,
+    env TEXT NULL,
+    status TEXT NOT NULL,           -- open | used | dropped | eval (episodes not for training)
+    reason TEXT NULL,               -- why it was dropped
+    reward_mean REAL NULL,
+    reward_std REAL NULL,
+    samples INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    closed_at REAL NULL
+);
+CREATE TABLE episodes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL UNIQUE REFERENCES sessions(id),
+    group_id TEXT NOT NULL REFERENCES groups(id),
+    task TEXT NULL,
+    env TEXT NULL,
+    reward REAL NULL,               -- NULL: dropped (reason says why)
+    status TEXT NOT NULL,           -- ok | dropped
+    reason TEXT NULL,               -- how it ended (done, answered, turn_limit, ...) or why it was dropped
+    turns INTEGER NOT NULL DEFAULT 0,
+    tool_calls INTEGER NOT NULL DEFAULT 0,
+    info TEXT NULL,                 -- JSON: whatever else the runner reports
+    train INTEGER NOT NULL DEFAULT 1, -- 0: an evaluation episode, never trained on
+    created_at REAL NOT NULL
+);
+CREATE INDEX episodes_group ON episodes(group_id);
+CREATE INDEX groups_status ON groups(status, created_at);
+INSERT INTO counters (name)
+    VALUES ('episodes'), ('episodes:dropped'), ('groups:used'), ('groups:dropped'), ('groups:eval');
+CREATE TRIGGER counters_episode AFTER INSERT ON episodes BEGIN
+    UPDATE counters SET n = n + 1 WHERE name = 'episodes';
+    UPDATE counters SET n = n + 1 WHERE name = 'episodes:dropped' AND NEW.status = 'dropped';
+END;
+CREATE TRIGGER counters_group AFTER UPDATE OF status ON groups
+WHEN OLD.status = 'open' AND NEW.status != 'open' BEGIN
+    UPDATE counters SET n = n + 1 WHERE name = 'groups:' || NEW.status;
+END;
+"""
 
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
@@ -242,6 +295,8 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m005_dashboard_counters", M005_DASHBOARD_COUNTERS),
     ("m006_version_canary", M006_VERSION_CANARY),
     ("m007_turn_rope", M007_TURN_ROPE),
+    ("m008_turn_grammar", M008_TURN_GRAMMAR),
+    ("m009_episodes", M009_EPISODES),
 ]
 
 _NAME = re.compile(r"m[0-9]{3}_[a-z0-9_]+")

@@ -6,6 +6,8 @@ feedback and the latest judgment: its score, hint, judge and every vote (kind,
 value, raw text, hint, latency, error); `reward` is the score. Lines are UTF-8
 (`ensure_ascii=False`) and in store order: by creation time, or by index
 within one session. `show` prints one session turn by turn, text clipped.
+A turn of a Track 2 episode carries its `episode` (group, reward, how it ended);
+`episodes` prints the latest episodes, one line each.
 """
 
 from __future__ import annotations
@@ -14,14 +16,14 @@ import json
 from typing import Any, TextIO
 
 from clawrl.store.db import Store, StoreError
-from clawrl.types import Judgment, Message, Turn, Vote
+from clawrl.types import Episode, Judgment, Message, Turn, Vote
 
 JUDGMENT_KEYS = ("score", "votes", "hint", "judge")
 CLIP = 300  # characters of a prompt or next-state message that `show` prints
 
 
-def record(store: Store, turn: Turn) -> dict[str, Any]:
-    """One export line: the turn, its feedback and its latest judgment."""
+def record(store: Store, turn: Turn, episode: Episode | None = None) -> dict[str, Any]:
+    """One export line: the turn, its feedback, its latest judgment and its session's episode."""
     judgment = store.judgment_for(turn.id)
     return {
         "id": turn.id,
@@ -47,6 +49,7 @@ def record(store: Store, turn: Turn) -> dict[str, Any]:
         ],
         "judgment": None if judgment is None else {k: judgment[k] for k in JUDGMENT_KEYS},
         "reward": None if judgment is None else judgment["score"],
+        "episode": None if episode is None else _episode(episode),
         "created_at": turn.created_at,
         "first_token_at": turn.first_token_at,
         "finished_at": turn.finished_at,
@@ -56,10 +59,37 @@ def record(store: Store, turn: Turn) -> dict[str, Any]:
 def export(store: Store, out: TextIO, session_id: str | None = None) -> int:
     """Write one JSON line per turn (all, or one session's) to `out`; return how many."""
     count = 0
+    episodes: dict[str, Episode | None] = {}
     for turn in store.turns(session_id):
-        out.write(json.dumps(record(store, turn), ensure_ascii=False) + "\n")
+        if turn.session_id not in episodes:
+            episodes[turn.session_id] = store.session_episode(turn.session_id)
+        out.write(json.dumps(record(store, turn, episodes[turn.session_id]), ensure_ascii=False) + "\n")
         count += 1
     return count
+
+
+def episodes(store: Store, out: TextIO, limit: int = 50) -> int:
+    """Print the latest episodes (newest first) with their group, reward and tool calls; return how many."""
+    shown = store.recent_episodes(limit)
+    for e in shown:
+        reward = "dropped" if e.reward is None else f"reward {e.reward:g}"
+        out.write(
+            f"{e.session_id}  group {e.group_id} ({e.group_size})  {reward}  {e.reason or ''}  "
+            f"{e.turns} turns, {e.tool_calls} tool calls  {e.env or ''} {e.task or ''}".rstrip()
+            + "\n"
+        )
+    return len(shown)
+
+
+def _episode(e: Episode) -> dict[str, Any]:
+    group = {"group_id": e.group_id, "group_size": e.group_size, "reward": e.reward, "reason": e.reason}
+    return group | {
+        "env": e.env,
+        "task": e.task,
+        "turns": e.turns,
+        "tool_calls": e.tool_calls,
+        "train": e.train,
+    }
 
 
 def show(store: Store, session_id: str, out: TextIO) -> None:
@@ -68,6 +98,16 @@ def show(store: Store, session_id: str, out: TextIO) -> None:
         raise StoreError(f"no session {session_id!r} in {store.path}")
     turns = list(store.turns(session_id))
     out.write(f"session {session_id}: {len(turns)} turn{'' if len(turns) == 1 else 's'}\n")
+    episode = store.session_episode(session_id)
+    if episode is not None:
+        reward = "dropped" if episode.reward is None else f"reward {episode.reward:g}"
+        group = store.group(episode.group_id)
+        verdict = (
+            f", group {group.status}" + (f" ({group.reason})" if group and group.reason else "")
+            if group
+            else ""
+        )
+        out.write(f"episode of group {episode.group_id}: {reward} ({episode.reason or '-'}){verdict}\n")
     for turn in turns:
         out.write("\n" + "\n".join(_turn_lines(store, turn)) + "\n")
 

@@ -23,7 +23,17 @@ from clawrl.types import Feedback, Judgment, Sample, Turn, Vote
 _TURN_FIELDS = tuple(f.name for f in dataclasses.fields(Turn))
 _COLUMN = {"index": "idx"}
 _JSON_FIELDS = frozenset(
-    {"messages", "tools", "prompt_ids", "response_ids", "logprobs", "tool_calls", "versions", "next_state"}
+    {
+        "messages",
+        "tools",
+        "prompt_ids",
+        "response_ids",
+        "logprobs",
+        "tool_calls",
+        "versions",
+        "next_state",
+        "grammar",
+    }
 )
 TURN_COLUMNS = ", ".join(_COLUMN.get(name, name) for name in _TURN_FIELDS)
 INSERT_TURN = f"INSERT INTO turns ({TURN_COLUMNS}) VALUES ({', '.join('?' * len(_TURN_FIELDS))})"

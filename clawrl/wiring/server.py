@@ -2,6 +2,7 @@
 registry, build each service with its collaborators, hand them to the app, run uvicorn.
 
     store ─┬─ Collector (SessionTracker, StoreWriter, JudgeLoop)
+           ├─ EpisodeBook (the Collector, the grpo method, the JudgeLoop): Track 2's episodes
            ├─ JudgeLoop (a judge backend on the engine or an OpenAI-compatible server, the method)
            ├─ VersionWatcher (the engine: serves each published version)
            └─ TrainerSupervisor (the trainer process, `clawrl/wiring/trainer.py`)
@@ -17,7 +18,7 @@ from typing import Any
 
 import uvicorn
 
-from clawrl.algo import get_method
+from clawrl.algo import GroupRelative, Method, get_method
 from clawrl.algo.teacher import teacher_prompt
 from clawrl.api.app import Routes, Service, create_app
 from clawrl.api.completions import ChatService
@@ -26,6 +27,7 @@ from clawrl.api.metrics import Metrics
 from clawrl.api.state import PipelineState
 from clawrl.chat.template import ChatRenderer
 from clawrl.collect.collector import Collector
+from clawrl.collect.episodes import EpisodeBook
 from clawrl.config import Config
 from clawrl.engine.base import Engine, EngineUnavailable
 from clawrl.engine.registry import build_engine
@@ -81,12 +83,15 @@ def open_store(config: Config) -> Store | None:
 def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | None) -> Any:
     """Every service of the server, each given its collaborators; without a store it only serves."""
     s = config.server
-    writer = judge = collector = watcher = trainer = None
+    writer = judge = collector = watcher = trainer = episodes = None
     if store is not None:
         writer = StoreWriter(config.collect.retry_every_s, config.collect.max_pending_writes)
         if config.judge.enabled:
             judge = build_judge(config, store, writer, engine, tokenizer)
         collector = build_collector(config, store, writer, judge)
+        method = configured_method(config)
+        grpo = method if isinstance(method, GroupRelative) else None
+        episodes = EpisodeBook(collector, grpo, config.method, judge)
         if config.train.enabled:
             # The resolved config.json `clawrl serve` wrote: the trainer trains exactly what is served.
             trainer = TrainerSupervisor(config.run_dir / "config.json", config.run_dir, config.train)
@@ -106,7 +111,7 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
             engine, collector.store, collector.db, config.train.swap_poll_s, metrics.swapped
         )
     services: list[Service] = [engine]
-    services += [x for x in (collector, judge, watcher, trainer) if x is not None]
+    services += [x for x in (collector, judge, episodes, watcher, trainer) if x is not None]
     routes = Routes(
         chat=ChatService(engine, tokenizer, s.served_model_name, s.default_max_tokens, collector),
         pipeline=pipeline,
@@ -115,6 +120,7 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
         affinity_keys=config.collect.affinity_keys,
         api_key=s.api_key.get_secret_value() if s.api_key else None,
         max_body_bytes=s.max_body_bytes,
+        episodes=episodes,
     )
     return create_app(
         routes,
@@ -146,5 +152,11 @@ def build_judge(
         assert j.base_url and j.model  # checked by the config
         key = j.api_key.get_secret_value() if j.api_key else None
         backend = OpenAIJudge(j.base_url, j.model, key, j.timeout_s)
-    method = get_method(config.method)
-    return JudgeLoop(store, writer, backend, method, teacher_prompt(renderer), j)
+    return JudgeLoop(store, writer, backend, configured_method(config), teacher_prompt(renderer), j)
+
+
+def configured_method(config: Config) -> Method:
+    """The configured method, with its settings from the config (grpo's [grpo] section)."""
+    if config.method == "grpo":
+        return GroupRelative(**config.grpo.model_dump())
+    return get_method(config.method)

@@ -286,15 +286,17 @@ def test_an_empty_user_message_gets_just_the_hint():
 
 
 def test_registry_names_and_needs():
-    assert list(METHODS) == ["rl", "opd", "combine"]
+    assert list(METHODS) == ["rl", "opd", "combine", "grpo"]
     assert all(get_method(name).name == name for name in METHODS)
     combine, rl, opd = get_method("combine"), get_method("rl"), get_method("opd")
     assert combine.wants_prm and combine.wants_hint
     assert rl.wants_prm and not rl.wants_hint
     assert opd.wants_hint and not opd.wants_prm
+    grpo = get_method("grpo")
+    assert not grpo.wants_prm and not grpo.wants_hint  # the judge is asked nothing by default
 
 
 def test_unknown_method_lists_the_known_ones():
-    with pytest.raises(KeyError, match="grpo") as error:
-        get_method("grpo")
-    assert all(name in str(error.value) for name in ("rl", "opd", "combine"))
+    with pytest.raises(KeyError, match="ppo") as error:
+        get_method("ppo")
+    assert all(name in str(error.value) for name in ("rl", "opd", "combine", "grpo"))

@@ -120,6 +120,8 @@ function counts(store) {
     card("judged", c.judged), card("hinted", c.hinted, "hint accepted"),
     card("ready", s.ready, "samples ready"), card("trained", s.trained, "samples trained"),
     card("stale", s.stale, "samples stale"), card("skipped", s.skipped, "samples skipped"),
+    card("episodes", c.episodes), card("groups_used", (c.groups || {}).used, "groups used"),
+    card("groups_dropped", (c.groups || {}).dropped, "groups dropped"),
   ];
 }
 
@@ -142,6 +144,7 @@ function render(st) {
   renderJudge(st.judge);
   renderEngine(st.engine);
   renderVersions(store ? store.versions : [], now);
+  renderGroups(store ? store.groups : [], now);
   renderSessions(store ? store.sessions : [], now);
   fill("live", `live · updated ${new Date(now * 1000).toLocaleTimeString()}`).className = "live ok";
 }
@@ -200,6 +203,18 @@ function renderVersions(versions, now) {
   });
   fill("versions", table(["version", "step", "published", "status", "samples", "loss", "KL", "clip", "tokens/s",
     "train reward", "turns judged", "served score", "hints", "canary"], rows));
+}
+
+// Track 2: G episodes of one task; used (its samples), dropped (why), eval, or still open.
+function renderGroups(groups, now) {
+  if (!groups.length) return fill("groups", table(["group"], [el("tr", {}, el("td", {}, "no episodes yet (clawrl envs)"))]));
+  const rows = groups.map((g) => el("tr", { "data-group": g.id },
+    el("td", {}, g.id), el("td", {}, [g.env, g.task].filter(Boolean).join(" ") || "–"),
+    el("td", {}, `${g.received}/${g.size}`), el("td", {}, g.status), el("td", {}, g.reason || ""),
+    el("td", {}, num(g.reward_mean, 3)), el("td", {}, num(g.reward_std, 3)), el("td", {}, g.samples),
+    el("td", {}, ago(g.created_at, now))));
+  fill("groups", table(["group", "env / task", "episodes", "status", "reason", "mean reward", "std", "samples",
+    "started"], rows));
 }
 
 function renderSessions(sessions, now) {
