@@ -221,3 +221,23 @@ def test_records_show_episodes_with_group_reward_and_tool_calls(server, tmp_path
     )
     assert main(["records", "show", "--run-dir", str(server.run_dir), "--session", session]) == 0
     assert f"episode of group {group}: reward 0.75 (done), group open" in capsys.readouterr().out
+
+
+def test_a_restart_closes_the_groups_whose_episodes_were_all_in(tmp_path, tiny_model_dir):
+    """A server that stopped between the last episode and closing its group: the next one closes it."""
+    from clawrl.testing import make_turn
+    from clawrl.types import Episode
+
+    run = tmp_path / "run"
+    with Store.open(run / "clawrl.db") as store:  # what the stopped server left on disk
+        for i, reward in enumerate([1.0, 0.0]):
+            store.upsert_session(f"ep-{i}", "header", 1.0)
+            store.insert_turn(make_turn(f"t{i}", f"ep-{i}", 0, versions=["v0"]))
+            store.record_episode(Episode(f"ep-{i}", "g-left", 2, reward, "answered"))
+        assert store.group("g-left").status == "open"
+    server = RemoteServer(run, ["--model", str(tiny_model_dir), "--method", "grpo"])
+    try:
+        group = httpx.get(f"{server.url}/v1/episodes/groups/g-left").json()
+        assert (group["status"], group["samples"]) == ("used", 2)
+    finally:
+        server.stop()
