@@ -60,9 +60,9 @@ def test_every_registered_builder_can_be_imported():
 
 
 def test_an_unknown_method_is_refused_naming_the_known_ones():
-    with pytest.raises(ValueError, match="unknown method 'grpo'; known methods: rl, opd, combine"):
-        Config(method="grpo")
-    assert Config(method="opd").method == "opd" and list(METHODS) == ["rl", "opd", "combine"]
+    with pytest.raises(ValueError, match="unknown method 'ppo'; known methods: rl, opd, combine, grpo"):
+        Config(method="ppo")
+    assert Config(method="grpo").method == "grpo" and list(METHODS) == ["rl", "opd", "combine", "grpo"]
 
 
 def test_an_unknown_engine_kind_is_refused_by_the_registry():
