@@ -5,6 +5,11 @@
 `complete` and `stream` then run the same token loop (`_pieces`): tokens are
 detokenised incrementally, stop strings cut the text (and, by closing the
 engine's generator, stop decoding), and tool calls are parsed from the text.
+
+Forced tool calls and `response_format` are decoded under a grammar (`clawrl/chat/grammar.py`)
+when the engine applies them (`engine.constrained_decoding`): the grammar goes to the engine in
+`SamplingParams.grammar` and is recorded on the turn, so the trainer scores it under the same
+mask. Otherwise a forced call only gets its first characters appended to the prompt.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from transformers import PreTrainedTokenizerBase
 from clawrl.api.errors import BadRequest, EngineUnavailable, NotFound, error_body
 from clawrl.api.responses import Completion, TokenText, chunk_json, completion_json, tool_call_json
 from clawrl.api.schemas import ChatCompletionRequest
+from clawrl.chat.grammar import GrammarError, grammar_for
 from clawrl.chat.template import ChatRenderer, ChatRenderError, RenderedPrompt
 from clawrl.chat.text import IncrementalDetokenizer, StopStrings
 from clawrl.chat.tools import ContentDelta, ToolCallStream, parse_tool_calls
@@ -86,7 +92,9 @@ class ChatService:
             log.info("ignoring unknown request fields: %s", shown_names(req.unknown_fields()))
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-        prompt = self._render(req, messages, tools)
+        constrained = self.engine.constrained_decoding
+        prompt = self._render(req, messages, tools, force_prefix=not constrained)
+        grammar = self._grammar(req, tools) if constrained else None
         defaults = self.engine.sampling_defaults  # for what the request leaves unset
         params = SamplingParams(
             max_tokens=self._max_tokens(req, len(prompt.prompt_ids)),
@@ -97,6 +105,7 @@ class ChatService:
             top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
             stop_token_ids=self.engine.stop_token_ids,
             ignore_eos=req.ignore_eos,
+            grammar=grammar,
         )
         completion = Completion(
             id=f"chatcmpl-{uuid.uuid4().hex}",
@@ -112,14 +121,26 @@ class ChatService:
             prep.resolution = await self.collector.begin(prep.messages, hints)
 
     def _render(
-        self, req: ChatCompletionRequest, messages: list[Message], tools: list[dict] | None
+        self,
+        req: ChatCompletionRequest,
+        messages: list[Message],
+        tools: list[dict] | None,
+        force_prefix: bool,
     ) -> RenderedPrompt:
-        choice = req.tool_choice
-        tool_choice = choice.model_dump() if choice is not None and not isinstance(choice, str) else choice
         try:
-            return self.renderer.render(messages, tools=tools, tool_choice=tool_choice)
+            return self.renderer.render(messages, tools, _tool_choice(req), force_prefix=force_prefix)
         except ChatRenderError as exc:
             raise BadRequest(str(exc), param="messages") from exc
+
+    def _grammar(self, req: ChatCompletionRequest, tools: list[dict] | None) -> dict | None:
+        """The grammar the answer is decoded under (the tool choice was checked by `_render`)."""
+        response_format = req.response_format.spec() if req.response_format is not None else None
+        choice = _tool_choice(req)
+        try:
+            return grammar_for(tools, choice, response_format)
+        except GrammarError as exc:
+            param = "tools" if choice == "required" or isinstance(choice, dict) else "response_format"
+            raise BadRequest(f"cannot constrain the answer: {exc}", param=param) from exc
 
     def _max_tokens(self, req: ChatCompletionRequest, prompt_len: int) -> int:
         context = self.engine.max_context
@@ -258,7 +279,13 @@ class ChatService:
             prep.created_at,
             prep.first_token_at,
             finish_reason,
+            prep.params.grammar,
         )
+
+
+def _tool_choice(req: ChatCompletionRequest) -> str | dict | None:
+    choice = req.tool_choice
+    return choice.model_dump() if choice is not None and not isinstance(choice, str) else choice
 
 
 def shown_names(names: list[str], most: int = 10, width: int = 40) -> str:
@@ -276,6 +303,7 @@ def build_turn(
     created_at: float,
     first_token_at: float | None,
     finish_reason: str,
+    grammar: dict | None = None,
 ) -> Turn:
     return Turn(
         id=c.id,
@@ -296,4 +324,5 @@ def build_turn(
         first_token_at=first_token_at,
         finished_at=time.time(),
         rope_scaled=c.tokens[0].rope_scaled if c.tokens else None,
+        grammar=grammar,
     )

@@ -84,6 +84,32 @@ class NamedToolChoice(_Open):
     function: dict[str, str]
 
 
+class JsonSchemaFormat(_Open):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")  # `schema` would shadow BaseModel's
+    strict: bool | None = None
+
+
+class ResponseFormat(_Open):
+    """The shape of the answer's content: free text, a JSON object, or JSON matching a schema
+    (decoded under a grammar: clawrl/chat/grammar.py)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type 'json_schema' needs a 'json_schema' object")
+        return self
+
+    def spec(self) -> dict[str, Any]:
+        """As clawrl/chat/grammar.py takes it."""
+        schema = self.json_schema.schema_ if self.json_schema is not None else None
+        return {"type": self.type, "json_schema": {"schema": schema}}
+
+
 class StreamOptions(_Open):
     include_usage: bool = False
 
@@ -115,6 +141,7 @@ class ChatCompletionRequest(_Open):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[ToolDef] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    response_format: ResponseFormat | None = None
     user: str | None = None
     ignore_eos: bool = False
     session_id: str | None = Field(None, pattern=SESSION_ID_PATTERN)

@@ -45,7 +45,9 @@ None offers them; "required" appends `<tool_call>\\n{"name": "` to the
 prompt; a named function appends
 `<tool_call>\\n{"name": "NAME", "arguments": ` and only that name counts as a
 tool call. The appended text is `RenderedPrompt.forced_prefix`: the tool-call
-parser must treat it as already generated output.
+parser must treat it as already generated output. With `force_prefix=False`
+nothing is appended: the engine then decodes the whole call under a grammar
+(`clawrl/chat/grammar.py`), which forces it from its first character.
 """
 
 from __future__ import annotations
@@ -133,11 +135,17 @@ class ChatRenderer:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
+        force_prefix: bool = True,
     ) -> RenderedPrompt:
-        """Render messages to prompt IDs; raise ChatRenderError on bad input."""
+        """Render messages to prompt IDs; raise ChatRenderError on bad input.
+
+        `force_prefix=False`: a forced tool call appends nothing to the prompt (a grammar forces it).
+        """
         if not messages:
             raise ChatRenderError("messages must not be empty")
         plan = _plan_tools(tools, tool_choice)
+        if not force_prefix:
+            plan.forced_prefix = ""
         normal = [_normalise(message) for message in messages]
         if self.supports_tools:
             chat = [_native(message) for message in normal]

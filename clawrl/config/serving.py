@@ -148,6 +148,13 @@ class EngineConfig(Section):
         description="Let a prompt reuse KV computed by an earlier policy version. Off: a weight swap empties "
         "the cache, so every token comes from the weights being served.",
     )
+    constrained_decoding: bool = Field(
+        True,
+        description="Decode forced tool calls (tool_choice 'required' or a named function) and "
+        "response_format JSON under a grammar (llguidance; vLLM's structured outputs), so they always "
+        "parse. Off: a forced call only gets its first characters in the prompt, and response_format "
+        "is not enforced.",
+    )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
 
     @model_validator(mode="after")

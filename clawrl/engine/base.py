@@ -3,7 +3,10 @@
 An engine turns prompt token IDs into a stream of sampled tokens, each with its
 log-probability under the temperature-scaled distribution the sampler drew from
 (the `logp_old` the trainer later needs), and scores given tokens. The IDs in and
-out are exactly what the model saw and produced; nobody re-tokenises text.
+out are exactly what the model saw and produced; nobody re-tokenises text. A request
+may carry a grammar (`SamplingParams.grammar`: a forced tool call or a response_format,
+`clawrl/chat/grammar.py`); an engine whose `constrained_decoding` is on samples only
+tokens it allows, and records the logprobs of that masked distribution.
 
 Every engine has the same surface, so nothing outside `clawrl/engine/` asks which
 kind it holds: it starts and stops with the server, generates and scores, reports
@@ -76,6 +79,9 @@ class SamplingParams:
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
     background: bool = False  # judge calls and the like: admitted only when no served request waits
+    # Decode under this grammar (clawrl/chat/grammar.py): only tokens it allows are sampled, and the
+    # logprob is that of the masked, renormalised distribution. None: free decoding.
+    grammar: dict[str, Any] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,8 @@ class TokenEvent:
 
     `logprob` is log p(token) under softmax(logits / temperature) (temperature 1
     for greedy requests), over the full vocabulary: top-p truncation is not
-    applied to it, so the trainer can reproduce it from logits alone.
+    applied to it, so the trainer can reproduce it from logits alone. Under a
+    grammar (`SamplingParams.grammar`) the softmax is over the tokens it allows.
     `finish_reason` is set on the last token of the completion. `cached_tokens`, on the first
     token only, counts the prompt tokens whose KV came from the prefix cache instead of a prefill.
     """
@@ -125,6 +132,9 @@ class Engine(Protocol):
     version: str
     stop_token_ids: frozenset[int]
     sampling_defaults: SamplingDefaults  # for requests that name no temperature, top_p or top_k
+    # Whether `SamplingParams.grammar` is applied (engine.constrained_decoding). False: the gateway
+    # forces a tool call's first characters into the prompt instead, as before grammars.
+    constrained_decoding: bool
 
     async def start(self) -> None: ...
 

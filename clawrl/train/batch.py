@@ -17,6 +17,12 @@ last `R_max + 1` positions, since only response tokens are scored:
 It returns per-token logprobs and entropies *left-aligned* ([B, R_max], row i
 valid on its first R_i entries, like a right-padded batch), which is the
 layout of `policy_loss` and `batch_advantages`.
+
+A row decoded under a grammar (`Padded.grammar`, from `Sample.grammar`) is scored
+under the same mask: the grammar is replayed over its response tokens
+(`clawrl/engine/constrain.py: response_masks`), right-aligned like the targets, so
+whatever the left padding or packing, position j of row i is masked by the
+allowed set its response token was drawn from. Rows without one are unchanged.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from clawrl.engine.constrain import response_masks
 from clawrl.engine.rope import rope_rows
 from clawrl.train.logprobs import chunked_token_logprobs
 
@@ -59,6 +66,9 @@ class Padded:
     lengths: list[int]  # R_i
     # Per row, the RoPE it was served with (clawrl/engine/rope.py); None (a row or all): by length.
     rope: Sequence[bool | None] | None = None
+    # Per row, the grammar it was decoded under (clawrl/chat/grammar.py); None (a row or all): none.
+    grammar: Sequence[dict | None] | None = None
+    masks: Tensor | None = None  # the grammars' masks, once `grammar_masks` built them
 
 
 def left_pad(prompts: Sequence[list[int]], responses: Sequence[list[int]], device: torch.device) -> Padded:
@@ -86,14 +96,28 @@ def score(
     full-vocabulary log-softmax copy of the logits is ever made.
     """
     r_max = batch.targets.shape[1]
+    allowed = grammar_masks(model, batch)
     logits = response_logits(model, batch)
-    logp, entropy = chunked_token_logprobs(logits, batch.targets, temperatures, with_entropy)
+    logp, entropy = chunked_token_logprobs(logits, batch.targets, temperatures, with_entropy, allowed)
     del logits
     if not entropy_grad:
         entropy = entropy.detach()
     align = _left_align_index(batch.lengths, r_max, logp.device)
     logp = logp.gather(1, align)
     return logp, entropy.gather(1, align) if with_entropy else None
+
+
+def grammar_masks(model: nn.Module, batch: Padded) -> Tensor | None:
+    """[B, R_max, W] int32 bitmask words of the rows' grammars, right-aligned as the targets; None
+    when no row has one (on the targets' device)."""
+    if not batch.grammar or not any(batch.grammar):
+        return None
+    if batch.masks is None:  # built once: the reference and the policy score the same batch
+        r_max = batch.targets.shape[1]
+        rows = zip(batch.targets.tolist(), batch.lengths, strict=True)
+        masks = response_masks(model, list(batch.grammar), [row[r_max - n :] for row, n in rows], r_max)
+        batch.masks = masks.to(batch.targets.device) if masks is not None else None
+    return batch.masks
 
 
 def response_logits(model: nn.Module, batch: Padded) -> Tensor:

@@ -21,6 +21,19 @@ needs anyway). With z = logits / T, p = softmax(z), log p = z - lse:
 `chunked_token_logprobs(logits, targets, T)` scores the first `targets.shape[1]`
 positions of `logits` [B, L, V] (the model's kept logits, with the position
 after the last target left out), so no sliced copy of the logits is made.
+
+Grammars. A sample decoded under a grammar (`Sample.grammar`) was sampled from
+the distribution masked to the tokens the grammar allowed at each position, and
+its behaviour logprobs are of that distribution. `allowed` [B, T, W] (int32
+bitmask words per position, `clawrl/engine/constrain.py: response_masks`,
+rebuilt by replaying the grammar over the response) restricts z the same way in
+each chunk: z_j for a token outside the allowed set is set to the lowest finite
+float, so p_j = 0 exactly and its gradient is 0, and 0 * z_j stays 0 in the
+entropy (-inf would make it NaN). Positions whose words are all ones (rows
+without a grammar, padding) are unchanged, and without `allowed` nothing is
+masked at all. A response the grammar refuses part-way (not decoded under it)
+is masked up to that token and unmasked after, with a warning
+(`constrain.replay`): there is no mask to rebuild past it.
 """
 
 from __future__ import annotations
@@ -28,19 +41,23 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from clawrl.engine.constrain import unpack
+
 CHUNK_ELEMENTS = 1 << 23  # logits per chunk: 32 MB of float32 temporaries each
 
 
 class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: Tensor, targets: Tensor, temp: Tensor, with_entropy: bool):  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx, logits: Tensor, targets: Tensor, temp: Tensor, with_entropy: bool, allowed: Tensor | None
+    ):
         b, n = targets.shape
         dtype = torch.promote_types(logits.dtype, torch.float32)
         logp = torch.empty(b, n, dtype=dtype, device=logits.device)
         lse = torch.empty_like(logp)
         entropy = torch.zeros_like(logp)
         for lo, hi in _chunks(b, n, logits.shape[-1]):
-            z = logits[:, lo:hi].to(dtype) / temp  # [B, c, V]
+            z = _masked(logits[:, lo:hi].to(dtype) / temp, allowed, lo, hi)  # [B, c, V]
             lse[:, lo:hi] = torch.logsumexp(z, dim=-1)
             z -= lse[:, lo:hi, None]  # log p, in place
             logp[:, lo:hi] = z.gather(-1, targets[:, lo:hi, None])[..., 0]
@@ -48,6 +65,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
                 entropy[:, lo:hi] = -(z.exp() * z).sum(-1)
             del z
         ctx.save_for_backward(logits, targets, temp, lse, entropy)
+        ctx.allowed = allowed  # no gradient: kept as is, not saved for autograd
         ctx.with_entropy = with_entropy
         ctx.set_materialize_grads(False)
         if not with_entropy:
@@ -60,7 +78,8 @@ class _ChunkedLogprobs(torch.autograd.Function):
         grad = torch.zeros_like(logits)
         b, n = targets.shape
         for lo, hi in _chunks(b, n, logits.shape[-1]):
-            logq = logits[:, lo:hi].to(lse.dtype) / temp - lse[:, lo:hi, None]  # log p [B, c, V]
+            z = _masked(logits[:, lo:hi].to(lse.dtype) / temp, ctx.allowed, lo, hi)
+            logq = z - lse[:, lo:hi, None]  # log p [B, c, V]
             p = logq.exp()
             g = torch.zeros_like(p)
             if grad_logp is not None:
@@ -69,8 +88,18 @@ class _ChunkedLogprobs(torch.autograd.Function):
             if grad_entropy is not None and ctx.with_entropy:
                 g.sub_(p * (logq + entropy[:, lo:hi, None]) * grad_entropy[:, lo:hi, None])
             grad[:, lo:hi] = g / temp
-            del logq, p, g
-        return grad, None, None, None
+            del z, logq, p, g
+        return grad, None, None, None, None
+
+
+def _masked(z: Tensor, allowed: Tensor | None, lo: int, hi: int) -> Tensor:
+    """z [B, c, V] with the lowest finite value outside the allowed tokens of positions lo:hi."""
+    if allowed is None:
+        return z
+    words = allowed[:, lo:hi]
+    if bool((words == -1).all()):  # nothing masked in this chunk
+        return z
+    return z.masked_fill_(~unpack(words.to(z.device), z.shape[-1]), torch.finfo(z.dtype).min)
 
 
 def _chunks(rows: int, positions: int, vocab: int) -> list[tuple[int, int]]:
@@ -79,13 +108,18 @@ def _chunks(rows: int, positions: int, vocab: int) -> list[tuple[int, int]]:
 
 
 def chunked_token_logprobs(
-    logits: Tensor, targets: Tensor, temperature: float | Tensor, with_entropy: bool = True
+    logits: Tensor,
+    targets: Tensor,
+    temperature: float | Tensor,
+    with_entropy: bool = True,
+    allowed: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(logp [B, T], entropy [B, T]) of targets [B, T] under softmax(logits[:, :T] / temperature).
 
     As `loss.token_logprobs`: temperature is a float or a per-sequence [B] tensor, 0 means 1,
     half-precision logits are scored in float32, negative targets read as token 0. Without
-    `with_entropy` the entropy is zeros (and not differentiable).
+    `with_entropy` the entropy is zeros (and not differentiable). `allowed` [B, T, W]: each
+    position's grammar mask as int32 bitmask words (see the module docstring); None: no mask.
     """
     if logits.dim() != 3 or logits.shape[0] != targets.shape[0] or logits.shape[1] < targets.shape[1]:
         raise ValueError(f"logits {tuple(logits.shape)} do not cover targets {tuple(targets.shape)}")
@@ -93,4 +127,6 @@ def chunked_token_logprobs(
     temp = torch.as_tensor(temperature, dtype=dtype, device=logits.device)
     temp = torch.where(temp > 0, temp, torch.ones_like(temp))
     temp = temp.reshape(-1, 1, 1) if temp.dim() == 1 else temp.reshape(1, 1, 1)
-    return _ChunkedLogprobs.apply(logits, targets.clamp(min=0), temp, with_entropy)
+    if allowed is not None and tuple(allowed.shape[:2]) != tuple(targets.shape):
+        raise ValueError(f"masks {tuple(allowed.shape)} do not match targets {tuple(targets.shape)}")
+    return _ChunkedLogprobs.apply(logits, targets.clamp(min=0), temp, with_entropy, allowed)

@@ -194,6 +194,7 @@ class Trainer:
         temps = torch.tensor([s.temperature for s in group], device=device)
         batch = left_pad([s.prompt_ids for s in group], [s.response_ids for s in group], device)
         batch.rope = [s.rope_scaled for s in group]  # as each was served (clawrl/engine/rope.py)
+        batch.grammar = [s.grammar for s in group]  # scored under the mask it was decoded under
         width = batch.targets.shape[1]
         old = pad_rows([s.logprobs for s in group], width, device)
         mask = pad_rows([s.loss_mask or [1] * len(s.response_ids) for s in group], width, device)
@@ -226,6 +227,7 @@ class Trainer:
         prompts = [group[i].teacher_prompt_ids or [] for i in rows]
         batch = left_pad(prompts, [group[i].response_ids for i in rows], self.device)
         batch.rope = [group[i].rope_scaled for i in rows]
+        batch.grammar = [group[i].grammar for i in rows]
         with self._scorer(reference=self.cfg.opd_teacher == "reference") as module:
             logp = score(module, batch, temps[rows], with_entropy=False)[0]
         out = torch.zeros(len(group), width, device=self.device)

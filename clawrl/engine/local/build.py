@@ -46,5 +46,6 @@ def build_local_engine(config: Config) -> tuple[LocalEngine, Any]:
         lora_targets=t.lora.targets,
         merge_eagerly=config.collect.enabled and t.enabled and t.weights == "lora",
         sampling_defaults=generation_defaults(folder),
+        constrained_decoding=e.constrained_decoding,
     )
     return engine, loaded.tokenizer

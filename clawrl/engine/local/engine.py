@@ -29,6 +29,13 @@ cached prompt's and only the rest is prefilled. Each fully prefilled long
 prompt is kept for later requests, unless a weight swap happened while it was
 prefilled (its KV would then mix two versions). A swap empties the cache.
 
+Grammars (`SamplingParams.grammar`, `engine.constrained_decoding`): a request decoded under one
+gets an llguidance matcher (`clawrl/engine/constrain.py`), compiled off the event loop before
+it waits; each of its logits rows (prefill or step) is masked to the tokens the grammar allows
+before sampling, and the matcher consumes the token drawn. The recorded logprob is then that
+of the masked distribution. Under a grammar a stop token always ends the sequence (`ignore_eos`
+included): once the grammar is complete, end of sequence is all it allows.
+
 Versions (`serve_version`): the version's folder is read and checked in a worker
 thread, outside the pause; then `swap_weights` merges it between two decoding
 steps (`clawrl/engine/local/merge.py`). A folder that cannot be read or does not fit
@@ -47,7 +54,7 @@ from typing import Any
 
 import torch
 
-from clawrl.engine import rope
+from clawrl.engine import constrain, rope
 from clawrl.engine.base import (
     CLAWRL_SAMPLING,
     EngineFailed,
@@ -84,6 +91,7 @@ class _Request:
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     kv_version: str | None = None  # the version that computed this prompt's first KV
     scaled: bool = False  # RoPE scaled for this whole sequence (clawrl/engine/rope.py)
+    constraint: constrain.Constraint | None = None  # its grammar's matcher (None: free decoding)
 
 
 @dataclass(eq=False)
@@ -113,6 +121,7 @@ class LocalEngine:
         lora_targets: tuple[str, ...] | list[str] = DEFAULT_TARGETS,
         merge_eagerly: bool = False,
         sampling_defaults: SamplingDefaults = CLAWRL_SAMPLING,
+        constrained_decoding: bool = True,
     ) -> None:
         self.model = model.eval()
         self.model_name = model_name
@@ -120,6 +129,7 @@ class LocalEngine:
         self.stop_token_ids = stop_token_ids
         self.version = version
         self.sampling_defaults = sampling_defaults
+        self.constrained_decoding = constrained_decoding
         self.device = next(model.parameters()).device
         self._max_batch = max_batch_size
         self._prefill_budget = max_prefill_tokens
@@ -176,6 +186,8 @@ class LocalEngine:
             params.temperature, params.top_p, params.top_logprobs, params.seed, self.device, params.top_k
         )
         req = _Request(list(prompt_ids), params, sampler)
+        if params.grammar is not None and self.constrained_decoding:
+            req.constraint = await self._constraint(params.grammar)
         # A sequence that may pass the trained window is scaled from its first token (engine/rope.py).
         req.scaled = self._rope is not None and len(prompt_ids) + params.max_tokens > self._rope.trained
         self._waiting.append(req)
@@ -192,6 +204,15 @@ class LocalEngine:
             if not req.done:
                 req.cancelled = True  # the loop drops it before the next step
                 self._stats.requests_cancelled += 1
+
+    async def _constraint(self, grammar: dict[str, Any]) -> constrain.Constraint:
+        """Compile a grammar off the event loop (the tokenizer's first build takes ~0.5 s)."""
+        loop = asyncio.get_running_loop()
+        try:
+            tokenizer = await loop.run_in_executor(None, constrain.tokenizer_of, self.model)
+            return await loop.run_in_executor(None, constrain.Constraint, tokenizer, grammar)
+        except ValueError as exc:
+            raise EngineFailed(f"cannot decode under this grammar: {exc}") from exc
 
     async def score(
         self, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0
@@ -375,7 +396,7 @@ class LocalEngine:
         if self._rows:
             with rope.rope_rows(self._rope, [r.scaled for r in self._rows]):
                 logits = self._batch.step([r.last_token for r in self._rows])
-            sampled = sample_rows(logits, [r.sampler for r in self._rows])
+            sampled = self._sample(logits, self._rows)
             events += [(req, self._emit(req, s)) for req, s in zip(self._rows, sampled, strict=True)]
             self._stats.steps += 1
             self._stats.batch_rows += len(sampled)
@@ -386,7 +407,7 @@ class LocalEngine:
         self._retire()
         with rope.rope_rows(self._rope, [r.scaled for r in admitted]):
             logits, cache, mask = self._batch.prefill([r.prompt_ids for r in admitted])
-        sampled = sample_rows(logits, [r.sampler for r in admitted])
+        sampled = self._sample(logits, admitted)
         events = [(req, self._emit(req, s)) for req, s in zip(admitted, sampled, strict=True)]
         self._batch.join(cache, mask)
         self._rows += admitted
@@ -407,7 +428,7 @@ class LocalEngine:
         self._chunking.remove(req)
         self._keep_prefix(req)
         self._retire()
-        event = self._emit(req, sample_rows(logits[None], [req.sampler])[0])
+        event = self._emit(req, self._sample(logits[None], [req])[0])
         if not req.done:
             mask = torch.ones(1, len(req.prompt_ids), dtype=torch.long, device=self.device)
             self._batch.join(req.cache, mask)
@@ -434,12 +455,20 @@ class LocalEngine:
         kv = [(layer.keys, layer.values) for layer in req.cache.layers]
         self.prefix_cache.insert(req.prompt_ids, kv, self.version, _rope_key(req))
 
+    def _sample(self, logits: torch.Tensor, reqs: list[_Request]) -> list[Sampled]:
+        """One token per row of logits [B, V], each row masked by its grammar (if any) first."""
+        constrain.mask_logits_(logits, [r.constraint for r in reqs])
+        return sample_rows(logits, [r.sampler for r in reqs])
+
     def _emit(self, req: _Request, s: Sampled) -> TokenEvent:
         req.generated += 1
         req.last_token = s.token_id
         self._stats.tokens_generated += 1
+        if req.constraint is not None and not req.constraint.advance(s.token_id):
+            log.warning("a sampled token broke its grammar; the matcher now allows end of sequence only")
         finish = None
-        if s.token_id in req.params.stop_token_ids and not req.params.ignore_eos:
+        stops = not req.params.ignore_eos or req.constraint is not None  # a grammar ends at its end
+        if s.token_id in req.params.stop_token_ids and stops:
             finish = "stop"
         elif (
             req.generated >= req.params.max_tokens or len(req.prompt_ids) + req.generated >= self.max_context

@@ -12,7 +12,9 @@ which other requests share the batch.
 
 The recorded logprob ignores the top-k and top-p truncations on purpose: the trainer can
 recompute log_softmax(logits / T) from logits alone, not the nucleus. (top_k <= 0: no
-top-k cut, as vLLM's -1.)
+top-k cut, as vLLM's -1.) A row decoded under a grammar comes with its logits already masked
+to -inf outside the allowed tokens (`clawrl/engine/constrain.py`), so all of the above is of
+the masked distribution; the trainer rebuilds the same mask.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+MASKED_LOGPROB = -9999.0  # how a top logprob of a token masked out by a grammar is shown
 
 
 @dataclass
@@ -110,7 +114,9 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def _top(logprobs: torch.Tensor, k: int) -> list[list[tuple[int, float]]]:
+    # A token a grammar masks out has logprob -inf, which JSON cannot carry: vLLM's -9999 instead.
     values, indices = logprobs.topk(k, dim=-1)
+    values = values.clamp(min=MASKED_LOGPROB)
     return [list(zip(ix, vs, strict=True)) for ix, vs in zip(indices.tolist(), values.tolist(), strict=True)]
 
 

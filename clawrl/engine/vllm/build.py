@@ -62,5 +62,6 @@ def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
         stop_token_ids=loaded.stop_token_ids,
         max_lora_rank=v.max_lora_rank,
         sampling_defaults=generation_defaults(folder),
+        constrained_decoding=config.engine.constrained_decoding,
     )
     return engine, loaded.tokenizer

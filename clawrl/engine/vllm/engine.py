@@ -17,6 +17,13 @@ local engine treats as "the most likely token": it is sent as a greedy request.
 `score` uses vLLM's prompt logprobs, computed from the raw logits (T = 1): a
 score at another temperature is refused rather than silently wrong.
 
+Grammars (`SamplingParams.grammar`): the grammar's Lark text goes to vLLM's structured outputs
+(`"structured_outputs": {"grammar": ...}`, vLLM 0.32's field). Its `%json` parts are llguidance
+syntax, which xgrammar refuses, so vLLM's default "auto" backend compiles it with llguidance
+(its "guidance" backend): the same library and grammar the trainer replays. vLLM applies the
+mask to the logits before its sampler, so the processed logprobs it returns are those of the
+masked distribution, as the local engine records.
+
 Background requests (local judge calls) are ordinary requests to vLLM: it has
 no "only while idle" admission like the local engine's (its priority scheduling
 could give them a lower priority; not wired).
@@ -74,8 +81,10 @@ class VLLMEngine:
         stop_token_ids: frozenset[int],
         max_lora_rank: int,
         sampling_defaults: SamplingDefaults = CLAWRL_SAMPLING,
+        constrained_decoding: bool = True,
     ) -> None:
         self.server = server
+        self.constrained_decoding = constrained_decoding
         self.model_name = model_name
         self.max_context = max_context
         self.stop_token_ids = stop_token_ids
@@ -158,6 +167,10 @@ class VLLMEngine:
             raise EngineFailed(f"the vLLM server failed: {type(exc).__name__}: {exc}") from exc
 
     def _body(self, name: str, prompt_ids: list[int], params: SamplingParams) -> dict[str, Any]:
+        grammar = params.grammar if self.constrained_decoding else None
+        ignore_eos = (
+            params.ignore_eos and grammar is None
+        )  # as on the local engine: a grammar ends at its end
         body: dict[str, Any] = {
             "model": name,
             "prompt": prompt_ids,
@@ -167,8 +180,8 @@ class VLLMEngine:
             "top_k": max(params.top_k, 0),  # explicit: vLLM would otherwise apply the model's own default
             "logprobs": params.top_logprobs,  # 0: the sampled token's logprob alone
             # As on the local engine, ignore_eos ignores every stop token (vLLM would still stop on these).
-            "stop_token_ids": [] if params.ignore_eos else sorted(params.stop_token_ids),
-            "ignore_eos": params.ignore_eos,
+            "stop_token_ids": [] if ignore_eos else sorted(params.stop_token_ids),
+            "ignore_eos": ignore_eos,
             "stream": True,
             "stream_options": {"include_usage": False},
             "return_token_ids": True,
@@ -177,6 +190,8 @@ class VLLMEngine:
         }
         if params.seed is not None:
             body["seed"] = params.seed
+        if grammar is not None:
+            body["structured_outputs"] = {"grammar": grammar["lark"]}
         return body
 
     def _events(self, chunk: dict[str, Any], version: str, first: bool) -> list[TokenEvent]:

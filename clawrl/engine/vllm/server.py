@@ -68,6 +68,9 @@ def vllm_command(
     cmd += ["--max-model-len", str(max_context), "--max-logprobs", "20"]
     # The logprob clawrl records is log_softmax(logits / T), the distribution sampled from.
     cmd += ["--logprobs-mode", "processed_logprobs", "--enable-prompt-tokens-details"]
+    # Grammars (clawrl/chat/grammar.py) compiled by llguidance, as the trainer replays them: under
+    # "auto", vLLM would give them to xgrammar, which reads their %json but not their JSON style.
+    cmd += ["--structured-outputs-config", '{"backend": "guidance"}']
     if lora:
         cmd += ["--enable-lora", "--max-lora-rank", str(v.max_lora_rank), "--max-loras", str(v.max_loras)]
     return cmd + list(v.args)
