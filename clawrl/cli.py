@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from clawrl.envs.commands import add_envs_parser  # argparse only; the work imports lazily
 from clawrl.eval.commands import add_eval_parsers  # argparse only; the work imports lazily
 
 DESCRIPTION = """\
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     _train_parsers(sub)
     _records_parser(sub)
     add_eval_parsers(sub)
+    add_envs_parser(sub)
     return parser
 
 
