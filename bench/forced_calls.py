@@ -176,8 +176,34 @@ def summary(server: Any, answers: list[tuple[dict[str, Any], Any]]) -> dict[str,
         "constrained": sum(t is not None and t.grammar is not None for t in turns),
         "tokens": sum(r.usage.completion_tokens for _, r in answers),
         "ms_per_token": statistics.median(costs) if costs else float("nan"),
+        "mask_ms_per_token": mask_cost([t for t in turns if t is not None and t.grammar is not None]),
         "answers": [outcome(req, r) for req, r in answers],
     }
+
+
+def mask_cost(turns: list[Turn]) -> float | None:
+    """The mask alone, in this process: ms per token to build and apply it (one row, the model's
+    vocabulary), replaying the recorded constrained answers as the engine decoded them."""
+    if not turns:
+        return None
+    import torch
+
+    from clawrl.config import Config
+    from clawrl.engine import constrain
+    from clawrl.engine.models import model_folder
+
+    tokenizer = constrain.folder_tokenizer(model_folder(None, Config().cache_dir()))
+    logits = torch.zeros(1, tokenizer.vocab_size)
+    spent, tokens = 0.0, 0
+    for turn in turns:
+        constraint = constrain.Constraint(tokenizer, turn.grammar or {})
+        for token in turn.response_ids:
+            start = time.perf_counter()
+            constrain.mask_logits_(logits, [constraint])
+            constraint.advance(token)
+            spent += time.perf_counter() - start
+            tokens += 1
+    return 1000 * spent / tokens
 
 
 def outcome(req: dict[str, Any], r: Any) -> dict[str, Any]:
@@ -234,6 +260,10 @@ def report(result: dict[str, Any]) -> None:
     print(f"{'grammar server, tool_choice auto':36} {'-':>12} {'-':>9} {auto['ms_per_token']:>16.1f}")
     print(f"valid forced calls: {off['valid']}/{off['n']} -> {on['valid']}/{on['n']}")
     print(f"decode cost per token, grammar on / off: {on['ms_per_token'] / off['ms_per_token']:.2f}x")
+    if on["mask_ms_per_token"] is not None:
+        share = on["mask_ms_per_token"] / on["ms_per_token"]
+        alone = f"{on['mask_ms_per_token']:.2f} ms/token, {share:.1%} of a decoding step"
+        print(f"the mask alone (build + apply, one row): {alone}")
     ratio = on["ms_per_token"] / auto["ms_per_token"]
     print(f"decode cost per token, forced under the grammar / unforced (same server): {ratio:.2f}x")
     recorded = f"on {on['constrained']}/{on['n']}, off {off['constrained']}/{off['n']}"

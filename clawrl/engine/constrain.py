@@ -71,6 +71,11 @@ def tokenizer_of(model: Any) -> llguidance.LLTokenizer:
     folder = getattr(getattr(module, "config", None), "name_or_path", "")
     if not folder or not Path(folder).is_dir():
         raise ValueError(f"constrained decoding needs the model's folder for its tokenizer, got {folder!r}")
+    return folder_tokenizer(folder)
+
+
+def folder_tokenizer(folder: str | Path) -> llguidance.LLTokenizer:
+    """llguidance's tokenizer for a model folder's tokenizer, built once per folder (~0.5 s)."""
     return _tokenizer(str(Path(folder).resolve()))
 
 
@@ -78,7 +83,7 @@ def tokenizer_of(model: Any) -> llguidance.LLTokenizer:
 def _tokenizer(folder: str) -> llguidance.LLTokenizer:
     from transformers import AutoTokenizer
 
-    return llguidance.hf.from_tokenizer(AutoTokenizer.from_pretrained(folder))  # ~0.5 s: built once
+    return llguidance.hf.from_tokenizer(AutoTokenizer.from_pretrained(folder))
 
 
 def unpack(bits: Tensor, vocab: int) -> Tensor:

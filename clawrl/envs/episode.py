@@ -220,9 +220,9 @@ def _check_fits(reset: Callable[..., Any], row: dict[str, Any]) -> None:
 async def _turns(chat: Chat, env: Any, tools: ToolSet, result: EpisodeResult, settings: Settings) -> str:
     """Answer, run the tools, repeat; the reason the episode ended."""
     for turn in range(settings.max_turns):
-        choice = settings.schedule.tool_choice(turn) if tools.schemas else None
-        if choice == "required" and not tools.schemas:
+        if not tools.schemas and settings.schedule.at(turn) == "required":
             raise Dropped("--tool-choice required, but the environment offers no tools")
+        choice = settings.schedule.tool_choice(turn) if tools.schemas else None
         try:
             reply = await chat.complete(
                 result.messages,

@@ -119,7 +119,7 @@ class Runner:
     async def _post(self, result: EpisodeResult, group: GroupResult) -> None:
         if result.turns == 0:
             group.post_errors.append(
-                f"{result.session_id}: not posted (no answer was asked for): {result.reason}"
+                f"{result.session_id}: not posted (the server recorded no answer of it): {result.reason}"
             )
             return
         try:

@@ -106,8 +106,8 @@ def markdown(report: dict[str, Any]) -> str:
         if t["group_drop_reasons"]:
             shown = ", ".join(f"{reason} ({n})" for reason, n in t["group_drop_reasons"].items())
             lines.append(f"- why groups were dropped: {shown}")
-    greedy = " (greedy)" if report["mode"] == "eval" else ""
-    lines += ["", f"Per policy version (an episode counts for the version of its first answer){greedy}:", ""]
+    how = "greedy, one episode per task" if report["mode"] == "eval" else "sampled"
+    lines += ["", f"Per policy version ({how}; an episode counts for the version of its first answer):", ""]
     lines += _table(report["versions"], with_groups=report["mode"] == "train")
     return "\n".join(lines) + "\n"
 

@@ -96,7 +96,9 @@ def _rows(args: Namespace, env: EnvSpec) -> tuple[list[dict[str, Any]], str]:
     if limit is not None:
         if limit < 1:
             raise ValueError("--limit must be at least 1")
-        rows = rows[:limit]
+        if limit < len(rows):
+            text = text.replace(f"({len(rows)} rows)", f"(the first {limit} of {len(rows)} rows)")
+            rows = rows[:limit]
     return rows, text
 
 

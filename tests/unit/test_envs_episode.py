@@ -167,6 +167,19 @@ def test_a_schedule_naming_a_tool_the_task_lacks_drops_the_episode():
     )
     assert chat.requests == []
 
+    class NoTools:
+        def reset(self, **row):
+            return None
+
+        def get_reward(self) -> float:
+            return 1.0
+
+    required = run(chat, factory=NoTools, schedule=parse_schedule("required"))
+    assert required.reward is None
+    assert required.reason == "--tool-choice required, but the environment offers no tools"
+    free = run(ScriptedChat("42"), factory=NoTools, schedule=parse_schedule("auto"))
+    assert (free.reward, free.reason) == (1.0, "answered")
+
 
 def test_a_trl_reward_function_gets_the_batch_of_one_and_adds_to_get_reward():
     seen = {}
@@ -235,7 +248,8 @@ def test_groups_post_every_episode_with_their_group_and_respect_the_concurrency(
     # the row that does not fit reset() never reached the server: nothing to post, noted on its group
     assert all(e.dropped and e.turns == 0 for e in groups[2].episodes) and groups[2].status is None
     assert (
-        len(groups[2].post_errors) == 3 and "not posted (no answer was asked for)" in groups[2].post_errors[0]
+        len(groups[2].post_errors) == 3
+        and "not posted (the server recorded no answer of it)" in groups[2].post_errors[0]
     )
     assert len(server.posts) == 6
 

@@ -67,7 +67,8 @@ def test_the_report_files(groups, tmp_path):
     assert len(lines) == 7 and lines[0]["group_id"] == "g0" and lines[-1]["version"] is None
     assert (tmp_path / "report.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     evaluation = build_report("eval", "bfcl", "x", groups[:1], {}, "clawrl envs eval", 1.0)
-    assert "groups used" not in markdown(evaluation) and "(greedy)" in markdown(evaluation)
+    text = markdown(evaluation)
+    assert "groups used" not in text and "(greedy, one episode per task;" in text
     write_report(evaluation, groups[:1], tmp_path / "eval")
 
 
