@@ -42,6 +42,7 @@ def sample(turn_id: str = "t0", kind: str = "rl", **kw) -> Sample:
         loss_mask=[1, 0, 1],
         judgment_id=None,
         rope_scaled=True,
+        grammar={"kind": "tool_call", "lark": "start: \"{\" \"}\""},
         status="ready",
         created_at=1_700_000_002.25,
     )
@@ -213,8 +214,8 @@ def test_turns_awaiting_judgment_survive_a_restart(db):
 
 def test_m002_upgrades_a_database_made_by_m001(db, monkeypatch):
     with monkeypatch.context() as m:  # a store written by the first release
-        # m001, plus the column today's Turn is written with (m007's rope_scaled).
-        m.setattr(migrations, "MIGRATIONS", [migrations.MIGRATIONS[0], migrations.MIGRATIONS[6]])
+        # m001, plus the columns today's Turn is written with (m007's rope_scaled, m008's grammar).
+        m.setattr(migrations, "MIGRATIONS", [migrations.MIGRATIONS[0], *migrations.MIGRATIONS[6:8]])
         with Store.open(db) as old:
             old.upsert_session("s1", "header", 1.0)
             old.insert_turn(make_turn("t0"))
@@ -226,6 +227,7 @@ def test_m002_upgrades_a_database_made_by_m001(db, monkeypatch):
         assert [r[0] for r in conn.execute("SELECT name FROM _migrations")] == [
             "m001_initial",
             "m007_turn_rope",
+            "m008_turn_grammar",
         ]
     with pytest.raises(StoreError, match="missing migrations: m002_sample_judgment_session"):
         Store.open(db, readonly=True)
