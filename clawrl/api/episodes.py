@@ -12,6 +12,9 @@ group's `status` (`open`, then `used` with its samples, `dropped` with the reaso
 `eval` for evaluation episodes). 404: no such session was recorded; 409: the session's
 episode was posted before, or the group was posted with another size.
 `GET /v1/episodes/groups/{group_id}` reads a group back.
+`POST /v1/episodes/groups/{group_id}/close` (`{"reason": ...}`) closes an open group now, with
+the episodes it has, when the others will never be posted (they never reached the server);
+a group closed already is answered as it is; 404 for a group never recorded.
 """
 
 from __future__ import annotations
@@ -53,6 +56,14 @@ class EpisodeRequest(BaseModel):
         return Episode(**self.model_dump())
 
 
+class CloseRequest(BaseModel):
+    """POST /v1/episodes/groups/{group_id}/close: close an open group with the episodes it has."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str | None = Field(None, max_length=500, description="Why the other episodes never came.")
+
+
 def episodes_router(api_key: str | None) -> APIRouter:
     router = APIRouter(
         prefix="/v1/episodes",
@@ -65,6 +76,11 @@ def episodes_router(api_key: str | None) -> APIRouter:
         book = _book(request)
         group = await book.record(body.episode())
         return {"object": "episode", "session_id": body.session_id, "group": group_body(group)}
+
+    @router.post("/groups/{group_id}/close")
+    async def close(group_id: str, request: Request, body: CloseRequest | None = None) -> dict[str, Any]:
+        book = _book(request)
+        return group_body(await book.close(group_id, body.reason if body else None))
 
     @router.get("/groups/{group_id}")
     async def group(group_id: str, request: Request) -> dict[str, Any]:

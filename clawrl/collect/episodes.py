@@ -12,7 +12,9 @@ its steps first, in the background.
 A group of evaluation episodes (`train` false) closes as `eval`: recorded, never
 trained on. Under another method than grpo, groups close as `dropped` with that
 reason. On start, groups whose episodes were all in when the server stopped are
-closed, so a restart loses no group.
+closed, so a restart loses no group. A runner whose other episodes never reached the
+server (no answer was asked for: nothing to post) closes the group with the ones it has
+(`close`, `POST /v1/episodes/groups/{id}/close`); the method then sees fewer than G.
 
 Errors: `UnknownTurn` (404) for an episode of a session never recorded,
 `Conflict` (409) for an episode posted twice or a group posted with two sizes,
@@ -22,6 +24,7 @@ Errors: `UnknownTurn` (404) for an episode of a session never recorded,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import Counter
 from typing import Any, Protocol
@@ -95,12 +98,27 @@ class EpisodeBook:
             return group
         return await self._close(group.id)
 
+    async def close(self, group_id: str, reason: str | None) -> Group:
+        """Close an open group now, with the episodes it has (a runner whose other episodes never
+        reached the server says so); a group closed already is returned as it is."""
+        group = await self.db(self.store.group, group_id)
+        if group is None:
+            raise UnknownTurn(f"no group {group_id!r} was recorded", param="group_id", code="group_not_found")
+        if group.status != GROUP_OPEN:
+            return group
+        short = f"closed with {group.received} of {group.size} episodes" + (f": {reason}" if reason else "")
+        return await self._close(group_id, short)
+
     def _waits_for_judge(self, episode: Episode) -> bool:
         return episode.train and self.method is not None and self.method.wants_prm and self.judge is not None
 
-    async def _close(self, group_id: str) -> Group:
+    async def _close(self, group_id: str, short: str | None = None) -> Group:
+        """Close the group with its episodes; `short` says why it closes with fewer than G."""
         episodes: list[Episode] = await self.db(self.store.group_episodes, group_id)
         outcome = await self._outcome(episodes)
+        if short is not None:
+            reason = f"{short}; {outcome.reason}" if outcome.reason else short
+            outcome = dataclasses.replace(outcome, reason=reason)
         stats = (outcome.mean, outcome.std)
         await self.writer.write(
             self.store.close_group, group_id, outcome.status, outcome.reason, stats, outcome.samples

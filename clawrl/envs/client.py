@@ -107,6 +107,11 @@ class EnvClient:
             )
         return _json(response, "POST /v1/episodes")
 
+    async def close_group(self, group_id: str, reason: str) -> dict[str, Any]:
+        """`POST /v1/episodes/groups/{id}/close`: the group closes with the episodes it has."""
+        path = f"/v1/episodes/groups/{group_id}/close"
+        return _json(await self._send("POST", path, json={"reason": reason}), f"POST {path}")
+
     async def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
             return await self._http.request(method, path, **kw)

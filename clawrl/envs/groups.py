@@ -9,7 +9,9 @@ Each episode is posted to `POST /v1/episodes` as soon as it ends, with the group
 and size; the server closes the group once all G are in. An episode that never asked
 for an answer (its environment could not be built, its row did not fit `reset`) has no
 session on the server and cannot be posted: it is kept here, in the report, as a dropped
-episode that was not posted. A post the server refuses (404 unknown session, 409
+episode that was not posted, and once the group's other episodes are in, the group is
+closed with them (`POST /v1/episodes/groups/{id}/close`) rather than left open waiting
+for episodes that will never come. A post the server refuses (404 unknown session, 409
 posted twice or another group size, 400) is noted on the group and the run goes on.
 Evaluation episodes are posted with `"train": false` (groups of one, which the server
 records and closes as `eval`, never training on them): posting ends their sessions.
@@ -97,7 +99,19 @@ class Runner:
         self._groups += 1
         runs = [self._episode(task, group, i) for i in range(self.group_size)]
         group.episodes = await all_or_none(runs)
+        unposted = [e for e in group.episodes if e.turns == 0]
+        if self.post and unposted and group.status == "open":  # the rest will never come: close it
+            await self._close(group, f"{len(unposted)} never reached the server ({unposted[0].reason})")
         return group
+
+    async def _close(self, group: GroupResult, reason: str) -> None:
+        try:
+            state = await self.client.close_group(group.id, reason)
+        except Refused as exc:
+            group.post_errors.append(f"{group.id}: close: {exc}")
+            return
+        group.status, group.reason = state.get("status"), state.get("reason")
+        group.samples = int(state.get("samples") or 0)
 
     async def _episode(self, task: Task, group: GroupResult, index: int) -> EpisodeResult:
         async with self._slots:

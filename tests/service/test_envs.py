@@ -66,6 +66,35 @@ class FaultyEnv:
 '''
 
 
+# One episode in three cannot start (its sandbox is gone before the first answer); the others
+# end on their first call, rewarded 0 and 1.
+FLAKY_ENV = '''
+import itertools
+
+
+class FlakyEnv:
+    built = itertools.count()
+
+    def __init__(self):
+        self.n = next(FlakyEnv.built)
+
+    def reset(self, **row):
+        if self.n % 3 == 2:
+            raise OSError("no sandbox left")
+
+    def finish(self) -> str:
+        """End the task.
+
+        Args:
+        """
+        self.done = True
+        return "finished"
+
+    def get_reward(self) -> float:
+        return float(self.n % 3)
+'''
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_model_dir):
     run_dir = tmp_path_factory.mktemp("envs") / "run"
@@ -168,3 +197,19 @@ def test_a_row_that_does_not_fit_reset_is_dropped_and_never_reaches_the_server(s
         "the task row does not fit reset(): missing a required argument"
     )
     assert group.status is None and len(group.post_errors) == 2
+
+
+def test_a_group_whose_episode_never_reached_the_server_is_closed_with_the_others(server, tmp_path):
+    path = tmp_path / "flaky_env.py"
+    path.write_text(textwrap.dedent(FLAKY_ENV))
+    env = load_env(f"{path}:FlakyEnv")
+    task = Task("flaky", {"prompt": "Finish."})
+    group = run_group(server, env, task, "finish", 3, max_turns=2, max_tokens=200)
+    never = [e for e in group.episodes if e.turns == 0]
+    assert len(never) == 1 and "no sandbox left" in never[0].reason
+    assert sorted(e.reward for e in group.episodes if e.turns) == [0.0, 1.0]
+    # Not left open waiting for the third: closed with the two, which differ, so trained on.
+    assert (group.status, group.samples) == ("used", 2), group
+    assert group.reason.startswith("closed with 2 of 3 episodes: 1 never reached the server")
+    shown = httpx.get(f"{server.url}/v1/episodes/groups/{group.id}", timeout=30).json()
+    assert (shown["status"], shown["received"], shown["size"]) == ("used", 2, 3)

@@ -161,6 +161,34 @@ def test_an_episode_posted_twice_is_a_conflict_and_loses_nothing(server):
     assert [e["reward"] for e in shown["episodes"]] == [0.5]
 
 
+def test_a_group_whose_other_episodes_never_came_is_closed_with_the_ones_it_has(server):
+    """Three of four episodes reached the server (the fourth failed before its first answer, so it
+    has no session to post): the runner closes the group, which trains on the three; a second
+    close changes nothing, and an unknown group is a 404."""
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    sessions = [f"ep-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    for session, reward in zip(sessions, [1.0, 0.0, 1.0], strict=True):
+        run_episode(server, session)
+        reply = post(server, session_id=session, group_id=group, group_size=4, reward=reward, turns=2)
+    assert (reply.json()["group"]["status"], reply.json()["group"]["received"]) == ("open", 3)
+    close = f"{server.url}/v1/episodes/groups/{group}/close"
+    closed = httpx.post(close, json={"reason": "reset() raised ValueError"}, timeout=30)
+    assert closed.status_code == 200, closed.text
+    body = closed.json()
+    assert (body["status"], body["received"], body["size"], body["samples"]) == ("used", 3, 4, 6)
+    assert body["reason"] == "closed with 3 of 4 episodes: reset() raised ValueError"
+    assert body["reward_mean"] == pytest.approx(2 / 3)
+    again = httpx.post(close, timeout=30)  # no body: the reason is optional
+    assert again.status_code == 200 and again.json()["samples"] == 6
+    with Store.open(server.run_dir / "clawrl.db", readonly=True) as store:
+        turns = {t.id for s in sessions for t in store.turns(s)}
+        assert len([s for s in store.ready_samples() if s.turn_id in turns]) == 6  # trained once only
+    missing = httpx.post(f"{server.url}/v1/episodes/groups/g-never/close", json={}, timeout=30)
+    assert missing.status_code == 404 and "g-never" in missing.json()["error"]["message"]
+    bad = httpx.post(close, json={"why": "x"}, timeout=30)
+    assert bad.status_code == 400 and "why" in bad.json()["error"]["message"]
+
+
 def test_the_trainer_trains_a_group_into_a_version(tmp_path, tiny_model_dir):
     server = RemoteServer(
         tmp_path / "run",

@@ -42,7 +42,7 @@ def sample(turn_id: str = "t0", kind: str = "rl", **kw) -> Sample:
         loss_mask=[1, 0, 1],
         judgment_id=None,
         rope_scaled=True,
-        grammar={"kind": "tool_call", "lark": "start: \"{\" \"}\""},
+        grammar={"kind": "tool_call", "lark": 'start: "{" "}"'},
         status="ready",
         created_at=1_700_000_002.25,
     )
