@@ -60,6 +60,11 @@ def add_envs_parser(sub: Any) -> None:
         type=float,
         help="sampling temperature (default: the model's own sampling defaults, as GET /v1/models shows)",
     )
+    train.add_argument(
+        "--shuffle-rewards",
+        action="store_true",
+        help="the control run: permute rewards within each group before posting (reports keep the true ones)",
+    )
     train.add_argument("--max-wall-s", type=float, default=7200.0, help="stop after this long (default 7200)")
     train.add_argument("--config", type=Path, default=ENVS_CONFIG, help="base config of the started server")
     train.add_argument("--run-dir", type=Path, help="the started server's run folder (default OUT/run)")

@@ -13,13 +13,18 @@ episode that was not posted, and once the group's other episodes are in, the gro
 closed with them (`POST /v1/episodes/groups/{id}/close`) rather than left open waiting
 for episodes that will never come. A post the server refuses (404 unknown session, 409
 posted twice or another group size, 400) is noted on the group and the run goes on.
-Evaluation episodes are posted with `"train": false` (groups of one, which the server
-records and closes as `eval`, never training on them): posting ends their sessions.
+With `shuffle` (`clawrl envs train --shuffle-rewards`, the control run), a group's episodes
+are posted once all of them have ended, their rewards permuted among them: the same episodes,
+the same group statistics, but a reward that no longer belongs to its episode (`info` keeps
+the true one, and so does the report). Evaluation episodes are posted with `"train": false`
+(groups of one, which the server records and closes as `eval`, never training on them):
+posting ends their sessions.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -80,6 +85,7 @@ class Runner:
         train: bool = True,
         on_episode: Callable[[EpisodeResult], None] | None = None,
         tag: str | None = None,
+        shuffle: random.Random | None = None,
     ) -> None:
         if not 1 <= group_size <= 1024:
             raise ValueError(f"--group-size must be 1 to 1024, got {group_size}")
@@ -89,6 +95,7 @@ class Runner:
         self.group_size, self.concurrency = group_size, concurrency
         self.reward_fn, self.post, self.train = reward_fn, post, train
         self.on_episode = on_episode
+        self.shuffle = shuffle  # the control run: rewards permuted within each group before posting
         self.tag = tag or f"ep-{uuid.uuid4().hex[:8]}"
         self._slots = asyncio.Semaphore(concurrency)
         self._groups = 0
@@ -99,6 +106,8 @@ class Runner:
         self._groups += 1
         runs = [self._episode(task, group, i) for i in range(self.group_size)]
         group.episodes = await all_or_none(runs)
+        if self.post and self.shuffle is not None:
+            await self._post_shuffled(group)
         unposted = [e for e in group.episodes if e.turns == 0]
         if self.post and unposted and group.status == "open":  # the rest will never come: close it
             await self._close(group, f"{len(unposted)} never reached the server ({unposted[0].reason})")
@@ -124,13 +133,24 @@ class Runner:
                 self.settings,
                 self.reward_fn,
             )
-        if self.post:
+        if self.post and self.shuffle is None:
             await self._post(result, group)
         if self.on_episode is not None:
             self.on_episode(result)
         return result
 
-    async def _post(self, result: EpisodeResult, group: GroupResult) -> None:
+    async def _post_shuffled(self, group: GroupResult) -> None:
+        """Post the group's episodes once all have ended, their rewards permuted among them (the
+        report keeps the true ones): what the model learns then is not the environment's signal."""
+        reached = [e for e in group.episodes if e.turns > 0]
+        rewards = [e.reward for e in reached]
+        assert self.shuffle is not None
+        self.shuffle.shuffle(rewards)
+        for result in group.episodes:
+            await self._post(result, group, rewards.pop(0) if result.turns > 0 else result.reward)
+
+    async def _post(self, result: EpisodeResult, group: GroupResult, reward: float | None = None) -> None:
+        """Post one episode (with `reward` instead of its own, for the shuffled control)."""
         if result.turns == 0:
             group.post_errors.append(
                 f"{result.session_id}: not posted (the server recorded no answer of it): {result.reason}"
@@ -138,6 +158,8 @@ class Runner:
             return
         try:
             body = episode_body(result, group.id, group.size, self.env.name, self.train)
+            if self.shuffle is not None:
+                body["reward"], body["info"]["true_reward"] = reward, result.reward
             answer = await self.client.post_episode(body)
         except Refused as exc:
             group.post_errors.append(f"{result.session_id}: {exc}")

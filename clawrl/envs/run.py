@@ -16,6 +16,7 @@ only read; with --base-url, the version that server serves now.
 from __future__ import annotations
 
 import asyncio
+import random
 import shlex
 import subprocess
 import sys
@@ -56,6 +57,7 @@ class Plan:
             "concurrency": self.concurrency,
             "reward": args.reward,
             "seed": args.seed,
+            "shuffle_rewards": bool(getattr(args, "shuffle_rewards", False)),
         }
 
 
@@ -154,6 +156,8 @@ async def _train(url: str, key: str | None, plan: Plan, args: Namespace) -> Any:
     tally = _Tally(bar)
     async with EnvClient(url, key) as client:
         runner = _runner(client, plan, trained=True, on_episode=tally.episode)
+        if args.shuffle_rewards:  # the control: the same runs, each group's rewards permuted
+            runner.shuffle = random.Random(args.seed)
 
         def version(made: int, served: str) -> None:
             bar.update(min(made, args.steps) - bar.n)

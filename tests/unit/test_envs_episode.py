@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import random
 import threading
 from typing import Any
 
@@ -252,6 +253,41 @@ def test_groups_post_every_episode_with_their_group_and_respect_the_concurrency(
         and "not posted (the server recorded no answer of it)" in groups[2].post_errors[0]
     )
     assert len(server.posts) == 6
+
+
+def test_the_shuffled_control_posts_a_groups_rewards_permuted_once_all_its_episodes_ended():
+    """Episode e_i submits 10 + i (only e2 is right): with `shuffle`, nothing is posted while an
+    episode still runs, the posted rewards are the true ones permuted (seeded), and each post's
+    info keeps its episode's true reward, as the report does."""
+
+    class Answers(FakeServer):
+        async def complete(self, messages, tools, tool_choice, *, session_id, **kw) -> Reply:
+            answer = 10 + int(session_id.rsplit("-e", 1)[1])
+            self.in_flight += 1
+            await asyncio.sleep(0.01)
+            self.in_flight -= 1
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [call("submit", {"answer": answer})],
+            }
+            return Reply(message, "tool_calls", 3, "v1")
+
+        async def post_episode(self, body):
+            assert self.in_flight == 0 and len(self.posts) < 4
+            return await super().post_episode(body)
+
+    server = Answers()
+    env, settings = EnvSpec("calculator", CalculatorEnv), Settings(parse_schedule("submit"), max_turns=2)
+    runner = Runner(server, env, settings, group_size=4, concurrency=4, tag="s", shuffle=random.Random(0))
+    group = asyncio.run(runner.group(Task("a", ROW)))
+    assert [e.reward for e in group.episodes] == [0.0, 0.0, 1.0, 0.0]  # the report keeps the truth
+    by_session = {p["session_id"]: p for p in server.posts}
+    true = [by_session[f"s-g00000-e{i}"]["info"]["true_reward"] for i in range(4)]
+    posted = [by_session[f"s-g00000-e{i}"]["reward"] for i in range(4)]
+    assert true == [0.0, 0.0, 1.0, 0.0] and sorted(posted) == sorted(true)
+    assert posted != true  # Random(0) moves the one reward of 1 to another episode
+    assert group.status == "used"
 
 
 def test_refused_posts_are_noted_and_the_run_goes_on():
