@@ -24,21 +24,29 @@ opposites, units) in every cell of
 * sampling (`--sampling`): `defaults` (the request names no temperature or top_p: the model
   folder's generation_config.json, shown by `GET /v1/models` as `sampling_defaults`), `T=1`
   (temperature 1.0, top_p 1.0: what clients that send none got before) and `greedy`
-  (temperature 0). Sampled requests carry a fixed seed per question, so runs repeat.
+  (temperature 0); also, only when named, any `+`-joined `temperature=X`, `top_p=X`, `top_k=N`,
+  `repetition_penalty=X`, `frequency_penalty=X`, `presence_penalty=X` (what the request names;
+  the rest are the model's defaults), e.g. `temperature=0.1+top_k=20` or `repetition_penalty=1.0`
+  (the guard off).
+  Sampled requests carry a fixed seed per question, so runs repeat.
 
 An answer is right when one of the question's accepted keys occurs in its text, case-insensitive,
 as a whole word or number ("5" does not match "15"). An answer that is a tool call is wrong
-(counted apart in the JSON). Requests stream, `--concurrency` at a time (the first of each cell
-alone, so a long system prompt is prefilled once and then served from the prefix cache), with
-`--max-tokens` 40. A prompt that does not fit the window is reported as such, not as wrong.
+(counted apart in the JSON). Answers that end on their own (finish_reason `stop`) within
+`--max-tokens` are counted too: a short question's answer needs far fewer than 40 tokens, so one
+that runs to the limit is rambling or repeating itself. Requests stream, `--concurrency` at a time
+(the first of each cell alone, so a long system prompt is prefilled once and then served from the
+prefix cache), with `--max-tokens` 40. A prompt that does not fit the window is reported as such,
+not as wrong.
 
 Besides one table per RoPE choice (rows: sampling, columns: prompt, headed by the first question's
-whole prompt in tokens; cells right/total (share)), it prints, per prompt, the greedy cell's median
-time to first token and median decode tokens/s per stream, the time to first token of the prompt's
-first request (its prefill, unless OpenClaw's own turn left it cached), and each server's wall time.
-On a 2-core CPU `--limit 33 --agent-limit 12` takes about 18 minutes over the three servers, most
-of it behind the 10k-token prompt (a ~55 s prefill, then ~1.7 tokens/s a stream); every question
-in every cell, about 40. agent10k's prompt passes 8k, so `32768` and `32768:always` serve it alike.
+whole prompt in tokens; cells right/total (share), then the share that ended on its own), it
+prints, per prompt, the greedy cell's median time to first token and median decode tokens/s per
+stream, the time to first token of the prompt's first request (its prefill, unless OpenClaw's own
+turn left it cached), and each server's wall time. On a 2-core CPU `--limit 33 --agent-limit 12`
+takes about 18 minutes over the three servers, most of it behind the 10k-token prompt (a ~55 s
+prefill, then ~1.7 tokens/s a stream); every question in every cell, about 40. agent10k's prompt
+passes 8k, so `32768` and `32768:always` serve it alike.
 
     .venv/bin/python bench/answers.py --out /tmp/clawrl-answers [--json answers.json]
     .venv/bin/python bench/answers.py --quick            # 4 questions: a smoke run (~3 minutes)
@@ -74,6 +82,16 @@ ROPES = {  # --rope choices: max_context[:scale_rope]
 CONDITIONS = ("none", "openclaw", "agent10k", "openclaw-turn")
 DEFAULT_CONDITIONS = ("none", "openclaw", "agent10k")
 SAMPLINGS = ("defaults", "T=1", "greedy")
+# a `+`-joined --sampling spec; top_k and repetition_penalty are not OpenAI fields: sent in the body
+SAMPLING_KEYS = {
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "repetition_penalty": float,
+    "frequency_penalty": float,
+    "presence_penalty": float,
+}
+EXTRA_BODY = ("top_k", "repetition_penalty")
 QUICK = 4
 OPENCLAW_QUESTION = "What is the capital of France?"
 CAPTURED = "openclaw-prompt.json"
@@ -99,6 +117,21 @@ def spread(rows: list[dict], limit: int | None) -> list[dict]:
 def is_right(text: str, keys: list[str]) -> bool:
     """Whether one of `keys` occurs in `text` as a whole word or number, case-insensitive."""
     return any(re.search(rf"(?<![a-z0-9]){re.escape(k.lower())}(?![a-z0-9])", text.lower()) for k in keys)
+
+
+def sampling_params(spec: str) -> dict[str, float | int]:
+    """A `+`-joined `--sampling` spec as request fields (`defaults`: none)."""
+    if spec == "defaults":
+        return {}
+    params: dict[str, float | int] = {}
+    for part in spec.split("+"):
+        key, _, value = part.partition("=")
+        if key not in SAMPLING_KEYS or not value:
+            raise ValueError(
+                f"{part!r}: a sampling spec joins {', '.join(f'{k}=' for k in SAMPLING_KEYS)} with +"
+            )
+        params[key] = SAMPLING_KEYS[key](value)
+    return params
 
 
 def seed_of(question_id: str) -> int:
@@ -627,8 +660,11 @@ async def ask(
         kw = {"temperature": 1.0, "top_p": 1.0, "seed": seed}
     elif sampling == "greedy":
         kw = {"temperature": 0.0}
-    else:  # defaults: no temperature, no top_p: the server's sampling defaults
-        kw = {"seed": seed}
+    else:  # defaults (no temperature, no top_p: the server's sampling defaults), or what the spec names
+        kw = {**sampling_params(sampling), "seed": seed}
+        extra = {key: kw.pop(key) for key in EXTRA_BODY if key in kw}
+        if extra:  # not OpenAI fields: the openai client sends them in the body as they are
+            kw["extra_body"] = extra
     if tools:
         kw["tools"] = tools
     start = time.perf_counter()
@@ -701,6 +737,7 @@ async def run_cell(
     return {
         "fits": True,
         "right": sum(r["right"] for r in rows),
+        "ended": sum(r["finish"] == "stop" for r in rows),
         "total": len(rows),
         "tool_calls": sum(r["tool_call"] for r in rows),
         "prompt_tokens_first": rows[0]["prompt_tokens"],
@@ -785,7 +822,11 @@ def run_rope(
                         result["wall_s"] = time.perf_counter() - started
                         args.save()
                         took = f"{cell['wall_s']:.0f} s"
-                        print(f"   {condition:>13} {sampling:>8}: {fmt(cell)}  ({took})", flush=True)
+                        ended = fmt(cell, "ended")
+                        print(
+                            f"   {condition:>13} {sampling:>8}: {fmt(cell)}, ended {ended}  ({took})",
+                            flush=True,
+                        )
                         if not cell["fits"]:
                             break  # the same prompt does not fit whatever the sampling
 
@@ -796,12 +837,15 @@ def run_rope(
 # --- output --------------------------------------------------------------------------------------
 
 
-def fmt(cell: dict | None) -> str:
+def fmt(cell: dict | None, key: str = "right") -> str:
+    """A cell's `key` count (right answers, or answers that ended on their own) over its total."""
     if cell is None:
         return "-"
     if not cell["fits"]:
         return "does not fit"
-    return f"{cell['right']}/{cell['total']} ({cell['right'] / cell['total']:.0%})"
+    if key not in cell:  # a --json written before the count was
+        return "-"
+    return f"{cell[key]}/{cell['total']} ({cell[key] / cell['total']:.0%})"
 
 
 def table(result: dict, conditions: list[str], samplings: list[str]) -> None:
@@ -815,6 +859,8 @@ def table(result: dict, conditions: list[str], samplings: list[str]) -> None:
     print("| --- | " + " | ".join("---" for _ in shown) + " |")
     for s in samplings:
         print(f"| {s} | " + " | ".join(fmt(cells[c].get(s)) for c in shown) + " |")
+    for s in samplings:
+        print(f"| {s}: ended on its own | " + " | ".join(fmt(cells[c].get(s), "ended") for c in shown) + " |")
     speed = "greedy" if "greedy" in samplings else samplings[0]
 
     def figure(c: str, key: str, form: str) -> str:
@@ -839,7 +885,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help=f"a smoke run: --limit {QUICK}")
     p.add_argument("--rope", default=",".join(ROPES), help="max_context[:scale_rope] values, one server each")
     p.add_argument("--conditions", default=",".join(DEFAULT_CONDITIONS), help=f"of {','.join(CONDITIONS)}")
-    p.add_argument("--sampling", default=",".join(SAMPLINGS), help=f"of {','.join(SAMPLINGS)}")
+    p.add_argument("--sampling", default=",".join(SAMPLINGS),
+                   help=f"of {','.join(SAMPLINGS)} or e.g. temperature=0.1+top_k=20")  # fmt: skip
     p.add_argument("--openclaw-tools", action=argparse.BooleanOptionalAction, default=True,
                    help="send OpenClaw's tools with its prompt, as OpenClaw does (default on)")  # fmt: skip
     p.add_argument("--agent-tokens", type=int, default=10000, help="size of the agent prompt (default 10000)")
@@ -854,8 +901,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.sampling = [s for s in args.sampling.split(",") if s.strip()]
     if args.quick and args.limit is None:
         args.limit = QUICK
-    if set(args.conditions) - set(CONDITIONS) or set(args.sampling) - set(SAMPLINGS):
-        p.error(f"--conditions takes {CONDITIONS}, --sampling {SAMPLINGS}")
+    if set(args.conditions) - set(CONDITIONS):
+        p.error(f"--conditions takes {CONDITIONS}")
+    for spec in set(args.sampling) - set(SAMPLINGS):
+        try:
+            sampling_params(spec)
+        except ValueError as exc:
+            p.error(f"--sampling takes {SAMPLINGS} or a spec: {exc}")
     if not args.rope or not args.conditions or not args.sampling or args.concurrency < 1:
         p.error("--rope, --conditions and --sampling need one value at least; --concurrency >= 1")
     return args

@@ -21,7 +21,8 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
@@ -38,6 +39,7 @@ from clawrl.sessions.tracker import Hints, Resolution
 from clawrl.types import Message, Turn
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -96,11 +98,16 @@ class ChatService:
         prompt = self._render(req, messages, tools, force_prefix=not constrained)
         grammar = self._grammar(req, tools) if constrained else None
         defaults = self.engine.sampling_defaults  # for what the request leaves unset
+        if grammar is not None:  # JSON repeats its quotes and keys: no default penalty under a grammar
+            defaults = replace(defaults, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
         params = SamplingParams(
             max_tokens=self._max_tokens(req, len(prompt.prompt_ids)),
-            temperature=defaults.temperature if req.temperature is None else req.temperature,
-            top_p=defaults.top_p if req.top_p is None else req.top_p,
-            top_k=defaults.top_k if req.top_k is None else req.top_k,
+            temperature=named(req.temperature, defaults.temperature),
+            top_p=named(req.top_p, defaults.top_p),
+            top_k=named(req.top_k, defaults.top_k),
+            repetition_penalty=named(req.repetition_penalty, defaults.repetition_penalty),
+            frequency_penalty=named(req.frequency_penalty, defaults.frequency_penalty),
+            presence_penalty=named(req.presence_penalty, defaults.presence_penalty),
             seed=req.seed,
             top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
             stop_token_ids=self.engine.stop_token_ids,
@@ -326,3 +333,8 @@ def build_turn(
         rope_scaled=c.tokens[0].rope_scaled if c.tokens else None,
         grammar=grammar,
     )
+
+
+def named(value: T | None, default: T) -> T:
+    """What the request named, else the model's default."""
+    return default if value is None else value

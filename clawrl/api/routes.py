@@ -101,8 +101,16 @@ def _model_card(request: Request) -> dict[str, Any]:
 
 
 def _sampling(d: SamplingDefaults) -> dict[str, Any]:
-    """What a request that names no temperature, top_p or top_k samples with, and from where."""
-    return {"temperature": d.temperature, "top_p": d.top_p, "top_k": d.top_k, "source": d.source}
+    """What a request that names no temperature, top_p, top_k or penalty samples with, and from where."""
+    return {
+        "temperature": d.temperature,
+        "top_p": d.top_p,
+        "top_k": d.top_k,
+        "repetition_penalty": d.repetition_penalty,
+        "presence_penalty": d.presence_penalty,
+        "frequency_penalty": d.frequency_penalty,
+        "source": d.source,
+    }
 
 
 async def until_disconnected(request: Request, work: Any) -> Any:

@@ -123,6 +123,10 @@ class ChatCompletionRequest(_Open):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1, description="vLLM's: sample among the k most likely; 0 or -1: off")
+    # vLLM's repetition penalty (unset: the model's default, GET /v1/models) and OpenAI's penalties.
+    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0, description="vLLM's: 1: off")
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     n: int = Field(1, json_schema_extra={"const": 1})
     stop: str | list[str] | None = Field(
         None,

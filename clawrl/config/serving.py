@@ -66,6 +66,13 @@ class ModelConfig(Section):
         "own (clawrl/engine/rope.py); 'always' scales every position of every sequence.",
     )
 
+    repetition_guard: bool = Field(
+        True,
+        description="Apply the repetition penalties the model folder's generation_config.json names "
+        "(presence_penalty, frequency_penalty, repetition_penalty) to requests that name none; the "
+        "embedded model ships presence 1.0 and frequency 0.3. False: no penalty unless a request names one.",
+    )
+
 
 class VLLMConfig(Section):
     start: bool = Field(

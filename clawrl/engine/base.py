@@ -54,12 +54,16 @@ class VersionRefused(EngineError):
 
 @dataclass(frozen=True)
 class SamplingDefaults:
-    """What a request that names no temperature, top_p or top_k samples with: the model folder's
-    generation config (`engine.models.generation_defaults`), else these values. `top_k` 0: off."""
+    """What a request that names no temperature, top_p, top_k or penalty samples with: the model
+    folder's generation config (`engine.models.generation_defaults`), else these values.
+    `top_k` 0, `repetition_penalty` 1 and the other penalties 0: off."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     source: str = "clawrl"  # where they came from: "clawrl" (no generation config) or the file
 
 
@@ -74,6 +78,11 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    # vLLM's repetition penalty (prompt and answer tokens) and OpenAI's frequency and presence
+    # penalties (answer tokens): clawrl/engine/local/penalties.py. 1, 0, 0: off.
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     seed: int | None = None
     top_logprobs: int = 0
     stop_token_ids: frozenset[int] = frozenset()
@@ -131,7 +140,7 @@ class Engine(Protocol):
     max_context: int
     version: str
     stop_token_ids: frozenset[int]
-    sampling_defaults: SamplingDefaults  # for requests that name no temperature, top_p or top_k
+    sampling_defaults: SamplingDefaults  # for requests that name no temperature, top_p, top_k or penalty
     # Whether `SamplingParams.grammar` is applied (engine.constrained_decoding). False: the gateway
     # forces a tool call's first characters into the prompt instead, as before grammars.
     constrained_decoding: bool

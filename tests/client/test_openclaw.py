@@ -2,12 +2,13 @@
 
 OpenClaw (npm `openclaw`, pinned in scripts/setup-openclaw) runs one turn per
 `openclaw agent --local` call, with the openclaw.json the README gives
-(`clawrl.eval.openclaw.openclaw_config`: the lean profile, temperature 0 so the 135M
-model's answers are reproducible). What a user would see is asserted: every turn
-answered, one clawrl session per OpenClaw conversation with next states attached, the
-prefix cache hit on later turns (OpenClaw's own usage report shows `cacheRead`), its
-housekeeping requests (pre-compaction memory flush, compaction summary) recorded as side
-turns.
+(`clawrl.eval.openclaw.openclaw_config`: the lean profile). What a user would see is
+asserted: at OpenClaw's own sampling (it sends no temperature, so the model's defaults
+apply) the answers are right and a session does not degenerate; every turn answered, one
+clawrl session per OpenClaw conversation with next states attached, the prefix cache hit on
+later turns (OpenClaw's own usage report shows `cacheRead`), its housekeeping requests
+(pre-compaction memory flush, compaction summary) recorded as side turns. The tests of the
+session machinery pin temperature 0, so their answers repeat.
 
 No tool call here: the 135M embedded model never writes one inside OpenClaw's ~2,000-token
 system prompt, whatever it is asked (the exact `<tool_call>` block to copy, plain requests, a
@@ -18,6 +19,8 @@ tested with the openai client in tests/slow/test_embedded.py.
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter
 
 import pytest
 
@@ -29,6 +32,7 @@ from tests.timing import limit
 pytestmark = pytest.mark.slow
 
 TURN_LIMIT = 300  # seconds for one agent turn on a loaded 2-core machine (prefill of ~2,500 tokens)
+README_MAX_TOKENS = 512  # the README's openclaw.json: "maxTokens"
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +48,16 @@ def _turns(server) -> list:
         return list(store.turns())
 
 
-def _agent(openclaw_bin, tmp_path, server, **overrides):
+def _agent(openclaw_bin, tmp_path, server, max_tokens=48, temperature: float | None = 0, **overrides):
+    """`say(session, message)` through `openclaw agent --local`; `temperature` None: none pinned."""
     workspace = tmp_path / "workspace"
     workspace.mkdir(exist_ok=True)
     config = openclaw_config(
-        server.url + "/v1", max_tokens=48, workspace=str(workspace), temperature=0, **overrides
+        server.url + "/v1",
+        max_tokens=max_tokens,
+        workspace=str(workspace),
+        temperature=temperature,
+        **overrides,
     )
     home = tmp_path / "home"
     write_home(home, config)
@@ -103,3 +112,58 @@ def test_compaction_housekeeping_is_side_and_opens_a_new_session(openclaw_bin, t
     assert [t.session_id for t in main] == ["compact-1:0", "compact-1:1"]
     assert "compacted" in json.dumps(main[1].messages)
     assert "capital of Italy" in json.dumps(main[1].messages[-1])
+
+
+def _names(text: str, keys: list[str]) -> bool:
+    """Whether one of `keys` is in `text` as a whole word or number ("5" is not in "15")."""
+    return any(re.search(rf"(?<![a-z0-9]){re.escape(k.lower())}(?![a-z0-9])", text.lower()) for k in keys)
+
+
+def _degenerate(text: str) -> str | None:
+    """Why `text` is a loop rather than an answer (empty, a line over and over, one word over and
+    over), or None."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return "empty"
+    line, times = Counter(lines).most_common(1)[0]
+    if times >= 3:
+        return f"{line!r} {times} times"
+    words = re.findall(r"\w+", text.lower())
+    word, times = Counter(words).most_common(1)[0] if words else ("", 0)
+    if len(words) >= 20 and times > len(words) / 4:
+        return f"{word!r} is {times} of {len(words)} words"
+    return None
+
+
+def test_a_session_at_openclaws_own_sampling_answers_right_and_does_not_degenerate(
+    openclaw_bin, tmp_path, server
+):
+    """Three everyday questions in one OpenClaw session, as the README's profile runs it (the lean
+    profile, maxTokens 512, no temperature: the model's own defaults, 0.2 / top_p 0.9 and the
+    repetition guard, presence 1.0 / frequency 0.3): each answer is right, ends on its own before
+    the token limit, and is no loop.
+
+    Before the guard (measured with OpenClaw's captured prompt and wrapping, 8 sessions, 128
+    tokens a turn): Paris 8/8, 5 in 5/5 second turns, blue 5/5 third turns, but the first answer
+    ran to the limit in 7 of 8 (repeating "The capital of France is Paris. / The answer is:") and
+    later turns copied the loop (4 of 5). With it, the first answer may still ramble on after
+    its right first line (174 tokens once, about code and servers: OpenClaw's runtime line after
+    the question draws it there), but it ends; the later ones are a line each. Seeds are not
+    pinned: OpenClaw sends none."""
+    say, _, _ = _agent(openclaw_bin, tmp_path, server, max_tokens=README_MAX_TOKENS, temperature=None)
+    questions = [
+        ("What is the capital of France?", ["Paris"]),
+        ("What is 2 + 3?", ["5", "five"]),
+        ("What color is the sky on a clear day?", ["blue"]),
+    ]
+    replies = [say("everyday-1", question) for question, _ in questions]
+    # What the model wrote, as recorded (OpenClaw's own text folds repeated paragraphs).
+    main = [t for t in _turns(server) if t.turn_type == "main" and "everyday-1" in t.session_id]
+    assert len(main) == 3 and len({t.session_id for t in main}) == 1
+    seen = [(t.finish_reason, len(t.response_ids), t.response_text[:300]) for t in main]
+    for (question, keys), reply, turn in zip(questions, replies, main, strict=True):
+        assert _names(reply.text, keys), (question, seen)
+        assert turn.finish_reason == "stop" and reply.stop_reason != "length", (question, seen)
+        assert len(turn.response_ids) < README_MAX_TOKENS, (question, seen)
+        assert _degenerate(turn.response_text) is None, (question, _degenerate(turn.response_text), seen)
+    assert max(len(t.response_ids) for t in main[1:]) < 64, seen  # later turns do not copy a ramble

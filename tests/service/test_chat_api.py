@@ -215,6 +215,9 @@ BAD_BODIES = [
     ({"messages": "hello"}, "messages"),
     ({"messages": USER, "temperature": "hot"}, "temperature"),
     ({"messages": USER, "temperature": 3}, "temperature"),
+    ({"messages": USER, "repetition_penalty": 0}, "repetition_penalty"),
+    ({"messages": USER, "frequency_penalty": 2.5}, "frequency_penalty"),
+    ({"messages": USER, "presence_penalty": "lots"}, "presence_penalty"),
     ({"messages": USER, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     (
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},

@@ -76,6 +76,31 @@ def test_the_embedded_folder_gets_smollm2s_published_sampling(tmp_path):
     assert json.loads((folder / "generation_config.json").read_text()) == {"temperature": 0.5}
 
 
+def test_the_repetition_guard_reaches_a_folder_an_earlier_release_wrote_and_can_be_turned_off(tmp_path):
+    folder = tmp_path / "models" / EMBEDDED_NAME
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"")
+    written_before = {"eos_token_id": 2, "temperature": 0.2, "top_p": 0.9}  # the release before the guard
+    (folder / "generation_config.json").write_text(json.dumps(written_before))
+    ensure_embedded(tmp_path)
+    assert json.loads((folder / "generation_config.json").read_text()) == {
+        "eos_token_id": 2,
+        **EMBEDDED_SAMPLING,
+    }
+    guarded = generation_defaults(folder)
+    shipped = (EMBEDDED_SAMPLING["presence_penalty"], EMBEDDED_SAMPLING["frequency_penalty"])
+    assert (guarded.presence_penalty, guarded.frequency_penalty) == shipped != (0.0, 0.0)
+    assert (guarded.repetition_penalty, guarded.temperature) == (1.0, 0.2)
+    off = generation_defaults(folder, repetition_guard=False)
+    assert (off.presence_penalty, off.frequency_penalty, off.temperature) == (0.0, 0.0, 0.2)
+
+
+def test_penalties_out_of_range_in_a_generation_config_fall_back_to_clawrls(tmp_path):
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.3, "presence_penalty": 5}))
+    d = generation_defaults(tmp_path)
+    assert (d.temperature, d.presence_penalty, d.source) == (1.0, 0.0, "clawrl")
+
+
 def test_top_k_draws_only_among_the_k_most_likely():
     logits = torch.tensor([[4.0, 3.9, 3.8, 3.7, 0.0, -1.0]]).repeat(400, 1)
     rows = [RowSampler.create(1.0, 1.0, 0, seed, top_k=2) for seed in range(400)]

@@ -45,7 +45,7 @@ def build_local_engine(config: Config) -> tuple[LocalEngine, Any]:
         prefix_cache=cache,
         lora_targets=t.lora.targets,
         merge_eagerly=config.collect.enabled and t.enabled and t.weights == "lora",
-        sampling_defaults=generation_defaults(folder),
+        sampling_defaults=generation_defaults(folder, config.model.repetition_guard),
         constrained_decoding=e.constrained_decoding,
     )
     return engine, loaded.tokenizer

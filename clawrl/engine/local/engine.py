@@ -67,6 +67,7 @@ from clawrl.engine.base import (
 )
 from clawrl.engine.local.batch import DecodeBatch
 from clawrl.engine.local.merge import VersionMerger
+from clawrl.engine.local.penalties import Penalties
 from clawrl.engine.local.prefix_cache import PrefixCache
 from clawrl.engine.local.sampling import RowSampler, Sampled, sample_rows, score_tokens
 from clawrl.engine.memory import release_free_memory
@@ -182,8 +183,16 @@ class LocalEngine:
         return self._stats
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
+        penalties = Penalties(params.repetition_penalty, params.frequency_penalty, params.presence_penalty)
         sampler = RowSampler.create(
-            params.temperature, params.top_p, params.top_logprobs, params.seed, self.device, params.top_k
+            params.temperature,
+            params.top_p,
+            params.top_logprobs,
+            params.seed,
+            self.device,
+            params.top_k,
+            penalties,
+            prompt_ids,
         )
         req = _Request(list(prompt_ids), params, sampler)
         if params.grammar is not None and self.constrained_decoding:

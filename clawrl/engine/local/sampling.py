@@ -10,8 +10,9 @@ The exponential race samples every row in one vectorised argmax; a seeded
 request draws its noise from its own generator, so its tokens do not depend on
 which other requests share the batch.
 
-The recorded logprob ignores the top-k and top-p truncations on purpose: the trainer can
-recompute log_softmax(logits / T) from logits alone, not the nucleus. (top_k <= 0: no
+The recorded logprob ignores the top-k and top-p truncations and the repetition penalties
+(`penalties.py`: they shape q_i only) on purpose: the trainer can recompute
+log_softmax(logits / T) from logits alone, not the nucleus or a row's history. (top_k <= 0: no
 top-k cut, as vLLM's -1.) A row decoded under a grammar comes with its logits already masked
 to -inf outside the allowed tokens (`clawrl/engine/constrain.py`), so all of the above is of
 the masked distribution; the trainer rebuilds the same mask.
@@ -19,9 +20,12 @@ the masked distribution; the trainer rebuilds the same mask.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from clawrl.engine.local.penalties import NO_PENALTIES, Penalties, PenaltyState
 
 MASKED_LOGPROB = -9999.0  # how a top logprob of a token masked out by a grammar is shown
 
@@ -35,6 +39,7 @@ class RowSampler:
     top_logprobs: int
     generator: torch.Generator | None
     top_k: int = 0
+    penalty: PenaltyState | None = None  # None: no repetition penalty
 
     @classmethod
     def create(
@@ -45,12 +50,15 @@ class RowSampler:
         seed: int | None,
         device: str | torch.device = "cpu",
         top_k: int = 0,
+        penalties: Penalties = NO_PENALTIES,
+        prompt_ids: Sequence[int] = (),
     ) -> RowSampler:
         generator = None
         if seed is not None:
             generator = torch.Generator(device=device)
             generator.manual_seed(seed)
-        return cls(temperature, top_p, top_logprobs, generator, top_k)
+        penalty = PenaltyState(penalties, prompt_ids) if penalties.active else None
+        return cls(temperature, top_p, top_logprobs, generator, top_k, penalty)
 
 
 @dataclass
@@ -65,12 +73,29 @@ def sample_rows(logits: torch.Tensor, rows: list[RowSampler]) -> list[Sampled]:
     logits = logits.float()
     temps = torch.tensor([r.temperature if r.temperature > 0 else 1.0 for r in rows], device=logits.device)
     logprobs = torch.log_softmax(logits / temps[:, None], dim=-1)  # [B, V]
-    chosen = _choose(logprobs, rows)
+    chosen = _choose(_penalised(logits, logprobs, temps, rows), rows)
     picked = logprobs.gather(1, chosen[:, None]).squeeze(1).tolist()
     ids = chosen.tolist()
+    for row, token in zip(rows, ids, strict=True):
+        if row.penalty is not None:
+            row.penalty.observe(token)
     k = max(r.top_logprobs for r in rows)
     tops = _top(logprobs, k) if k else [[] for _ in rows]
     return [Sampled(ids[i], picked[i], tuple(tops[i][: rows[i].top_logprobs])) for i in range(len(rows))]
+
+
+def _penalised(
+    logits: torch.Tensor, logprobs: torch.Tensor, temps: torch.Tensor, rows: list[RowSampler]
+) -> torch.Tensor:
+    """The log-distribution each row draws from: `logprobs`, or the penalised logits' where a row
+    has repetition penalties."""
+    if all(r.penalty is None for r in rows):
+        return logprobs
+    shaped = logits.clone()
+    for i, row in enumerate(rows):
+        if row.penalty is not None:
+            shaped[i] = row.penalty.apply(logits[i])
+    return torch.log_softmax(shaped / temps[:, None], dim=-1)
 
 
 def _choose(logprobs: torch.Tensor, rows: list[RowSampler]) -> torch.Tensor:

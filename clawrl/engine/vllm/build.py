@@ -61,7 +61,7 @@ def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
         max_context=loaded.max_context,
         stop_token_ids=loaded.stop_token_ids,
         max_lora_rank=v.max_lora_rank,
-        sampling_defaults=generation_defaults(folder),
+        sampling_defaults=generation_defaults(folder, config.model.repetition_guard),
         constrained_decoding=config.engine.constrained_decoding,
     )
     return engine, loaded.tokenizer

@@ -178,6 +178,9 @@ class VLLMEngine:
             "temperature": params.temperature if params.top_p > 0 else 0.0,
             "top_p": params.top_p if params.top_p > 0 else 1.0,
             "top_k": max(params.top_k, 0),  # explicit: vLLM would otherwise apply the model's own default
+            "repetition_penalty": params.repetition_penalty,  # explicit too, for the same reason
+            "frequency_penalty": params.frequency_penalty,
+            "presence_penalty": params.presence_penalty,
             "logprobs": params.top_logprobs,  # 0: the sampled token's logprob alone
             # As on the local engine, ignore_eos ignores every stop token (vLLM would still stop on these).
             "stop_token_ids": [] if ignore_eos else sorted(params.stop_token_ids),

@@ -1,0 +1,68 @@
+"""Repetition penalties for one row, with vLLM's (and OpenAI's) meaning.
+
+For the logits l of the next token, with P the prompt's tokens and O the tokens generated so far
+(c_v: how often token v is in O):
+
+    repetition r (vLLM, HF):  l_v / r if l_v > 0 else l_v * r,   for v in P ∪ O   (1: off)
+    frequency f (OpenAI):      l_v - f * c_v                                         (0: off)
+    presence p (OpenAI):       l_v - p * [c_v > 0]                                   (0: off)
+
+They shape which token is drawn, not the logprob recorded for it: like the top-k and top-p
+cuts, the recorded logprob stays log softmax(l / T), which the trainer can recompute from the
+model's logits alone (clawrl/engine/local/sampling.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Penalties:
+    repetition: float = 1.0
+    frequency: float = 0.0
+    presence: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.repetition != 1.0 or self.frequency != 0.0 or self.presence != 0.0
+
+
+NO_PENALTIES = Penalties()
+
+
+class PenaltyState:
+    """The tokens one row has seen: its prompt's and the ones it drew, counted."""
+
+    def __init__(self, penalties: Penalties, prompt_ids: Sequence[int]) -> None:
+        self.penalties = penalties
+        self._prompt = list(prompt_ids) if penalties.repetition != 1.0 else []
+        self._seen: torch.Tensor | None = None  # [V] bool: in the prompt or drawn
+        self._counts: torch.Tensor | None = None  # [V] float: times drawn
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` [V] (float) with the penalties applied, as a new tensor."""
+        if self._counts is None:
+            self._counts = torch.zeros(logits.shape[-1], device=logits.device)
+            self._seen = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+            ids = torch.tensor([i for i in self._prompt if 0 <= i < logits.shape[-1]], dtype=torch.long)
+            self._seen[ids.to(logits.device)] = True
+        p = self.penalties
+        out = logits
+        if p.repetition != 1.0:
+            scaled = torch.where(out > 0, out / p.repetition, out * p.repetition)
+            out = torch.where(self._seen, scaled, out)
+        if p.frequency != 0.0:
+            out = out - p.frequency * self._counts
+        if p.presence != 0.0:
+            out = out - p.presence * (self._counts > 0).float()
+        return out
+
+    def observe(self, token_id: int) -> None:
+        """Count a drawn token."""
+        if self._counts is not None and 0 <= token_id < self._counts.shape[0]:
+            self._counts[token_id] += 1
+            self._seen[token_id] = True
