@@ -1,0 +1,150 @@
+"""`clawrl envs` end to end: train (grpo) and eval through real servers and a real trainer.
+
+1. On the tiny random model, a TRL-style coin environment whose reward depends on the side the
+   model picks (the forced call's grammar makes it pick one of the two): `envs train` runs groups
+   until the trainer publishes a version, then `envs eval` measures v0 and v1, each exported and
+   served by a server of its own. The tiny model learns nothing useful; this checks the plumbing
+   and the bookkeeping (groups used, versions counted, the report files).
+2. On the embedded model, `envs eval --base-url` on a few held-out calculator tasks: every episode
+   makes the forced calculate-then-submit calls and is scored 0 or 1.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from clawrl.store.db import Store
+from tests.conftest import ROOT, RemoteServer
+from tests.timing import limit
+
+# A trainer, exports and several servers on a 2-core CPU: minutes, more on a busy machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(limit(1200))]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+COIN_ENV = '''
+class CoinEnv:
+    def __init__(self):
+        self.side = None
+
+    def reset(self, **row):
+        self.side = None
+
+    def pick(self, side: str) -> str:
+        """
+        Pick a side of the coin.
+
+        Args:
+            side: The side to pick (choices: ["heads", "tails"])
+        """
+        self.side = side
+        self.done = True
+        return "picked " + side
+
+    def get_reward(self) -> float:
+        return 1.0 if self.side == "heads" else 0.0
+'''
+
+
+def clawrl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "clawrl", *args],
+        capture_output=True,
+        text=True,
+        timeout=limit(timeout),
+        cwd=ROOT,
+    )
+
+
+@pytest.fixture(scope="module")
+def coin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("coin")
+    (folder / "coin_env.py").write_text(textwrap.dedent(COIN_ENV))
+    (folder / "tasks.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"Toss {i}."}) + "\n" for i in range(3))
+    )
+    return folder
+
+
+@pytest.fixture(scope="module")
+def trained(coin: Path, tiny_model_dir: Path) -> Path:
+    out = coin / "out"
+    done = clawrl(
+        "envs", "train", "--env", f"{coin / 'coin_env.py'}:CoinEnv", "--tasks", str(coin / "tasks.jsonl"),
+        "--tool-choice", "pick", "--group-size", "4", "--concurrency", "4", "--steps", "1",
+        "--max-tokens", "32",
+        "--out", str(out), "--model", str(tiny_model_dir), "--max-wall-s", "300",
+        "--train.batch-size", "2", "--train.poll-s", "0.2", "--train.swap-poll-s", "0.2", "--train.nice", "0",
+        "--guard.enabled", "false", "--judge.enabled", "false",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    return out
+
+
+def test_envs_train_runs_groups_until_the_trainer_publishes(trained: Path):
+    report = json.loads((trained / "report.json").read_text())
+    assert report["mode"] == "train" and report["env"] == "coin_env:CoinEnv"
+    assert report["start"] == "v0" and report["versions_made"] >= 1 and report["stopped"] == "done"
+    assert report["config"]["method"] == "grpo" and report["settings"]["schedule"] == "pick"
+    totals = report["totals"]
+    assert totals["groups_used"] >= 1 and totals["unanswered"] == 0 and totals["post_errors"] == []
+    assert totals["reasons"] == {"done": totals["episodes"]}  # every episode picked a side
+    assert (trained / "report.png").read_bytes().startswith(PNG)
+    lines = [json.loads(line) for line in (trained / "episodes.jsonl").read_text().splitlines()]
+    assert len(lines) == totals["episodes"] and {line["reward"] for line in lines} <= {0.0, 1.0}
+    with Store.open(trained / "run" / "clawrl.db", readonly=True) as store:
+        assert [v.name for v in store.versions()][:2] == ["v0", "v1"]
+        groups = {line["group_id"] for line in lines}
+        assert {store.group(g).status for g in groups} <= {"used", "dropped"}
+
+
+def _versions(run: Path) -> list[str]:
+    with Store.open(run / "clawrl.db", readonly=True) as store:
+        return [v.name for v in store.versions()]
+
+
+def test_envs_eval_measures_each_version_on_a_server_of_its_own(trained: Path, coin: Path):
+    out = coin / "eval"
+    before = _versions(trained / "run")
+    done = clawrl(
+        "envs", "eval", "--env", f"{coin / 'coin_env.py'}:CoinEnv", "--tasks", str(coin / "tasks.jsonl"),
+        "--tool-choice", "pick", "--max-tokens", "32", "--run-dir", str(trained / "run"),
+        "--versions", "v0,v1",
+        "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert [row["version"] for row in report["versions"]] == ["v0", "v1"]
+    assert all(row["episodes"] == 3 and row["dropped"] == 0 for row in report["versions"])
+    assert report["settings"]["temperature"] == 0.0 and "v1: success" in done.stdout
+    for version in ("v0", "v1"):  # each version served by its own server, its episodes posted as eval ones
+        with Store.open(out / "servers" / version / "clawrl.db", readonly=True) as store:
+            assert len(list(store.turns())) == 3
+    assert _versions(trained / "run") == before  # the run was only read
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory, embedded_model_dir):
+    server = RemoteServer(
+        tmp_path_factory.mktemp("envs-embedded") / "run",
+        ["--model", str(embedded_model_dir), "--judge.enabled", "false"],
+    )
+    yield server
+    server.stop()
+
+
+def test_the_calculator_on_the_embedded_model(embedded, tmp_path):
+    out = tmp_path / "out"
+    done = clawrl(
+        "envs", "eval", "--env", "calculator", "--base-url", embedded.url, "--limit", "3", "--out", str(out),
+        timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    lines = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert len(lines) == 3 and {line["reward"] for line in lines} <= {0.0, 1.0}
+    assert all(line["tool_calls"] == 2 and line["reason"] == "done" for line in lines), lines
