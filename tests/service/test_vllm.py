@@ -60,6 +60,8 @@ def test_recorded_ids_are_those_vllm_saw_and_produced(tmp_path, vllm_gateway, em
                 max_tokens=24,
                 temperature=temperature,
                 top_p=1.0,  # full vocabulary: at the model's default 0.9 vLLM renormalises over the nucleus
+                presence_penalty=0.0,  # and no repetition guard: vLLM's processed logprobs include it
+                frequency_penalty=0.0,
                 seed=seed,
                 extra_body={"ignore_eos": True},
             )

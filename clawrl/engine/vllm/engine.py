@@ -11,7 +11,10 @@ log_softmax(logits / T) for a request whose top_p is 1 (the default): what the
 local engine records and the trainer recomputes (vLLM computes in bfloat16 on
 CPU: measured within about 0.1 nats of a float32 forward). With top_p < 1 vLLM
 renormalises over the nucleus, so its value is log p - log(nucleus mass), higher
-than clawrl's full-vocabulary one (0 where the nucleus is one token). Greedy
+than clawrl's full-vocabulary one (0 where the nucleus is one token); likewise vLLM
+applies the penalties (presence, frequency, repetition: the embedded model's repetition
+guard) to the logits its processed logprobs come from, where the local engine records the
+model's own. A request that names top_p 1 and no penalty gets the same logprobs on both. Greedy
 requests get T = 1, as with the local engine. vLLM refuses top_p = 0, which the
 local engine treats as "the most likely token": it is sent as a greedy request.
 `score` uses vLLM's prompt logprobs, computed from the raw logits (T = 1): a
