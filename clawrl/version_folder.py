@@ -64,6 +64,19 @@ def version_number(version: str) -> int:
     return int(match[1])
 
 
+def version_rank(version: str) -> int:
+    """`"v12"` -> 12, and -1 for anything that is not a version name (so it sorts first)."""
+    match = VERSION_NAME.match(version)
+    return int(match[1]) if match else -1
+
+
+def fingerprint_version(fingerprint: str | None) -> str:
+    """The policy version in a clawrl `system_fingerprint` ("clawrl-v3" -> "v3"); "" if none."""
+    if not fingerprint or "-" not in fingerprint:
+        return ""
+    return fingerprint.rsplit("-", 1)[1]
+
+
 def version_dir(run_dir: Path, version: str) -> Path:
     """Where `version` lives (or would live) in `run_dir`."""
     version_number(version)

@@ -22,17 +22,11 @@ import httpx
 
 from clawrl.envs.episode import ContextFull, Refused, Reply
 from clawrl.envs.errors import ServerError
+from clawrl.version_folder import fingerprint_version
 
 # The training signal is the policy's: a penalty the server would apply by default (the embedded
 # model's repetition guard) draws tokens the trainer's logprobs do not account for.
 NO_PENALTIES = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
-
-
-def version_of(fingerprint: str | None) -> str:
-    """The policy version in a clawrl `system_fingerprint` ("clawrl-v3" -> "v3"); "" if none."""
-    if not fingerprint or "-" not in fingerprint:
-        return ""
-    return fingerprint.rsplit("-", 1)[1]
 
 
 class EnvClient:
@@ -98,7 +92,10 @@ class EnvClient:
             tokens = int((data.get("usage") or {}).get("completion_tokens") or 0)
             message = {k: v for k, v in choice["message"].items() if v is not None or k == "content"}
             return Reply(
-                message, str(choice["finish_reason"]), tokens, version_of(data.get("system_fingerprint"))
+                message,
+                str(choice["finish_reason"]),
+                tokens,
+                fingerprint_version(data.get("system_fingerprint")),
             )
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise ServerError(f"not a chat completion: {str(data)[:200]}") from exc

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from clawrl.envs.client import EnvClient
 from clawrl.envs.episode import EpisodeResult, Refused, Settings, run_episode
 from clawrl.envs.load import EnvSpec
+from clawrl.version_folder import version_rank
 
 T = TypeVar("T")
 
@@ -62,11 +63,7 @@ class GroupResult:
     def version(self) -> str | None:
         """The version of the group's earliest answer."""
         versions = [e.version for e in self.episodes if e.version]
-        return min(versions, key=_number) if versions else None
-
-
-def _number(version: str) -> int:
-    return int(version[1:]) if version[1:].isdigit() else -1
+        return min(versions, key=version_rank) if versions else None
 
 
 class Runner:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from clawrl.envs.stats import version_number
+from clawrl.version_folder import version_rank
 
 
 def plot_report(report: dict[str, Any], path: Path) -> Path:
@@ -17,7 +17,7 @@ def plot_report(report: dict[str, Any], path: Path) -> Path:
     from matplotlib.ticker import MaxNLocator
 
     rows = report["versions"]
-    x = [version_number(r["version"]) for r in rows]
+    x = [version_rank(r["version"]) for r in rows]
     train = report["mode"] == "train"
     fig, axes = plt.subplots(3 if train else 2, 1, figsize=(7, 8 if train else 5.5), sharex=True)
     ax = axes[0]

@@ -26,6 +26,7 @@ from typing import Any
 
 from clawrl.envs.episode import EpisodeResult
 from clawrl.envs.groups import GroupResult
+from clawrl.version_folder import version_rank
 
 SUCCESS = 1.0  # a reward at least this counts as a success
 
@@ -44,11 +45,6 @@ class Figures:
     groups: int = 0
     groups_used: int = 0
     groups_dropped: int = 0
-
-
-def version_number(version: str) -> int:
-    """`v12` -> 12 (-1 for anything else, so it sorts first)."""
-    return int(version[1:]) if version.startswith("v") and version[1:].isdigit() else -1
 
 
 def _mean(values: list[float]) -> float | None:
@@ -82,7 +78,7 @@ def short_reason(episode: EpisodeResult) -> str:
 def by_version(episodes: list[EpisodeResult], groups: Iterable[GroupResult] = ()) -> list[dict[str, Any]]:
     """One `Figures` (as a dict) per version that answered, in version order."""
     groups = list(groups)
-    versions = sorted({e.version for e in episodes if e.version is not None}, key=version_number)
+    versions = sorted({e.version for e in episodes if e.version is not None}, key=version_rank)
     rows = []
     for version in versions:
         mine = [e for e in episodes if e.version == version]

@@ -23,7 +23,7 @@ from typing import Any
 from clawrl.envs.client import EnvClient
 from clawrl.envs.errors import ServerError
 from clawrl.envs.groups import GroupResult, Runner, Task, all_or_none, groups_at_once
-from clawrl.envs.stats import version_number
+from clawrl.version_folder import version_rank
 
 
 @dataclass
@@ -42,7 +42,7 @@ class TrainOutcome:
 def versions_made(health: dict[str, Any], start: int) -> int:
     """Versions past number `start` that `/healthz` shows: the served one or a newer held one."""
     held = ((health.get("guard") or {}).get("last_held") or {}).get("version") or ""
-    return max(version_number(str(health.get("version", ""))), version_number(held)) - start
+    return max(version_rank(str(health.get("version", ""))), version_rank(held)) - start
 
 
 def check_trainer(health: dict[str, Any]) -> None:
@@ -81,7 +81,7 @@ async def train(
     health = await client.health()
     check_trainer(health)
     outcome = TrainOutcome(start=str(health["version"]))
-    start = version_number(outcome.start)
+    start = version_rank(outcome.start)
     stream = task_stream(tasks, seed)
     running: set[asyncio.Task[GroupResult]] = set()
     most = groups_at_once(runner.concurrency, runner.group_size)

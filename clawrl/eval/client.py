@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from clawrl.version_folder import fingerprint_version
+
 
 class EvalError(RuntimeError):
     """An evaluation cannot go on; the message says why."""
@@ -38,13 +40,6 @@ class Answer:
     text: str
     version: str  # from system_fingerprint ("clawrl-v3" -> "v3"); "" when the server gives none
     finish_reason: str
-
-
-def version_of(fingerprint: str | None) -> str:
-    """The policy version in a clawrl `system_fingerprint` ("clawrl-v3" -> "v3")."""
-    if not fingerprint or "-" not in fingerprint:
-        return ""
-    return fingerprint.rsplit("-", 1)[1]
 
 
 class ServerClient:
@@ -105,7 +100,7 @@ class ServerClient:
             choice = data["choices"][0]
             text = choice["message"]["content"] or ""
             return Answer(
-                data["id"], text, version_of(data.get("system_fingerprint")), choice["finish_reason"]
+                data["id"], text, fingerprint_version(data.get("system_fingerprint")), choice["finish_reason"]
             )
         except (KeyError, IndexError, TypeError) as exc:
             raise EvalError(f"not a chat completion: {str(data)[:200]}") from exc
