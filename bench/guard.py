@@ -89,7 +89,7 @@ def main() -> None:
     batch = eval_like(cfg.batch_size)
     with tempfile.TemporaryDirectory() as tmp:
         store = store_with_turns(Path(tmp), batch)
-        canary = Canary.build(store, tokenizer, config.guard, cfg.micro_batch_tokens)
+        canary = Canary.build(store, tokenizer, config.guard, policy.cfg.micro_batch_tokens)
         steps, checks, first = [], [], None
         for r in range(args.rounds + 1):
             step_s, _ = timed(lambda: policy.trainer.step(batch))

@@ -42,6 +42,16 @@ class Turn:
     next_state_at: float | None = None
     rope_scaled: bool | None = None  # RoPE scaled past the trained window (engine/rope.py); None: unknown
     grammar: dict[str, Any] | None = None  # the constraint it was decoded under (chat/grammar.py); None: free
+    # What the sampler did beyond the temperature (top_p, top_k, the penalties) and what `logprobs`
+    # are of: "tempered" (log_softmax(logits / T) over the full vocabulary, or the grammar's
+    # tokens: what the trainer scores) or "processed" (vLLM's, after a nucleus, top-k or penalty:
+    # not reproducible by the trainer). None: recorded before this was (tempered).
+    sampling: dict[str, Any] | None = None
+
+    @property
+    def logprobs_exact(self) -> bool:
+        """Whether `logprobs` are of the distribution the trainer scores (see `sampling`)."""
+        return self.sampling is None or self.sampling.get("logprobs", "tempered") == "tempered"
 
     @property
     def policy_version(self) -> str:
@@ -54,6 +64,11 @@ class Turn:
         if self.tool_calls:
             message["tool_calls"] = self.tool_calls
         return message
+
+
+# Why the trainer skipped a sample: its reason starts with one of these, then ": " and the
+# detail (clawrl/train/trainer.py); the store counts skipped samples by them.
+SKIP_REASONS = ("empty response", "bad logprobs", "too long", "no teacher prompt", "unknown tokens")
 
 
 @dataclass
@@ -117,6 +132,8 @@ class Sample:
     judgment_id: int | None = None
     rope_scaled: bool | None = None  # as its turn was served: the trainer scores it the same way
     grammar: dict[str, Any] | None = None  # as its turn was decoded: the trainer scores under the same mask
+    # False: `logprobs` are not of the distribution the trainer scores (Turn.sampling); trained on-policy.
+    logprobs_exact: bool = True
     status: str = "ready"  # ready | trained | stale | skipped | superseded
     created_at: float = field(default_factory=time.time)
     id: int | None = None

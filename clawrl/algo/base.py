@@ -63,6 +63,7 @@ def make_sample(
         temperature=turn.temperature,
         rope_scaled=turn.rope_scaled,
         grammar=turn.grammar,
+        logprobs_exact=turn.logprobs_exact,
         reward=reward,
         hint=hint,
         teacher_prompt_ids=teacher_prompt_ids,

@@ -1,13 +1,17 @@
-"""Combine: binary RL and on-policy distillation on the same turns.
+"""Combine: binary RL and on-policy distillation on the same turns, as one sample per turn.
 
-    A_t = w_rl * r + w_opd * (logp_teacher(a_t | s + hint) - logp_old(a_t | s))
+    A_t = w_rl * r + w_opd * clip(logp_teacher(a_t | s + hint) - logp(a_t | s), -c, c)
 
-A turn can yield an `rl` sample (r != 0) and an `opd` sample (accepted hint);
-the trainer weighs the two kinds with w_rl and w_opd. The session rule is
-rl's at-least-one guarantee.
+A turn with an accepted hint gives one `opd` sample carrying the PRM's r as its reward (the
+trainer adds w_rl * r to every token's clipped gap, train/advantages.py); a turn without a
+hint gives an `rl` sample when r != 0. So a turn's tokens count once in the token mean and
+its advantage is clipped as one term. The session rule is rl's at-least-one guarantee,
+counting every sample that carries a reward.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from clawrl.algo.base import TeacherPrompt
 from clawrl.algo.opd import OnPolicyDistillation
@@ -26,7 +30,10 @@ class Combine:
         self._opd = OnPolicyDistillation()
 
     def samples(self, turn: Turn, judgment: Judgment, teacher: TeacherPrompt) -> list[Sample]:
-        return self._rl.samples(turn, judgment, teacher) + self._opd.samples(turn, judgment, teacher)
+        hinted = self._opd.samples(turn, judgment, teacher)
+        if hinted:
+            return [replace(sample, reward=float(judgment.score or 0)) for sample in hinted]
+        return self._rl.samples(turn, judgment, teacher)
 
     def session_end(self, scored: list[tuple[Turn, Judgment]], emitted_rl: int) -> list[Sample]:
         return self._rl.session_end(scored, emitted_rl)

@@ -34,7 +34,7 @@ from clawrl.chat.template import ChatRenderer, ChatRenderError, RenderedPrompt
 from clawrl.chat.text import IncrementalDetokenizer, StopStrings
 from clawrl.chat.tools import ContentDelta, ToolCallStream, parse_tool_calls
 from clawrl.collect.collector import Collector
-from clawrl.engine.base import Engine, EngineError, SamplingParams, TokenEvent
+from clawrl.engine.base import Engine, EngineError, SamplingParams, TokenEvent, sampling_record
 from clawrl.sessions.tracker import Hints, Resolution
 from clawrl.types import Message, Turn
 
@@ -287,6 +287,7 @@ class ChatService:
             prep.first_token_at,
             finish_reason,
             prep.params.grammar,
+            sampling_record(prep.params, self.engine.processed_logprobs),
         )
 
 
@@ -311,6 +312,7 @@ def build_turn(
     first_token_at: float | None,
     finish_reason: str,
     grammar: dict | None = None,
+    sampling: dict | None = None,
 ) -> Turn:
     return Turn(
         id=c.id,
@@ -332,6 +334,7 @@ def build_turn(
         finished_at=time.time(),
         rope_scaled=c.tokens[0].rope_scaled if c.tokens else None,
         grammar=grammar,
+        sampling=sampling,
     )
 
 

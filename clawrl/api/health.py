@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from clawrl.api.state import OFF, to_json
+from clawrl.api.state import OFF, PipelineState, to_json
 from clawrl.collect.collector import Collector
 from clawrl.config import GuardConfig
 from clawrl.engine.base import Engine
@@ -30,8 +30,9 @@ class HealthReport:
     trainer: TrainerSupervisor | None = None
     watcher: VersionWatcher | None = None
     guard: GuardConfig | None = None
+    pipeline: PipelineState | None = None  # the store's counters (samples by status and skip reason)
 
-    def body(self) -> tuple[dict[str, Any], int]:
+    async def body(self) -> tuple[dict[str, Any], int]:
         """The /healthz body and its status code."""
         store = self.collector.writer.health() if self.collector else None
         engine = self.engine.stats()
@@ -48,8 +49,16 @@ class HealthReport:
             "judge": self.judge.health() if self.judge is not None else OFF,
             "trainer": self.trainer.health() if self.trainer is not None else OFF,
             "guard": self._guard(),
+            "samples": await self._samples(),
         }
         return to_json(body), 200 if engine.status == "ok" else 503
+
+    async def _samples(self) -> dict[str, Any] | None:
+        """Samples by status, the skipped ones by reason, and an error when every one was skipped."""
+        c = await self.pipeline.counts() if self.pipeline is not None else None
+        if c is None:
+            return None
+        return dict(c.samples) | {"skipped_by_reason": c.skipped, "error": c.samples_error()}
 
     def _guard(self) -> dict[str, Any]:
         """The canary gate (run by the trainer): its limits, the held versions, the newest check."""

@@ -34,6 +34,7 @@ from clawrl.api.auth import bearer_guard
 from clawrl.api.state import PipelineState, Served, Snapshot, Stored, TrainerState
 from clawrl.engine.base import EngineStats
 from clawrl.judge.worker import JudgeHealth
+from clawrl.types import SKIP_REASONS
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 SWAP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -252,7 +253,8 @@ def _trainer(t: TrainerState) -> Iterator[Metric]:
     )
     up.add_metric([t.health.status], 1)
     yield up
-    for key in ("step", "loss", "kl", "clip_frac", "tokens_per_s", "mean_reward"):
+    keys = ("step", "loss", "kl", "clip_frac", "dual_frac", "tokens_per_s", "mean_reward", "mismatch")
+    for key in (*keys, "opd_gap_p05", "opd_gap_p50", "opd_gap_p95", "opd_gap_clipped"):
         value = None if t.latest is None else getattr(t.latest, key)
         yield from _gauge(f"clawrl_train_{key}", f"The latest published step's {key}.", value)
 
@@ -271,6 +273,12 @@ def _store(s: Stored) -> Iterator[Metric]:
     for status, n in sorted(c.samples.items()):
         samples.add_metric([status], n)
     yield samples
+    skipped = CounterMetricFamily(
+        "clawrl_samples_skipped", "Samples the trainer skipped, by reason.", labels=["reason"]
+    )
+    for reason in sorted({*SKIP_REASONS, *c.skipped}):
+        skipped.add_metric([reason], c.skipped.get(reason, 0))
+    yield skipped
     yield _counter("clawrl_episodes", "Episodes posted to /v1/episodes (Track 2).", c.episodes)
     yield _counter("clawrl_episodes_dropped", "Episodes posted with no reward.", c.episodes_dropped)
     groups = CounterMetricFamily("clawrl_groups", "Episode groups closed, by status.", labels=["status"])

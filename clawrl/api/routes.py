@@ -81,7 +81,7 @@ def health_router() -> APIRouter:
     @router.get("/healthz")
     async def healthz(request: Request) -> JSONResponse:
         """200 while the engine can serve; 503 (same body) while it cannot, e.g. vLLM restarting."""
-        body, status = request.app.state.health.body()
+        body, status = await request.app.state.health.body()
         return JSONResponse(body, status_code=status)
 
     return router

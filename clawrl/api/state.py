@@ -38,7 +38,22 @@ RECENT_SESSIONS = 20
 RECENT_GROUPS = 20  # episode groups on the dashboard (Track 2)
 SESSION_TURNS = 200  # turns shown on one session's page
 REWARD_WINDOW_S = 24 * 3600.0  # reward over time: the last day, by minute
-TRAIN_KEYS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm", "mean_reward", "tokens_per_s")
+TRAIN_KEYS = (
+    "loss",
+    "pg_loss",
+    "kl",
+    "entropy",
+    "clip_frac",
+    "dual_frac",
+    "grad_norm",
+    "mean_reward",
+    "tokens_per_s",
+    "mismatch",
+    "opd_gap_p05",
+    "opd_gap_p50",
+    "opd_gap_p95",
+    "opd_gap_clipped",
+)
 OFF: dict[str, Any] = {"status": "off"}  # the JSON of a service this server does not run
 
 
@@ -64,9 +79,15 @@ class Trained:
     kl: float | None = None
     entropy: float | None = None
     clip_frac: float | None = None
+    dual_frac: float | None = None
     grad_norm: float | None = None
     mean_reward: float | None = None
     tokens_per_s: float | None = None
+    mismatch: float | None = None  # mean |logp_train - logp_served| on the trained version's samples
+    opd_gap_p05: float | None = None  # the OPD gap's quantiles (nats), before the clip
+    opd_gap_p50: float | None = None
+    opd_gap_p95: float | None = None
+    opd_gap_clipped: float | None = None  # share of opd tokens the clip cut
 
 
 @dataclass(frozen=True)
@@ -93,6 +114,16 @@ class Counts:
     episodes: int = 0  # Track 2: episodes posted (m009)
     episodes_dropped: int = 0  # ... with no reward (their reason says why)
     groups: dict[str, int] = field(default_factory=dict)  # closed groups by status: used, dropped, eval
+    skipped: dict[str, int] = field(default_factory=dict)  # skipped samples by reason (train/trainer.py)
+
+    def samples_error(self) -> str | None:
+        """Why nothing trains although samples came in: every one of them was skipped (None: not so)."""
+        s = self.samples
+        if not s.get("skipped") or s.get("trained") or s.get("ready") or s.get("stale"):
+            return None
+        reasons = ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items(), key=lambda kv: -kv[1]))
+        why = reasons or s["skipped"]
+        return f"every sample so far was skipped ({why}): the trainer has nothing to train on"
 
 
 @dataclass(frozen=True)
@@ -172,6 +203,13 @@ class PipelineState:
                 self._cached = (time.monotonic(), self._build(stored))
             return self._cached[1]
 
+    async def counts(self) -> Counts | None:
+        """The store's running totals now (a few counter rows, not a snapshot); None without a store."""
+        if self._store_path is None:
+            return None
+        async with self._lock:  # the reader connection is shared with `snapshot`
+            return await asyncio.to_thread(lambda: _counts(self._open_reader().counters(), None))
+
     async def session(self, session_id: str) -> dict[str, Any] | None:
         """One session for its page: its row and up to `SESSION_TURNS` turns with their judgments."""
         if self._store_path is None:
@@ -239,7 +277,9 @@ class PipelineState:
         )
 
 
-def _counts(counters: dict[str, int], by_version: dict[str, dict[str, int]]) -> Counts:
+def _counts(counters: dict[str, int], by_version: dict[str, dict[str, int]] | None) -> Counts:
+    """The totals from the counters; `by_version` (None: not read) gives the judged and hinted turns."""
+    by_version = by_version or {}
     samples = {k.removeprefix("samples:"): n for k, n in counters.items() if k.startswith("samples:")}
     return Counts(
         sessions=counters.get("sessions", 0),
@@ -253,6 +293,7 @@ def _counts(counters: dict[str, int], by_version: dict[str, dict[str, int]]) -> 
         episodes=counters.get("episodes", 0),
         episodes_dropped=counters.get("episodes:dropped", 0),
         groups={k.removeprefix("groups:"): n for k, n in counters.items() if k.startswith("groups:")},
+        skipped={k.removeprefix("skipped:"): n for k, n in counters.items() if k.startswith("skipped:") if n},
     )
 
 

@@ -64,12 +64,13 @@ class TrainConfig(Section):
     max_staleness: int = Field(
         2, ge=0, description="Samples more versions behind than this are marked stale."
     )
-    lr: float = Field(
-        1e-3,
+    lr: float | None = Field(
+        None,
         gt=0,
-        description="AdamW learning rate. 1e-3 (was 1e-4): a LoRA adapter on one user's few samples; the "
-        "canary gate (`guard`) holds a version that moved too far "
-        "(docs/evaluation.md, 'Defaults that learn').",
+        description="AdamW learning rate. None: chosen from the model's size and `weights` at start "
+        "(docs/training.md, 'Defaults by model size'): 1e-3 for a LoRA adapter on a model under 1B "
+        "parameters, such as the embedded one (docs/evaluation.md, 'Defaults that learn'), less for "
+        "larger models and for full fine-tuning.",
     )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
@@ -79,16 +80,43 @@ class TrainConfig(Section):
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
     w_rl: float = Field(1.0, ge=0, description="combine: weight of the reward advantage.")
     w_opd: float = Field(1.0, ge=0, description="combine: weight of the distillation advantage.")
+    opd_clip: float = Field(
+        1.0,
+        ge=0,
+        description="The OPD gap (teacher - student logprob, in nats) is clipped to [-opd_clip, opd_clip] "
+        "per token before it is weighed (OpenClaw-RL's combine launcher: 1.0), so a few tokens the hint "
+        "contradicts cannot set a step's direction against the +-1 reward. 0: not clipped.",
+    )
+    dual_clip: float = Field(
+        3.0,
+        ge=0,
+        description="Dual-clip PPO: on a token with a negative advantage the surrogate is bounded at "
+        "dual_clip * A, so a token whose ratio has run far above 1 (stale or mismatched) cannot give an "
+        "unbounded loss. Must be > 1; 0: off.",
+    )
+    kl_clamp: float = Field(
+        10.0,
+        gt=0,
+        description="Each token's k3 KL term is clamped to at most this (verl's low-variance KL), so a "
+        "token the reference finds far likelier than the policy cannot blow up the step.",
+    )
     opd_teacher: Literal["policy", "reference"] = Field(
         "policy", description="Who scores the response under the hinted prompt: the live policy or the base."
     )
-    max_seq_len: int = Field(4096, gt=0, description="Longer samples (prompt + response) are skipped.")
-    micro_batch_tokens: int = Field(
-        2048,
+    max_seq_len: int | None = Field(
+        None,
+        gt=0,
+        description="Longer samples (prompt + response) are skipped, counted by reason in /healthz, "
+        "/metrics and the dashboard. None: the served window (`model.max_context`, else the model's "
+        "own), so every turn the server could answer can be trained on.",
+    )
+    micro_batch_tokens: int | None = Field(
+        None,
         gt=0,
         description="Most (padded) tokens in one forward/backward pass; a step's samples are packed "
-        "into micro-batches under this budget, so memory stays bounded for long samples. Activation "
-        "memory grows linearly with it; raise it on a GPU.",
+        "into micro-batches under this budget (a longer sample goes alone), so memory stays bounded. "
+        "Activation memory grows linearly with it. None: chosen from the device and the model's size "
+        "at start (docs/training.md, 'Defaults by model size'): 2048 on a CPU.",
     )
     replay_fraction: float = Field(
         0.0,
@@ -136,6 +164,8 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _every_rank_gets_a_sample(self) -> TrainConfig:
+        if 0 < self.dual_clip <= 1:
+            raise ValueError(f"train.dual_clip must be > 1 (or 0: off), got {self.dual_clip}")
         if self.batch_size < self.distributed.num_processes:
             raise ValueError(
                 f"train.batch_size ({self.batch_size}) must be at least "

@@ -93,6 +93,29 @@ class SamplingParams:
     grammar: dict[str, Any] | None = field(default=None, hash=False)
 
 
+def sampling_record(params: SamplingParams, processed_logprobs: bool) -> dict[str, Any]:
+    """What a turn records of how it was sampled (`Turn.sampling`), and what its logprobs are of.
+
+    "tempered": log_softmax(logits / T) over the full vocabulary (or a grammar's tokens), which
+    the trainer recomputes. "processed": the engine's logprobs after a nucleus, a top-k cut or a
+    penalty changed the distribution (vLLM's `processed_logprobs`): no forward pass of the
+    trainer reproduces them, so it trains such a turn on-policy (clawrl/train/trainer.py).
+    Greedy decoding ignores top-p and top-k, not penalties.
+    """
+    truncated = params.temperature > 0 and (params.top_p < 1 or params.top_k > 0)
+    penalised = (
+        params.repetition_penalty != 1 or params.frequency_penalty != 0 or params.presence_penalty != 0
+    )
+    return {
+        "top_p": params.top_p,
+        "top_k": params.top_k,
+        "repetition_penalty": params.repetition_penalty,
+        "frequency_penalty": params.frequency_penalty,
+        "presence_penalty": params.presence_penalty,
+        "logprobs": "processed" if processed_logprobs and (truncated or penalised) else "tempered",
+    }
+
+
 @dataclass(frozen=True)
 class TokenEvent:
     """One sampled token.
@@ -144,6 +167,9 @@ class Engine(Protocol):
     # Whether `SamplingParams.grammar` is applied (engine.constrained_decoding). False: the gateway
     # forces a tool call's first characters into the prompt instead, as before grammars.
     constrained_decoding: bool
+    # Whether a token's logprob is of the sampler's processed distribution (after top-p, top-k and
+    # penalties: vLLM's) rather than log_softmax(logits / T) (the local engine's); see `sampling_record`.
+    processed_logprobs: bool
 
     async def start(self) -> None: ...
 

@@ -46,7 +46,7 @@ def trainer_hooks(
     assert store is not None, "the process that checks versions publishes them: it has the store"
     from clawrl.guard.gate import Canary
 
-    canary = Canary.build(store, tokenizer, config.guard, config.train.micro_batch_tokens)
+    canary = Canary.build(store, tokenizer, config.guard, policy.cfg.micro_batch_tokens)
     if config.guard.on_hold != "rollback":
         return canary.check, None
 

@@ -40,7 +40,7 @@ def recheck(config: Config, store: Store, names: list[str] | None = None) -> Ite
         base, config.train, m.device, context, m.rope_scaling, keep_base=True, scale_rope=m.scale_rope
     )
     tokenizer = transformers.AutoTokenizer.from_pretrained(base)
-    canary = Canary.build(store, tokenizer, config.guard, config.train.micro_batch_tokens)
+    canary = Canary.build(store, tokenizer, config.guard, policy.cfg.micro_batch_tokens)
     for version in versions:
         policy.load(Path(version.path) if version.path else None)
         status, figures = canary.check(policy)

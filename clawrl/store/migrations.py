@@ -287,6 +287,33 @@ WHEN OLD.status = 'open' AND NEW.status != 'open' BEGIN
 END;
 """
 
+# What the sampler did beyond the temperature, and what the turn's logprobs are of (JSON,
+# `Turn.sampling`); NULL for turns from before (tempered). Skipped samples counted by the
+# category their reason starts with ("too long: ..." -> 'skipped:too long', clawrl/train/
+# trainer.py SKIP_REASONS), for /healthz, /metrics and the dashboard; the samples skipped
+# before this migration are counted by what their reason said then.
+M010_SAMPLING_AND_SKIPS = """
+ALTER TABLE turns ADD COLUMN sampling TEXT NULL;
+CREATE TRIGGER counters_skip_reason AFTER UPDATE OF status ON samples
+WHEN NEW.status = 'skipped' AND OLD.status != 'skipped' BEGIN
+    INSERT OR IGNORE INTO counters (name) VALUES ('skipped:' || CASE
+        WHEN instr(coalesce(NEW.status_reason, ''), ':') > 0
+        THEN substr(NEW.status_reason, 1, instr(NEW.status_reason, ':') - 1) ELSE 'other' END);
+    UPDATE counters SET n = n + 1 WHERE name = 'skipped:' || CASE
+        WHEN instr(coalesce(NEW.status_reason, ''), ':') > 0
+        THEN substr(NEW.status_reason, 1, instr(NEW.status_reason, ':') - 1) ELSE 'other' END;
+END;
+INSERT OR REPLACE INTO counters (name, n)
+SELECT 'skipped:' || CASE
+        WHEN status_reason LIKE '%max_seq_len%' THEN 'too long'
+        WHEN status_reason LIKE 'empty response%' THEN 'empty response'
+        WHEN status_reason LIKE '%logprobs%' THEN 'bad logprobs'
+        WHEN status_reason LIKE '%teacher prompt%' THEN 'no teacher prompt'
+        WHEN status_reason LIKE '%vocabulary%' THEN 'unknown tokens'
+        ELSE 'other' END AS category, count(*)
+FROM samples WHERE status = 'skipped' GROUP BY category;
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_sample_judgment_session", M002_SAMPLE_JUDGMENT_SESSION),
@@ -297,6 +324,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m007_turn_rope", M007_TURN_ROPE),
     ("m008_turn_grammar", M008_TURN_GRAMMAR),
     ("m009_episodes", M009_EPISODES),
+    ("m010_sampling_and_skips", M010_SAMPLING_AND_SKIPS),
 ]
 
 _NAME = re.compile(r"m[0-9]{3}_[a-z0-9_]+")

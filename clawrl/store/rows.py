@@ -33,6 +33,7 @@ _JSON_FIELDS = frozenset(
         "versions",
         "next_state",
         "grammar",
+        "sampling",
     }
 )
 TURN_COLUMNS = ", ".join(_COLUMN.get(name, name) for name in _TURN_FIELDS)

@@ -187,9 +187,11 @@ class TrainingStore:
         return int(rows[0][0])
 
     def session_rl_count(self, session_id: str) -> int:
-        """How many `rl` samples the session's turns gave, in any status but `superseded`."""
+        """How many samples carrying a reward the session's turns gave (`rl` ones, and `opd` ones
+        with a reward: combine's), in any status but `superseded`."""
         rows = self._read(
-            "SELECT count(*) FROM samples WHERE session_id = ? AND kind = 'rl' AND status != 'superseded'",
+            "SELECT count(*) FROM samples WHERE session_id = ? AND status != 'superseded' "
+            "AND (kind = 'rl' OR (kind = 'opd' AND json_extract(payload, '$.reward') != 0))",
             (session_id,),
         )
         return int(rows[0][0])

@@ -181,7 +181,7 @@ class TrainLoop:
         self._state("training")
         if self._main:
             log.info("step %d: training %s on %d samples", self.step + 1, self.version, len(plan.batch))
-        metrics = self.policy.trainer.step(plan.batch)
+        metrics = self.policy.trainer.step(plan.batch, self.version)
         if not self._main:
             return False
         status, figures = UNCHECKED, None
@@ -225,6 +225,12 @@ class TrainLoop:
             self.cfg,
             self.policy.vocab_size,
         )
+        if t.skipped and not t.usable and not self.store.count_samples("trained"):
+            log.error(
+                "every sample so far was skipped (the last: %s); nothing will train until a sample "
+                "fits (docs/training.md, 'Skipped samples')",
+                t.skipped[-1][1],
+            )
         for status, left_out, level in (
             ("skipped", t.skipped, logging.WARNING),
             ("stale", t.stale, logging.INFO),

@@ -4,12 +4,13 @@ Per response token t (docs/design.md, "Methods"):
 
     rho_t = exp(logp_t - old_logp_t)           old_logp = behaviour logprob recorded at serving
     s_t   = min(rho_t * A_t, clip(rho_t, 1 - eps, 1 + eps_high) * A_t)
-    k3_t  = exp(d_t) - d_t - 1,  d_t = ref_logp_t - logp_t        (>= 0, estimates KL(pi || pi_ref))
+    s_t   = max(s_t, dual_clip * A_t)        where A_t < 0 (dual-clip; dual_clip = 0: off)
+    k3_t  = min(exp(d_t) - d_t - 1, kl_clamp),  d_t = ref_logp_t - logp_t   (estimates KL(pi || pi_ref))
 
     L_pg  = -mean_t s_t
     L     = L_pg + kl_coef * mean_t k3_t - entropy_coef * mean_t H_t
 
-eps = 0.2, eps_high = 0.28, kl_coef = 0.02, entropy_coef = 0.
+eps = 0.2, eps_high = 0.28, dual_clip = 3, kl_clamp = 10, kl_coef = 0.02, entropy_coef = 0.
 
 Choices and deviations:
 
@@ -30,6 +31,14 @@ Choices and deviations:
   pulls logp toward ref_logp; as in GRPO it is the estimate's gradient, not an
   exact KL gradient. Our tokens come from the behaviour policy, which is
   pi_theta up to staleness; no importance weight is applied to this term.
+- Dual-clip (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL"): with
+  A_t < 0 the PPO min is unbounded as rho_t grows (min(rho*A, clip*A) = rho*A), so one token
+  whose behaviour logprob is far below the trainer's (a stale sample, an engine-vs-trainer
+  numeric difference) can dominate a step. Bounding s_t at dual_clip * A_t caps its share; the
+  gradient of a bounded token is 0. `dual_frac` counts them.
+- The k3 term is clamped per token at `kl_clamp` (verl's low-variance KL clamps at 10): where
+  the reference is far likelier than the policy, exp(d_t) explodes; a clamped token carries no
+  KL gradient that step.
 - Gradients flow through `logp` (and `entropy`, when the caller's entropy has a
   graph) only: `old_logp`, `ref_logp` and `advantages` are detached.
 
@@ -54,6 +63,7 @@ class LossTerms:
     kl: Tensor  # mean_t k3_t (0 when no ref_logp was given)
     entropy: Tensor  # mean_t H_t (0 when no entropy was given)
     clip_frac: Tensor  # share of masked tokens whose clipped term was taken
+    dual_frac: Tensor  # share of masked tokens bounded by the dual clip
     ratio_mean: Tensor  # mean_t rho_t
     tokens: Tensor  # number of masked tokens in this batch
 
@@ -64,6 +74,7 @@ class LossTerms:
             "kl": self.kl,
             "entropy": self.entropy,
             "clip_frac": self.clip_frac,
+            "dual_frac": self.dual_frac,
             "ratio_mean": self.ratio_mean,
             "tokens": self.tokens,
         }
@@ -83,6 +94,8 @@ def policy_loss(
     kl_coef: float = 0.02,
     entropy_coef: float = 0.0,
     num_tokens: float | None = None,
+    dual_clip: float = 3.0,
+    kl_clamp: float = 10.0,
 ) -> LossTerms:
     """The clipped-surrogate loss of the module docstring over a right-padded batch.
 
@@ -106,13 +119,18 @@ def policy_loss(
     ratio = log_ratio.exp()
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - eps, 1.0 + eps_high) * adv
-    pg_loss = -mean(torch.minimum(unclipped, clipped))
+    surrogate = torch.minimum(unclipped, clipped)
+    dual = torch.zeros_like(keep)
+    if dual_clip > 0:
+        dual = (adv < 0) & (surrogate < dual_clip * adv)
+        surrogate = torch.where(dual, dual_clip * adv, surrogate)
+    pg_loss = -mean(surrogate)
     loss = pg_loss
 
     kl = mean_entropy = torch.zeros((), dtype=logp.dtype, device=logp.device)
     if ref_logp is not None:
         d = torch.where(keep, ref_logp.detach() - logp, 0.0)
-        kl = mean(d.exp() - d - 1.0)
+        kl = mean((d.exp() - d - 1.0).clamp(max=kl_clamp))
         if kl_coef > 0:
             loss = loss + kl_coef * kl
     if entropy is not None:
@@ -127,6 +145,7 @@ def policy_loss(
         entropy=mean_entropy.detach(),
         # The min took the clipped term: the ratio left the trust region the way A pushes it.
         clip_frac=mean((clipped < unclipped).to(logp.dtype)).detach(),
+        dual_frac=mean(dual.to(logp.dtype)).detach(),
         ratio_mean=mean(ratio).detach(),
         tokens=count.detach(),
     )

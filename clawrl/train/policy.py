@@ -28,6 +28,7 @@ from clawrl.config import TrainConfig
 from clawrl.engine.models import load_model
 from clawrl.train.checkpoints import load_folder
 from clawrl.train.group import Group
+from clawrl.train.sizing import resolve
 from clawrl.train.trainer import Trainer
 from clawrl.train.weights import LoraSettings, attach_lora
 from clawrl.version_folder import load_full_weights, read_full_weights
@@ -72,13 +73,21 @@ def build_policy(
 ) -> Policy:
     """Load the base model from `base_dir` and make it trainable as `cfg.weights` says.
 
+    The policy's `cfg` is `cfg` with the size-dependent defaults filled in (`train/sizing.py`).
     `max_context`, `rope_scaling` and `scale_rope` must be the server's (`clawrl/engine/local/build.py`): the
     policy trained is the policy served, RoPE scaling included. `group`: the ranks this process
     trains with (default: alone); `device` is then this rank's. `keep_base`: keep the base at hand
     for full fine-tuning even without KL or a reference teacher (the canary compares every version with it).
     """
-    # Train in float32 on a CPU; on a GPU the base is bf16 and PEFT keeps the adapter in float32.
-    base = load_model(Path(base_dir), device, "auto", max_context, rope_scaling, scale_rope).model
+    # Train in float32 on a CPU. On a GPU, LoRA: the frozen base in bf16, the adapter in float32
+    # (PEFT casts it); full: float32 master weights (AdamW's state follows them), each forward
+    # autocast to bf16 (Trainer._autocast), so small updates are not rounded away.
+    dtype = "float32" if cfg.weights == "full" else "auto"
+    loaded = load_model(Path(base_dir), device, dtype, max_context, rope_scaling, scale_rope)
+    base = loaded.model
+    on_gpu = next(base.parameters()).device.type == "cuda"
+    size = sum(p.numel() for p in base.parameters())
+    cfg = resolve(cfg, size, getattr(base.config, "model_type", None), on_gpu, loaded.max_context)
     reference: nn.Module | None = None
     if cfg.activation_checkpointing:  # recomputed layers give the same gradients (no dropout in them)
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -5,9 +5,22 @@ For each sample (prompt ids p, response ids a, behaviour logprobs logp_old):
     logp_t     = log softmax(policy(p + a) / T)[a_t]          with gradient
     ref_t      = the same with the LoRA adapter off             (only if kl_coef > 0)
     teacher_t  = the same under the hinted prompt (opd only)    by the live policy or the reference
-    A_t        = w_rl * r                       (rl sample)
-               = w_opd * (teacher_t - logp_old_t) (opd sample)
+    A_t        = w_rl * r                                                  (rl sample)
+               = w_rl * r + w_opd * clip(teacher_t - logp_t, +-opd_clip)   (opd sample; logp_t detached)
     loss       = PPO clipped surrogate + kl_coef * KL_k3 - entropy_coef * H   (see train/loss.py)
+
+The OPD gap's student term is the trainer's own logp_t (before this step's update), not the
+behaviour logprob: see train/advantages.py. The behaviour logprob enters the ratio only, and
+only where it is of the distribution the trainer scores (`Sample.logprobs_exact`): a vLLM turn
+sampled with top_p < 1, top_k or a penalty recorded vLLM's processed logprobs (nucleus-
+renormalised, penalised), which no full-vocabulary forward reproduces, so such a sample is
+trained on-policy: its old logprob is the trainer's logp_t (ratio 1; staleness is bounded by
+`max_staleness` alone).
+
+Per step, besides the loss terms: `mismatch`, the mean |logp_t - logp_old_t| over the tokens of
+exact samples made by the version being trained (train-vs-serve numeric drift: near 0 on the
+local engine, bf16-sized on vLLM); the OPD gap's 5/50/95% quantiles and the share of opd tokens
+the clip cut (`opd_gap_*`).
 
 Every mean is over all response tokens of the step (token-level): each
 micro-batch's loss is its share of the step's mean (`num_tokens` = the step's
@@ -15,7 +28,8 @@ token count), so the gradient does not depend on how samples were packed.
 Samples are packed into micro-batches of at most `train.micro_batch_tokens`
 padded tokens (`train/batch.py`), so memory stays bounded for long samples.
 Samples with an empty response, non-finite logprobs, a length mismatch or an
-over-long sequence are skipped with a logged reason; samples more than
+over-long sequence are skipped with a logged reason, which starts with its category
+(`clawrl.types.SKIP_REASONS`, counted in /healthz, /metrics and the dashboard); samples more than
 `max_staleness` versions behind are marked stale. Neither is ever trained on.
 """
 
@@ -26,7 +40,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +48,7 @@ import torch
 
 from clawrl.config import TrainConfig
 from clawrl.engine.memory import release_free_memory
-from clawrl.train.advantages import batch_advantages
+from clawrl.train.advantages import GapStats, batch_advantages
 from clawrl.train.batch import left_pad, pack, pad_rows, score
 from clawrl.train.group import Group, split_by_tokens
 from clawrl.train.loss import policy_loss
@@ -42,7 +56,7 @@ from clawrl.types import Sample
 from clawrl.version_folder import version_number
 
 log = logging.getLogger(__name__)
-_SUMMED = ("pg_loss", "kl", "entropy", "clip_frac")  # each micro-batch's share of the step's mean
+_SUMMED = ("pg_loss", "kl", "entropy", "clip_frac", "dual_frac")  # each micro-batch's share of the mean
 
 
 @dataclass
@@ -54,12 +68,20 @@ class Triage:
     skipped: list[tuple[Sample, str]] = field(default_factory=list)  # (sample, its defect)
 
 
-def triage(samples: list[Sample], current: str, cfg: TrainConfig, vocab_size: int | None = None) -> Triage:
-    """Sort ready samples into usable, stale and skipped (with reasons); `vocab_size` bounds token ids."""
+def triage(
+    samples: list[Sample],
+    current: str,
+    cfg: TrainConfig,
+    vocab_size: int | None = None,
+    max_len: int | None = None,
+) -> Triage:
+    """Sort ready samples into usable, stale and skipped (with reasons); `vocab_size` bounds token
+    ids; `max_len`: the longest sequence trained (default `cfg.max_seq_len`; None: no bound)."""
     out = Triage()
     now = version_number(current)
+    limit = max_len if max_len is not None else cfg.max_seq_len
     for s in samples:
-        reason = _defect(s, cfg, vocab_size)
+        reason = _defect(s, limit, vocab_size)
         behind = now - version_number(s.version)
         if reason is not None:
             out.skipped.append((s, reason))
@@ -70,22 +92,22 @@ def triage(samples: list[Sample], current: str, cfg: TrainConfig, vocab_size: in
     return out
 
 
-def _defect(s: Sample, cfg: TrainConfig, vocab_size: int | None) -> str | None:
+def _defect(s: Sample, max_len: int | None, vocab_size: int | None) -> str | None:
     if not s.response_ids:
-        return "empty response"
+        return "empty response: no token to train"
     if len(s.logprobs) != len(s.response_ids):
-        return f"{len(s.logprobs)} logprobs for {len(s.response_ids)} tokens"
+        return f"bad logprobs: {len(s.logprobs)} logprobs for {len(s.response_ids)} tokens"
     if not all(math.isfinite(x) for x in s.logprobs):
-        return "non-finite behaviour logprobs"
+        return "bad logprobs: non-finite behaviour logprobs"
     longest = _length(s)
-    if longest > cfg.max_seq_len:
-        return f"{longest} tokens > train.max_seq_len {cfg.max_seq_len}"
+    if max_len is not None and longest > max_len:
+        return f"too long: {longest} tokens > the training window {max_len} (train.max_seq_len)"
     if s.kind == "opd" and not s.teacher_prompt_ids:
-        return "opd sample without a teacher prompt"
+        return "no teacher prompt: an opd sample without one"
     if vocab_size is not None:  # an id the model has no embedding for would crash every step
         ids = [*s.prompt_ids, *s.response_ids, *(s.teacher_prompt_ids or [])]
         if min(ids) < 0 or max(ids) >= vocab_size:
-            return f"token ids outside the model's vocabulary of {vocab_size}"
+            return f"unknown tokens: ids outside the model's vocabulary of {vocab_size}"
     return None
 
 
@@ -120,7 +142,7 @@ class Trainer:
     @contextmanager
     def _scorer(self, reference: bool) -> Iterator[torch.nn.Module]:
         """The module that computes pi_ref (reference=True) or the live policy, without gradient."""
-        with torch.no_grad():
+        with torch.no_grad(), self._autocast():
             if not reference:
                 yield self.model
             elif hasattr(self.model, "disable_adapter"):
@@ -135,8 +157,11 @@ class Trainer:
         """The reference model pi_ref (the base), without gradient: for the canary and replay."""
         return self._scorer(reference=True)
 
-    def step(self, samples: list[Sample]) -> dict[str, Any]:
-        """One optimizer step over `samples` (this rank's share of them), in micro-batches; the metrics."""
+    def step(self, samples: list[Sample], version: str | None = None) -> dict[str, Any]:
+        """One optimizer step over `samples` (this rank's share of them), in micro-batches; the metrics.
+
+        `version`: the version being trained (the weights before this step); the samples it made
+        give the train-vs-serve `mismatch`."""
         start = time.perf_counter()
         group = self.group
         self.model.train()
@@ -144,15 +169,17 @@ class Trainer:
         total = sum(_tokens(s) for s in samples)  # the step's tokens, on every rank: the mean's denominator
         share = split_by_tokens([_length(s) for s in samples], group.world)[group.rank]
         mine = [samples[i] for i in share]
-        groups = pack([_length(s) for s in mine], self.cfg.micro_batch_tokens)
-        sums: Counter[str] = Counter({k: 0.0 for k in _SUMMED})
+        groups = pack([_length(s) for s in mine], self.cfg.micro_batch_tokens or 2048)
+        sums: Counter[str] = Counter({k: 0.0 for k in (*_SUMMED, "mismatch_sum", "mismatch_tokens")})
+        gaps = GapStats(self.cfg.opd_clip)
         for k, micro in enumerate(groups):
             # DDP reduces the gradients in the backward of this rank's last micro-batch only.
             with group.no_sync(self.wrapped, skip=k < len(groups) - 1):
-                terms = self._micro_loss([mine[i] for i in micro], total)
+                terms, drift = self._micro_loss([mine[i] for i in micro], total, version, gaps)
                 group.backward(terms.loss * group.grad_scale)
             for key in _SUMMED:
                 sums[key] += float(getattr(terms, key))
+            sums.update(drift)
             del terms
         replayed = self.replay.backward(self, total) if self.replay is not None else {}
         grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -162,12 +189,16 @@ class Trainer:
         self.model.eval()
         release_free_memory()  # the step's freed activations go back to the OS, not kept until the next
         summed = group.sum(dict(sums))
-        return self._metrics(samples, summed, total, float(grad_norm), time.perf_counter() - start) | replayed
+        metrics = self._metrics(samples, summed, total, float(grad_norm), time.perf_counter() - start)
+        return metrics | gaps.metrics() | replayed
 
     def _metrics(
         self, samples: list[Sample], sums: dict[str, float], total: int, grad_norm: float, took: float
     ) -> dict[str, Any]:
-        metrics: dict[str, Any] = {k: sums.get(k, 0.0) for k in ("pg_loss", "kl", "entropy", "clip_frac")}
+        metrics: dict[str, Any] = {k: sums.get(k, 0.0) for k in _SUMMED}
+        drift_tokens = sums.get("mismatch_tokens", 0.0)
+        metrics["mismatch"] = sums["mismatch_sum"] / drift_tokens if drift_tokens else None
+        metrics["mismatch_tokens"] = int(drift_tokens)
         kinds = Counter(s.kind for s in samples)
         rl = [s.reward for s in samples if s.kind == "rl"]
         return metrics | {
@@ -184,8 +215,9 @@ class Trainer:
             "tokens_per_s": total / took,
         }
 
-    def _micro_loss(self, group: list[Sample], total: int):
-        """The loss of one micro-batch, as its share of the step's token-level mean.
+    def _micro_loss(self, group: list[Sample], total: int, version: str | None, gaps: GapStats):
+        """The loss of one micro-batch, as its share of the step's token-level mean, and its
+        train-vs-serve drift sums (`mismatch_sum`, `mismatch_tokens`).
 
         The passes without gradient (teacher, reference) run first, so their logits are gone
         before the gradient pass builds its graph: the peak is one of them, not their sum.
@@ -196,16 +228,21 @@ class Trainer:
         batch.rope = [s.rope_scaled for s in group]  # as each was served (clawrl/engine/rope.py)
         batch.grammar = [s.grammar for s in group]  # scored under the mask it was decoded under
         width = batch.targets.shape[1]
-        old = pad_rows([s.logprobs for s in group], width, device)
+        recorded = pad_rows([s.logprobs for s in group], width, device)
         mask = pad_rows([s.loss_mask or [1] * len(s.response_ids) for s in group], width, device)
-        adv = batch_advantages(group, old, self._teacher(group, temps, width), cfg.w_rl, cfg.w_opd)
+        teacher = self._teacher(group, temps, width)
         ref = None
         if cfg.kl_coef:
             with self._scorer(reference=True) as module:
                 ref = score(module, batch, temps, with_entropy=False)[0]
         # The entropy is reported; it carries a gradient only when it is trained (entropy_coef > 0).
-        logp, entropy = score(self.wrapped, batch, temps, entropy_grad=cfg.entropy_coef > 0)
-        return policy_loss(
+        with self._autocast():
+            logp, entropy = score(self.wrapped, batch, temps, entropy_grad=cfg.entropy_coef > 0)
+        student = logp.detach()
+        adv = batch_advantages(group, student, teacher, cfg.w_rl, cfg.w_opd, cfg.opd_clip, gaps)
+        exact = torch.tensor([s.logprobs_exact for s in group], device=device)[:, None]
+        old = torch.where(exact, recorded, student)  # inexact: trained on-policy (module docstring)
+        terms = policy_loss(
             logp,
             old,
             adv,
@@ -217,7 +254,16 @@ class Trainer:
             kl_coef=cfg.kl_coef,
             entropy_coef=cfg.entropy_coef,
             num_tokens=total,
+            dual_clip=cfg.dual_clip,
+            kl_clamp=cfg.kl_clamp,
         )
+        return terms, _drift(group, student, recorded, mask, version)
+
+    def _autocast(self) -> AbstractContextManager[None]:
+        """bf16 autocast around the gradient pass of float32 (master) weights on a GPU; else none."""
+        if self.device.type == "cuda" and next(self.model.parameters()).dtype == torch.float32:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return nullcontext()
 
     def _teacher(self, group: list[Sample], temps: torch.Tensor, width: int) -> torch.Tensor | None:
         """Teacher logprobs [B, width] of the opd rows (under their hinted prompts); None without opd."""
@@ -233,6 +279,22 @@ class Trainer:
         out = torch.zeros(len(group), width, device=self.device)
         out[rows, : logp.shape[1]] = logp
         return out
+
+
+def _drift(
+    group: list[Sample],
+    student: torch.Tensor,
+    recorded: torch.Tensor,
+    mask: torch.Tensor,
+    version: str | None,
+) -> dict[str, float]:
+    """Sum of |logp_train - logp_behaviour| over the masked tokens of exact samples `version` made."""
+    rows = [i for i, s in enumerate(group) if s.version == version and s.logprobs_exact]
+    if not rows:
+        return {}
+    keep = mask[rows] > 0
+    diff = (student[rows] - recorded[rows]).abs()
+    return {"mismatch_sum": float(diff[keep].sum()), "mismatch_tokens": float(keep.sum())}
 
 
 def _tokens(s: Sample) -> int:

@@ -117,7 +117,9 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
         chat=ChatService(engine, tokenizer, s.served_model_name, s.default_max_tokens, collector),
         pipeline=pipeline,
         metrics=metrics,
-        health=HealthReport(engine, s.served_model_name, collector, judge, trainer, watcher, config.guard),
+        health=HealthReport(
+            engine, s.served_model_name, collector, judge, trainer, watcher, config.guard, pipeline
+        ),
         affinity_keys=config.collect.affinity_keys,
         api_key=s.api_key.get_secret_value() if s.api_key else None,
         max_body_bytes=s.max_body_bytes,

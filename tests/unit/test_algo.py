@@ -144,13 +144,21 @@ def test_opd_skips_turns_without_an_accepted_hint(make_turn, teacher, hint):
 
 @pytest.mark.parametrize(
     ("score", "hint", "expected"),
-    [(1, HINT, ["rl", "opd"]), (-1, None, ["rl"]), (0, HINT, ["opd"]), (None, HINT, ["opd"]), (0, None, [])],
+    [
+        (1, HINT, [("opd", 1.0)]),
+        (-1, HINT, [("opd", -1.0)]),
+        (-1, None, [("rl", -1.0)]),
+        (0, HINT, [("opd", 0.0)]),
+        (None, HINT, [("opd", 0.0)]),
+        (0, None, []),
+    ],
 )
-def test_combine_gives_both_kinds(make_turn, teacher, score, hint, expected):
+def test_combine_gives_one_sample_per_turn_carrying_the_reward(make_turn, teacher, score, hint, expected):
+    """A hinted turn: one opd sample with the PRM's reward (A = w_rl r + w_opd clip(gap)); else rl, r != 0."""
     turn = make_turn()
-    assert (
-        kinds(get_method("combine").samples(turn, judged(turn, score=score, hint=hint), teacher)) == expected
-    )
+    samples = get_method("combine").samples(turn, judged(turn, score=score, hint=hint), teacher)
+    assert [(s.kind, s.reward) for s in samples] == expected
+    assert all((s.teacher_prompt_ids is not None) == (s.kind == "opd") for s in samples)
 
 
 # ---- turns that never train ----
@@ -210,7 +218,7 @@ def test_opd_has_no_session_rule(make_turn):
 
 def test_teacher_prompt_has_the_hint_at_the_end_of_the_last_user_message(smol_tokenizer, make_turn, teacher):
     turn = make_turn()
-    rl, opd = get_method("combine").samples(turn, judged(turn, score=1, hint=HINT), teacher)
+    (opd,) = get_method("combine").samples(turn, judged(turn, score=1, hint=HINT), teacher)
     assert opd.teacher_prompt_ids is not None and opd.teacher_prompt_ids != opd.prompt_ids
     student = smol_tokenizer.decode(opd.prompt_ids)
     text = smol_tokenizer.decode(opd.teacher_prompt_ids)
@@ -220,8 +228,8 @@ def test_teacher_prompt_has_the_hint_at_the_end_of_the_last_user_message(smol_to
     # Everything before the last user message is unchanged.
     assert text.removesuffix(last_user + GENERATION_PROMPT) == student.rsplit("<|im_start|>user\n", 1)[0]
     # The teacher scores the very response the student produced.
-    assert rl.response_ids == opd.response_ids == turn.response_ids
-    assert rl.prompt_ids == opd.prompt_ids == turn.prompt_ids
+    assert opd.response_ids == turn.response_ids
+    assert opd.prompt_ids == turn.prompt_ids
 
 
 def test_teacher_prompt_keeps_the_turns_tools(smol_tokenizer, make_turn, teacher):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from clawrl.train.advantages import advantages, batch_advantages
+from clawrl.train.advantages import GapStats, advantages, batch_advantages
 from clawrl.train.loss import policy_loss, token_logprobs
 from clawrl.types import Sample
 
@@ -67,7 +67,15 @@ def test_worked_example_loss_gradient_and_metrics() -> None:
     assert int(terms.tokens) == 5
     assert terms.kl == 0.0 and terms.entropy == 0.0  # not given
     assert terms.metrics() == pytest.approx(
-        {"pg_loss": -0.256, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.4, "ratio_mean": 0.96, "tokens": 5}
+        {
+            "pg_loss": -0.256,
+            "kl": 0.0,
+            "entropy": 0.0,
+            "clip_frac": 0.4,
+            "dual_frac": 0.0,
+            "ratio_mean": 0.96,
+            "tokens": 5,
+        }
     )
     assert not terms.pg_loss.requires_grad and not terms.clip_frac.requires_grad
 
@@ -280,9 +288,14 @@ def test_rl_advantage_is_the_weighted_reward_on_every_token() -> None:
     close(advantages("rl", 1.0, OLD, TEACHER), [1.0, 1.0, 1.0])  # a teacher is ignored
 
 
-def test_opd_advantage_is_the_weighted_teacher_minus_behaviour_logprob() -> None:
-    # teacher - old = (0.5, -1, 0), times w_opd = 2
-    close(advantages("opd", 0.0, OLD, TEACHER, w_opd=2.0), [1.0, -2.0, 0.0])
+def test_opd_advantage_is_the_weighted_clipped_gap_plus_the_weighted_reward() -> None:
+    # teacher - student = (0.5, -1, 0), times w_opd = 2; unclipped (opd_clip 0), then clipped at 1 nat
+    close(advantages("opd", 0.0, OLD, TEACHER, w_opd=2.0, opd_clip=0.0), [1.0, -2.0, 0.0])
+    far = torch.tensor([-0.5, -9.0, -3.0], dtype=F64)  # a token the hint contradicts: -8 nats
+    close(advantages("opd", 0.0, OLD, far), [0.5, -1.0, 0.0])
+    close(advantages("opd", 0.0, OLD, far, opd_clip=0.25), [0.25, -0.25, 0.0])
+    # combine's one sample per turn: the reward is added to every token's clipped gap
+    close(advantages("opd", -1.0, OLD, far, w_rl=0.5, w_opd=2.0), [-0.5 + 1.0, -0.5 - 2.0, -0.5])
     with pytest.raises(ValueError, match="teacher_logp"):
         advantages("opd", 0.0, OLD, None)
     with pytest.raises(ValueError, match="unknown sample kind"):
@@ -294,22 +307,15 @@ def test_advantages_are_constants() -> None:
     assert not advantages("opd", 0.0, old, teacher).requires_grad
 
 
-def test_combine_samples_sum_to_the_design_advantage() -> None:
-    # One turn, r = +1, with a hint: an rl row and an opd row with the same tokens and old logprobs.
-    w_rl, w_opd = 0.5, 2.0
-    old, teacher = torch.stack([OLD, OLD]), torch.stack([OLD * 0, TEACHER])  # the rl row's teacher is unused
-    adv = batch_advantages([sample("rl", 3, reward=1.0), sample("opd", 3)], old, teacher, w_rl, w_opd)
-    close(adv, [[0.5, 0.5, 0.5], [1.0, -2.0, 0.0]])
-    design = w_rl * 1.0 + w_opd * (TEACHER - OLD)  # A_t = w_rl r + w_opd (teacher - old)
-    close(adv.sum(0), design.tolist())
-
-    # Inside the trust region the pair's loss is the single combined sample's, over twice the tokens.
-    rhos = [1.1, 0.95, 1.0]
-    logp, old_logp = with_ratios([rhos, rhos])
-    pair = policy_loss(logp, old_logp, adv, torch.ones(2, 3))
-    single_logp, single_old = with_ratios([rhos])
-    single = policy_loss(single_logp, single_old, design[None], torch.ones(1, 3))
-    close(2 * pair.loss, single.loss.item())
+def test_gap_stats_give_quantiles_and_the_clipped_share() -> None:
+    stats = GapStats(limit=1.0)
+    student = torch.zeros(2, 4, dtype=F64)
+    teacher = torch.tensor([[0.5, -6.0, 0.0, 0.0], [2.0, 0.0, 0.0, 0.0]], dtype=F64)
+    batch_advantages([sample("opd", 4), sample("opd", 1)], student, teacher, stats=stats)
+    m = stats.metrics()
+    assert m["opd_gap_clipped"] == pytest.approx(2 / 5)  # -6 and +2 of the 5 real opd tokens
+    assert m["opd_gap_p05"] < -1 < 0 == m["opd_gap_p50"] < 1 < m["opd_gap_p95"]
+    assert set(GapStats(1.0).metrics().values()) == {None}  # a step without opd tokens
 
 
 def test_batch_advantages_pad_with_zeros_and_need_a_teacher_for_opd() -> None:
@@ -320,3 +326,25 @@ def test_batch_advantages_pad_with_zeros_and_need_a_teacher_for_opd() -> None:
         batch_advantages([sample("opd", 2)], old[:1], None)
     with pytest.raises(ValueError, match="response tokens"):
         batch_advantages([sample("rl", 4, reward=1.0)], old[:1], None)
+
+
+def test_dual_clip_bounds_a_negative_advantage_token_whose_ratio_ran_away() -> None:
+    # ratio 5 on a token with A = -1: plain PPO takes -5 (unbounded as the ratio grows); dual-clip 3 takes -3
+    logp, old = with_ratios([[5.0, 1.0]])
+    plain = policy_loss(logp, old, t([[-1.0, -1.0]]), t([[1.0, 1.0]]), dual_clip=0.0)
+    close(plain.loss, (5.0 + 1.0) / 2)
+    logp, old = with_ratios([[5.0, 1.0]])
+    dual = policy_loss(logp, old, t([[-1.0, -1.0]]), t([[1.0, 1.0]]))
+    close(dual.loss, (3.0 + 1.0) / 2)
+    close(grad(dual.loss, logp), [[0.0, 0.5]])  # the bounded token gives no gradient
+    close(dual.dual_frac, 0.5)
+    logp, old = with_ratios([[5.0]])  # a positive advantage is never dual-clipped
+    close(policy_loss(logp, old, t([[1.0]]), t([[1.0]])).dual_frac, 0.0)
+
+
+def test_k3_is_clamped_per_token() -> None:
+    logp = torch.tensor([[-20.0, -1.0]], dtype=F64, requires_grad=True)
+    ref = torch.tensor([[-1.0, -1.0]], dtype=F64)  # d = 19 on the first token: exp(19) unclamped
+    terms = policy_loss(logp, logp.detach(), t([[0.0, 0.0]]), t([[1.0, 1.0]]), ref_logp=ref, kl_clamp=10.0)
+    close(terms.kl, 10.0 / 2)
+    close(grad(terms.loss, logp), [[0.0, 0.0]])  # the clamped token carries no KL gradient

@@ -110,11 +110,22 @@ def test_defective_and_stale_samples_are_left_out_with_their_reason(run):
     (stale,) = add(store, 1, start=7, version="v0")
     (alien,) = add(store, 1, start=8, response_ids=[10**6], logprobs=[-1.0])
     assert loop.run_once() is False
-    assert store.sample_status(nan) == ("skipped", "non-finite behaviour logprobs")
-    assert store.sample_status(empty) == ("skipped", "empty response")
-    assert store.sample_status(long)[0] == "skipped" and "max_seq_len" in store.sample_status(long)[1]
+    assert store.sample_status(nan) == ("skipped", "bad logprobs: non-finite behaviour logprobs")
+    assert store.sample_status(empty) == ("skipped", "empty response: no token to train")
+    # No train.max_seq_len set: the window is the served one (the tiny model's 512 tokens).
+    assert store.sample_status(long) == (
+        "skipped",
+        "too long: 5001 tokens > the training window 512 (train.max_seq_len)",
+    )
     assert store.sample_status(stale) == ("stale", "made by v0, 1 versions behind v1")
-    assert store.sample_status(alien)[1].startswith("token ids outside the model's vocabulary")
+    assert store.sample_status(alien)[1].startswith("unknown tokens: ids outside the model's vocabulary")
+    counters = store.counters()  # what /healthz, /metrics and the dashboard show, by reason
+    assert {k: n for k, n in counters.items() if k.startswith("skipped:")} == {
+        "skipped:bad logprobs": 1,
+        "skipped:empty response": 1,
+        "skipped:too long": 1,
+        "skipped:unknown tokens": 1,
+    }
 
 
 def test_a_new_trainer_resumes_from_the_last_version_with_its_optimizer(run):

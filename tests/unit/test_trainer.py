@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 from clawrl.config import LoraConfig, TrainConfig
 from clawrl.train.trainer import Trainer, triage
 from clawrl.train.weights import LoraSettings, attach_lora
-from clawrl.types import Sample
+from clawrl.types import SKIP_REASONS, Sample
 
 PROMPT = [1, 9690, 198, 4093, 198, 1780, 314, 2, 198, 1, 520, 9531, 198]
 
@@ -105,8 +105,45 @@ def test_triage_skips_defects_and_marks_stale():
     t = triage([good, old, empty, nan, long, opd], current="v3", cfg=cfg)
     assert t.usable == [good] and t.stale == [(old, "made by v1, 2 versions behind v3")]
     reasons = [r for _, r in t.skipped]
-    assert reasons[0] == "empty response" and "non-finite" in reasons[1]
-    assert "max_seq_len" in reasons[2] and "teacher" in reasons[3]
+    assert reasons[0].startswith("empty response: ") and reasons[1].startswith("bad logprobs: non-finite")
+    assert reasons[2] == "too long: 32 tokens > the training window 20 (train.max_seq_len)"
+    assert reasons[3].startswith("no teacher prompt: ")
+    assert all(r.split(":")[0] in SKIP_REASONS for r in reasons)  # the categories the store counts
+    # The policy's window replaces the config's (None: the served window, resolved at start).
+    assert triage([long], current="v3", cfg=cfg, max_len=64).usable == [long]
+    assert triage([long], current="v3", cfg=TrainConfig()).usable == [long]  # no window: no bound
+
+
+def test_mismatch_is_measured_on_exact_samples_and_inexact_ones_train_on_policy(tiny_model_dir):
+    """Recorded logprobs 0.5 nats above the trainer's: the drift is 0.5 and the ratio exp(-0.5) is
+    clipped; the same samples recorded as processed (vLLM, top_p < 1) count no drift and clip nothing."""
+    model, optimizer = _model(tiny_model_dir, lr=1e-3)
+    trainer = Trainer(model, optimizer, TrainConfig(kl_coef=0.0))
+    samples = _samples(model, 4093)
+    for s in samples:
+        s.logprobs = [x + 0.5 for x in s.logprobs]
+    shifted = trainer.step(samples, version="v0")
+    assert shifted["mismatch"] == pytest.approx(0.5, abs=2e-3) and shifted["mismatch_tokens"] == 32
+    assert shifted["clip_frac"] > 0.4  # ratio 0.61 < 0.8: every A > 0 token clipped
+    model, optimizer = _model(tiny_model_dir, lr=1e-3)
+    trainer = Trainer(model, optimizer, TrainConfig(kl_coef=0.0))
+    for s in samples:
+        s.logprobs_exact = False
+    on_policy = trainer.step(samples, version="v0")
+    assert on_policy["mismatch"] is None and on_policy["clip_frac"] == 0.0
+    assert trainer.step(samples, version="v7")["mismatch"] is None  # made by another version
+
+
+def test_opd_gap_quantiles_and_clipped_share_are_reported(tiny_model_dir):
+    model, optimizer = _model(tiny_model_dir, lr=1e-3)
+    trainer = Trainer(model, optimizer, TrainConfig(kl_coef=0.0, opd_clip=0.01))
+    samples = _samples(model, 4093, n=4)
+    for s in samples:  # a different prompt: the gap is anything but 0, and mostly past 0.01 nats
+        s.kind, s.reward, s.teacher_prompt_ids = "opd", 0.0, PROMPT[:5] + [4093, 198]
+    metrics = trainer.step(samples, version="v0")
+    assert metrics["samples_opd"] == 4 and metrics["opd_gap_clipped"] > 0.5
+    assert metrics["opd_gap_p05"] <= metrics["opd_gap_p50"] <= metrics["opd_gap_p95"]
+    assert trainer.step(_samples(model, 4093), version="v0")["opd_gap_p50"] is None  # no opd: no gap
 
 
 def test_micro_batches_give_the_same_step_as_one_batch(tiny_model_dir):

@@ -119,10 +119,18 @@ function counts(store) {
     card("side", c.side, "side turns"), card("next_state", c.next_state, "with next state"),
     card("judged", c.judged), card("hinted", c.hinted, "hint accepted"),
     card("ready", s.ready, "samples ready"), card("trained", s.trained, "samples trained"),
-    card("stale", s.stale, "samples stale"), card("skipped", s.skipped, "samples skipped"),
+    card("stale", s.stale, "samples stale"), card("skipped", s.skipped, skippedNote(c)),
     card("episodes", c.episodes), card("groups_used", (c.groups || {}).used, "groups used"),
     card("groups_dropped", (c.groups || {}).dropped, "groups dropped"),
   ];
+}
+
+// Why samples were skipped ("samples skipped: 2 too long"), and a warning when nothing else came.
+function skippedNote(c) {
+  const why = Object.entries(c.skipped || {}).sort((a, b) => b[1] - a[1]).map(([r, n]) => `${n} ${r}`);
+  const s = c.samples, none = !s.trained && !s.ready && !s.stale && s.skipped;
+  return (why.length ? `samples skipped: ${why.join(", ")}` : "samples skipped") +
+    (none ? " (every sample: nothing trains)" : "");
 }
 
 function render(st) {

@@ -131,6 +131,7 @@ class LocalEngine:
         self.version = version
         self.sampling_defaults = sampling_defaults
         self.constrained_decoding = constrained_decoding
+        self.processed_logprobs = False  # log_softmax(logits / T), whatever top_p, top_k, penalties
         self.device = next(model.parameters()).device
         self._max_batch = max_batch_size
         self._prefill_budget = max_prefill_tokens

@@ -14,7 +14,9 @@ renormalises over the nucleus, so its value is log p - log(nucleus mass), higher
 than clawrl's full-vocabulary one (0 where the nucleus is one token); likewise vLLM
 applies the penalties (presence, frequency, repetition: the embedded model's repetition
 guard) to the logits its processed logprobs come from, where the local engine records the
-model's own. A request that names top_p 1 and no penalty gets the same logprobs on both. Greedy
+model's own. A request that names top_p 1 and no penalty gets the same logprobs on both; any
+other is recorded as such (`Turn.sampling["logprobs"] == "processed"`, `engine.base.sampling_record`)
+and the trainer trains it on-policy instead of taking a ratio to numbers it cannot reproduce. Greedy
 requests get T = 1, as with the local engine. vLLM refuses top_p = 0, which the
 local engine treats as "the most likely token": it is sent as a greedy request.
 `score` uses vLLM's prompt logprobs, computed from the raw logits (T = 1): a
@@ -92,6 +94,7 @@ class VLLMEngine:
     ) -> None:
         self.server = server
         self.constrained_decoding = constrained_decoding
+        self.processed_logprobs = True  # --logprobs-mode processed_logprobs (module docstring)
         self.model_name = model_name
         self.max_context = max_context
         self.stop_token_ids = stop_token_ids
