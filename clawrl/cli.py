@@ -203,6 +203,11 @@ def cmd_serve(config: Any, args: argparse.Namespace | None = None) -> int:
             f"refusing to bind {server.host} without an API key: anyone on the network could use "
             "(and train) this model. Set --server.api-key KEY or $CLAWRL_API_KEY, or bind 127.0.0.1."
         )
+    if config.collect.enabled and config.train.enabled:
+        from clawrl.train.group import strategy_refusal
+
+        if refused := strategy_refusal(config.train.distributed):
+            return fail(refused)
     try:
         prepare_run_dir(config)
     except OSError as exc:

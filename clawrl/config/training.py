@@ -27,11 +27,13 @@ class DistributedConfig(Section):
         "train` (and the trainer `clawrl serve` starts) launches a group through accelerate "
         "(torch's elastic launcher); rank 0 alone reads the store and publishes.",
     )
-    strategy: Literal["ddp"] = Field(
+    strategy: Literal["ddp", "fsdp"] = Field(
         "ddp",
         description="How the ranks share the work: 'ddp' (accelerate wraps the model in "
-        "DistributedDataParallel; every rank holds the whole model). FSDP is not offered: accelerate "
-        "runs it on accelerators only, so it could not be tested here (docs/several-processes.md).",
+        "DistributedDataParallel; every rank holds the whole model). 'fsdp' (shard the weights and "
+        "optimizer state over the GPUs, for full fine-tuning past ~4B: docs/scale.md) is refused at "
+        "start without CUDA, and on CUDA too for now: the canary, publishing and replay run on rank 0 "
+        "with the whole model, which FSDP does not give it (docs/several-processes.md).",
     )
     mixed_precision: Literal["no", "bf16"] = Field(
         "bf16",

@@ -147,6 +147,22 @@ class AccelerateGroup(Group):
         self.accelerator.end_training()  # destroys the process group
 
 
+def strategy_refusal(cfg: DistributedConfig) -> str | None:
+    """Why the trainer cannot start with this strategy here (None: it can)."""
+    if cfg.strategy != "fsdp":
+        return None
+    if not torch.cuda.is_available():
+        return (
+            "train.distributed.strategy = 'fsdp' needs CUDA GPUs (accelerate runs FSDP on accelerators "
+            "only) and this machine has none; use 'ddp', or LoRA, which fits one device (docs/scale.md)"
+        )
+    return (
+        "train.distributed.strategy = 'fsdp' is not wired yet: the canary, publishing and replay run "
+        "on rank 0 with the whole model, and FSDP shards it; use 'ddp' with train.weights = 'lora' "
+        "(docs/scale.md)"
+    )
+
+
 def open_group(cfg: DistributedConfig, world: int, device: str = "auto") -> Group:
     """The group of a process started as one of `world` ranks (1: a plain process)."""
     return Group(device) if world <= 1 else AccelerateGroup(cfg)

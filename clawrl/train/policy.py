@@ -101,6 +101,8 @@ def build_policy(
         model = base
         if keep_base or cfg.kl_coef > 0 or cfg.opd_teacher == "reference" or cfg.replay_fraction > 0:
             reference = copy.deepcopy(base).eval().requires_grad_(False)
+            if on_gpu:  # read without gradients only: bf16 is enough, and half the memory of float32
+                reference = reference.to(torch.bfloat16)
         model.requires_grad_(True)
     model.eval()
     params = [p for p in model.parameters() if p.requires_grad]

@@ -40,7 +40,7 @@ from clawrl.config import Config, launched_world_size
 from clawrl.engine.models import ModelNotFound, model_folder, served_context
 from clawrl.guard import trainer_hooks
 from clawrl.store.db import Store, StoreError
-from clawrl.train.group import Group, open_group
+from clawrl.train.group import Group, open_group, strategy_refusal
 from clawrl.train.loggers import StepLoggers
 from clawrl.train.loop import TrainLoop
 from clawrl.train.policy import build_policy
@@ -86,6 +86,9 @@ def run_trainer(
     launcher, which holds the trainer lock. `steps`: stop after publishing that many versions.
     """
     cfg = config.train
+    if refused := strategy_refusal(cfg.distributed):
+        log.error("%s", refused)
+        return 2
     transformers.utils.logging.disable_progress_bar()  # a log, not a terminal animation
     warnings.filterwarnings("ignore", category=FutureWarning)
     world = launched_world_size()

@@ -105,3 +105,18 @@ def test_a_new_run_folder_is_private_and_an_existing_one_keeps_its_mode(tmp_path
     existing.chmod(0o755)
     prepare_run_dir(Config(run_dir=existing))
     assert (existing.stat().st_mode & 0o777) == 0o755
+
+
+def test_fsdp_without_cuda_is_refused_at_start_with_the_reason(tmp_path, capsys):
+    args = ["--run-dir", str(tmp_path / "run"), "--train.distributed.strategy", "fsdp"]
+    assert main(["serve", *args]) == 2
+    err = capsys.readouterr().err
+    assert "'fsdp' needs CUDA GPUs" in err and "this machine has none" in err
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+    assert main(["train", *args]) == 2
+
+
+def test_dual_clip_must_exceed_one():
+    with pytest.raises(ValidationError, match="dual_clip must be > 1"):
+        Config.model_validate({"train": {"dual_clip": 0.5}})
+    assert Config.model_validate({"train": {"dual_clip": 0}}).train.dual_clip == 0  # off

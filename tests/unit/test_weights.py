@@ -291,3 +291,54 @@ def test_the_engine_scores_on_the_base_weights_while_a_version_is_served(tiny_mo
     assert base == pytest.approx(before, abs=1e-5)
     assert served == pytest.approx(again, abs=1e-6)
     assert max(abs(a - b) for a, b in zip(served, before, strict=True)) > 1e-3  # v1 moved them
+
+
+def test_a_bf16_model_serves_a_small_lora_delta_that_merging_would_round_away(tmp_path: Path) -> None:
+    """On a GPU the served weights are bf16. A version one small step in (lr 1e-5) moves each
+    weight far less than a bf16 rounding step: merged, most weights do not move and the served
+    model keeps a fraction of what training gained. Served through side paths (one rounding of
+    x W^T + side term, in float32), the gain is there as in float32; the judge's base view and
+    v0 give the base back exactly. Hidden size 1024: the effect needs a realistic width."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from clawrl.engine.local.merge import SidePaths, VersionMerger
+    from clawrl.types import Version
+
+    config = LlamaConfig(
+        vocab_size=512, hidden_size=1024, intermediate_size=2048, num_hidden_layers=1,
+        num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "base")
+    ids = torch.randint(0, 512, (2, 48), generator=torch.Generator().manual_seed(1))
+
+    def base_model(dtype: torch.dtype) -> torch.nn.Module:
+        return LlamaForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32).to(dtype).eval()
+
+    def loss(model: torch.nn.Module) -> float:
+        with torch.no_grad():
+            return float(model(input_ids=ids, labels=ids).loss)
+
+    peft_model = attach_lora(base_model(torch.float32), LoraSettings())
+    optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-5)
+    for _ in range(2):
+        peft_model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    peft_model.save_pretrained(tmp_path / "v1")
+    gained = loss(base_model(torch.float32)) - loss(peft_model.eval())  # what training bought, in float32
+
+    merged, served = base_model(torch.bfloat16), base_model(torch.bfloat16)
+    v0 = loss(served)
+    MergedLora(merged).apply(tmp_path / "v1")
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert (merged.state_dict()[q] != served.state_dict()[q]).float().mean() < 0.1  # few weights moved
+    versions = VersionMerger(served, LoraSettings().targets)
+    versions.loader(Version("v1", 1, path=str(tmp_path / "v1")))(served)
+    assert isinstance(versions._merged, SidePaths)
+    kept_merged, kept_side = (v0 - loss(merged)) / gained, (v0 - loss(served)) / gained
+    assert kept_merged < 0.5 and 0.8 < kept_side < 1.2, (kept_merged, kept_side)
+    with versions.on_base(torch.device("cpu")) as frozen:
+        assert frozen == {} and loss(served) == v0  # the judge's view: the base
+    versions.loader(Version("v0", 0))(served)
+    assert loss(served) == v0

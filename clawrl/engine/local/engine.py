@@ -49,6 +49,7 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -504,12 +505,6 @@ class LocalEngine:
             self._batch.keep(keep)
             self._rows = [self._rows[i] for i in keep]
 
-    def _base_weights(self) -> dict[str, torch.Tensor]:
-        try:
-            return self._versions.base_weights(self.device)
-        except AdapterError as exc:
-            raise EngineFailed(f"cannot score on the base weights: {exc}") from exc
-
     @torch.inference_mode()
     def _score(
         self, prompt_ids: list[int], response_ids: list[int], temperature: float, base: bool
@@ -532,11 +527,14 @@ class LocalEngine:
         the base ones: the live model run with the base copies of the weights a version changed
         (none while v0 is served), so judging on frozen weights costs no second model."""
         kwargs = {"input_ids": torch.tensor([ids], device=self.device), "logits_to_keep": keep}
-        frozen = self._base_weights() if base else {}
-        if frozen:
-            output = torch.func.functional_call(self.model, frozen, (), kwargs, strict=False)
-        else:
-            output = self.model(**kwargs)
+        try:
+            with self._versions.on_base(self.device) if base else nullcontext({}) as frozen:
+                if frozen:
+                    output = torch.func.functional_call(self.model, frozen, (), kwargs, strict=False)
+                else:
+                    output = self.model(**kwargs)
+        except AdapterError as exc:  # a full version was served: the base weights are gone
+            raise EngineFailed(f"cannot score on the base weights: {exc}") from exc
         return output.logits[0]
 
 

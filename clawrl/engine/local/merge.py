@@ -10,13 +10,23 @@ from a version's adapter folder (`clawrl/version_folder.py`), always from W_base
 exactly v2). A full version is copied into the weights as they are
 (`full_weights_loader`).
 
+Half-precision models (bf16 or fp16 weights, the default on a GPU) are not merged: an early
+LoRA delta is far below a bf16 weight's rounding step (8 bits of mantissa: a weight of 0.02
+moves in steps of 1.2e-4), so W_base + scale * B @ A rounds back to W_base element by element
+and the served model would not change at all. There each adapted linear layer gets a side
+path instead (`SidePaths`): y = x W^T + scale * (x A^T) B^T, the side term computed in float32
+and added to the layer's output once, so the delta reaches every token (measured on a bf16
+model: tests/unit/test_weights.py). It costs two rank-r matmuls per adapted layer and step
+and no copy of the base weights; the base is the model with the side paths off.
+
 Errors: `AdapterError` (a `ValueError`) for a folder that cannot be applied to the
 serving model; nothing is changed when it is raised.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -57,13 +67,7 @@ class MergedLora:
         targets = tuple(targets)
         self.model = model
         self.targets = targets
-        self._linears = {
-            name: m
-            for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and any(name == t or name.endswith("." + t) for t in targets)
-        }
-        if not self._linears:
-            raise AdapterError(f"the model has no linear layer named like {list(targets)}")
+        self._linears = _linears(model, targets)
         self._base = {name: _copy(m.weight, device) for name, m in self._linears.items()}
         self._merged: set[str] = set()  # modules whose weight is not W_base right now
 
@@ -120,18 +124,114 @@ class MergedLora:
         return load
 
     def _check(self, deltas: Mapping[str, LoraDelta]) -> None:
-        modules = dict(self.model.named_modules())
-        if missing := sorted(set(deltas) - modules.keys()):
-            raise AdapterError(f"the adapter targets modules this model does not have: {missing[:5]}")
-        if untracked := sorted(set(deltas) - self._linears.keys()):
-            raise AdapterError(
-                f"the adapter targets {untracked[:5]}, outside this MergedLora's targets "
-                f"{list(self.targets)}; build it with targets that cover the adapter's target_modules"
-            )
-        for name, delta in deltas.items():
-            shape, weight = (delta.b.shape[0], delta.a.shape[1]), tuple(self._linears[name].weight.shape)
-            if weight != shape:
-                raise AdapterError(f"{name}: the adapter's B @ A is {shape}, the weight is {weight}")
+        _check(self.model, self._linears, self.targets, deltas)
+
+
+class SidePaths:
+    """Serve LoRA versions of a half-precision model unmerged (see the module docstring).
+
+    Same interface as `MergedLora` (`apply`, `reset`, `loader`); the weights never change. An
+    adapted layer with a version on computes x W^T with a float32 result (one bf16 matmul with
+    float32 output on a GPU), adds the side term in float32 and rounds once, so a delta below
+    the output's rounding step still moves it as often as it should. `bypass()` runs the model
+    as the base (v0) while inside it.
+    """
+
+    def __init__(self, model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS) -> None:
+        targets = tuple(targets)
+        self.model, self.targets = model, targets
+        self._linears = _linears(model, targets)
+        self._side: dict[str, tuple[torch.Tensor, torch.Tensor, float]] = {}
+        self._off = False
+        for name, module in self._linears.items():
+            module.forward = self._forward(name, module)  # type: ignore[method-assign]
+        self.base_bytes = 0
+
+    def _forward(self, name: str, module: nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
+        plain = module.forward
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            side = None if self._off else self._side.get(name)
+            if side is None:
+                return plain(x)
+            a, b, scale = side
+            y = _linear32(x, module.weight) + scale * ((x.to(torch.float32) @ a.T) @ b.T)
+            if module.bias is not None:
+                y = y + module.bias.to(torch.float32)
+            return y.to(x.dtype)
+
+        return forward
+
+    def apply(self, adapter: Path | Mapping[str, LoraDelta]) -> None:
+        deltas = read_adapter(adapter) if isinstance(adapter, str | Path) else adapter
+        _check(self.model, self._linears, self.targets, deltas)
+        side = {}
+        for name, d in deltas.items():
+            device = self._linears[name].weight.device
+            side[name] = (d.a.to(device, torch.float32), d.b.to(device, torch.float32), float(d.scale))
+        self._side = side
+
+    def reset(self) -> None:
+        self._side = {}
+
+    @contextmanager
+    def bypass(self) -> Iterator[None]:
+        """The model is the base model inside this block (the engine's thread only)."""
+        self._off = True
+        try:
+            yield
+        finally:
+            self._off = False
+
+    def loader(self, adapter_dir: Path | None) -> Callable[[nn.Module], None]:
+        deltas = {} if adapter_dir is None else read_adapter(adapter_dir)
+        _check(self.model, self._linears, self.targets, deltas)
+        return lambda model: self.apply(deltas)
+
+
+def _linear32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x W^T with a float32 result: on CUDA one half-precision matmul with float32 output (no cast
+    of W), elsewhere (a CPU has no such kernel) in float32."""
+    if x.is_cuda:
+        flat = x.reshape(-1, x.shape[-1])
+        return torch.mm(flat, weight.t(), out_dtype=torch.float32).reshape(*x.shape[:-1], -1)
+    return nn.functional.linear(x.to(torch.float32), weight.to(torch.float32))
+
+
+def half_precision(model: nn.Module) -> bool:
+    """Whether the model's weights are bf16 or fp16: LoRA versions are then served unmerged."""
+    return next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
+
+
+def _linears(model: nn.Module, targets: tuple[str, ...]) -> dict[str, nn.Linear]:
+    found = {
+        name: m
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and any(name == t or name.endswith("." + t) for t in targets)
+    }
+    if not found:
+        raise AdapterError(f"the model has no linear layer named like {list(targets)}")
+    return found
+
+
+def _check(
+    model: nn.Module,
+    linears: Mapping[str, nn.Linear],
+    targets: tuple[str, ...],
+    deltas: Mapping[str, LoraDelta],
+) -> None:
+    modules = dict(model.named_modules())
+    if missing := sorted(set(deltas) - modules.keys()):
+        raise AdapterError(f"the adapter targets modules this model does not have: {missing[:5]}")
+    if untracked := sorted(set(deltas) - linears.keys()):
+        raise AdapterError(
+            f"the adapter targets {untracked[:5]}, outside this MergedLora's targets "
+            f"{list(targets)}; build it with targets that cover the adapter's target_modules"
+        )
+    for name, delta in deltas.items():
+        shape, weight = (delta.b.shape[0], delta.a.shape[1]), tuple(linears[name].weight.shape)
+        if weight != shape:
+            raise AdapterError(f"{name}: the adapter's B @ A is {shape}, the weight is {weight}")
 
 
 def _copy(weight: torch.Tensor, device: torch.device | str | None) -> torch.Tensor:
@@ -158,7 +258,7 @@ class VersionMerger:
 
     def __init__(self, model: nn.Module, targets: Iterable[str]) -> None:
         self.model, self.targets = model, tuple(targets)
-        self._merged: MergedLora | None = None
+        self._merged: MergedLora | SidePaths | None = None
         # A full version was served: its copy overwrote every weight, the base's are not all kept
         # (only the LoRA targets' copies), so from then on the base cannot be recomputed here.
         self.full = False
@@ -169,12 +269,23 @@ class VersionMerger:
         Raises `AdapterError` once a full version was served: its copy overwrote every weight."""
         if self.full:
             raise AdapterError("the base weights are not kept while a full version is served")
-        return {} if self._merged is None else self._merged.base_weights(device)
+        if not isinstance(self._merged, MergedLora):
+            return {}  # v0, or side paths (`on_base` turns them off)
+        return self._merged.base_weights(device)
+
+    @contextmanager
+    def on_base(self, device: torch.device) -> Iterator[dict[str, torch.Tensor]]:
+        """Inside: the weights to run the live model with as the base (`functional_call`; {}: the
+        model as it is), LoRA side paths off. `AdapterError` once a full version was served."""
+        frozen = self.base_weights(device)
+        with self._merged.bypass() if isinstance(self._merged, SidePaths) else nullcontext():
+            yield frozen
 
     def prepare(self) -> None:
         """Copy the base weights now, not during the first swap (measured: 1.45 s vs 0.23 s)."""
         if self._merged is None:
-            self._merged = MergedLora(self.model, self.targets)
+            kind = SidePaths if half_precision(self.model) else MergedLora
+            self._merged = kind(self.model, self.targets)
 
     def loader(self, version: Version) -> Callable[[nn.Module], None]:
         """Read and check `version`'s folder now; return what the engine applies between two steps."""
@@ -183,6 +294,8 @@ class VersionMerger:
             load = full_weights_loader(folder)  # full fine-tuning: the whole model is copied in
 
             def load_full(model: nn.Module) -> None:
+                if isinstance(self._merged, SidePaths):
+                    self._merged.reset()
                 load(model)
                 self.full = True
 

@@ -1,0 +1,47 @@
+"""bench/gpu.py at its tiny shape on a CPU: every figure it reports comes out, positive and finite.
+
+The benchmark is not timed here (benchmarks are never timed tests); this only keeps its code
+paths (engine decode and prefill, a LoRA step, publish and swap, the canary) running in CI, and
+checks that the model it builds has the parameter count and KV cache docs/scale.md's formulas give.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+from tests.timing import limit
+
+FIGURES = {
+    "params", "params_formula", "lora_params", "lora_params_formula", "kv_bytes_per_token",
+    "kv_bytes_per_token_formula",
+    "decode_1_tok_s", "decode_4_tok_s", "decode_8_tok_s", "decode_4_ratio", "decode_8_ratio",
+    "prefill_s", "prefill_tok_s", "bare_prefill_s", "bare_prefill_tok_s", "prefill_ratio",
+    "train_step_s", "train_tok_s", "train_response_tok_s", "train_ratio", "train_memory_before_mb",
+    "train_peak_mb", "publish_s", "publish_save_s", "publish_swap_s", "publish_ratio",
+    "canary_first_s", "canary_s", "canary_ratio",
+}  # fmt: skip
+
+
+def test_the_gpu_bench_reports_every_figure_at_the_tiny_shape(tmp_path, embedded_model_dir):
+    out = tmp_path / "gpu.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "gpu.py"), "--shape", "tiny", "--json", str(out)]
+    cmd += ["--tokenizer", str(embedded_model_dir)]
+    env = os.environ | {"CUDA_VISIBLE_DEVICES": ""}  # the CPU path, even on a machine with a GPU
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=limit(300), env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "publish to serve" in done.stdout and "canary" in done.stdout
+
+    result = json.loads(out.read_text())["shapes"]["tiny"]
+    figures = result["figures"]
+    assert set(figures) == FIGURES
+    bad = {k: v for k, v in figures.items() if isinstance(v, bool) or not (math.isfinite(v) and v > 0)}
+    assert bad == {}
+    for name in ("params", "lora_params", "kv_bytes_per_token"):  # docs/scale.md's formulas
+        assert figures[name] == figures[f"{name}_formula"], name
+    assert result["settings"]["device"] == "cpu"
+    assert result["settings"]["dtype"] == "float32"
