@@ -242,11 +242,11 @@ class LoadedTokenizer:
     stop_token_ids: frozenset[int]
 
 
-def load_tokenizer(path: Path, max_context: int | None = None) -> LoadedTokenizer:
+def load_tokenizer(path: Path, max_context: int | None = None, scaled: bool = False) -> LoadedTokenizer:
     """The tokenizer, window and stop tokens of a model folder, reading no weights.
 
-    The window is `max_context` capped at the one the model was trained on: RoPE scaling
-    (`scaled_config`) is the local engine's; a vLLM server serves the model's own window.
+    The window is `max_context` capped at the one the model was trained on, unless `scaled`
+    (a vLLM server given the scaled RoPE, `vllm_rope`): then it is `max_context`.
     """
     if not (path / "config.json").is_file():
         raise ModelNotFound(f"{path} is not a Hugging Face model folder (no config.json)")
@@ -258,9 +258,25 @@ def load_tokenizer(path: Path, max_context: int | None = None) -> LoadedTokenize
         generation: Any = GenerationConfig.from_pretrained(path)
     except OSError:  # no generation_config.json
         generation = None
-    windows = [w for w in (trained_context(config), max_context) if w]
+    windows = [w for w in (None if scaled else trained_context(config), max_context) if w]
     context = min(windows) if windows else 2048
     return LoadedTokenizer(tokenizer, path, context, _stop_ids_of((generation, config), tokenizer))
+
+
+def vllm_rope(path: Path, max_context: int | None, kind: str, scale_rope: str) -> dict[str, Any] | None:
+    """vLLM's `--hf-overrides` that serve `max_context` past the trained window with the RoPE the
+    trainer scores with (`scaled_config`, attention factor included), or None: the model's own.
+
+    vLLM has one rotary table per model, so it can scale every position or none: only
+    `model.scale_rope = "always"` (static scaling, the local engine's same mode) gets a window past
+    the trained one; with "past_window" (the default) vLLM serves the model's own window.
+    """
+    config = AutoConfig.from_pretrained(path)
+    trained = trained_context(config)
+    if scale_rope != "always" or max_context is None or trained is None or max_context <= trained:
+        return None
+    scaled = scaled_config(config, max_context, kind)
+    return {"rope_parameters": dict(scaled.rope_parameters), "max_position_embeddings": max_context}
 
 
 def _rope_type(config: Any) -> str:

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from clawrl.config import TrainConfig
-from clawrl.engine.memory import release_free_memory
+from clawrl.engine.memory import mapped_large_allocations, release_free_memory
 from clawrl.train.advantages import GapStats, batch_advantages
 from clawrl.train.batch import left_pad, pack, pad_rows, score
 from clawrl.train.group import Group, split_by_tokens
@@ -172,15 +172,17 @@ class Trainer:
         groups = pack([_length(s) for s in mine], self.cfg.micro_batch_tokens or 2048)
         sums: Counter[str] = Counter({k: 0.0 for k in (*_SUMMED, "mismatch_sum", "mismatch_tokens")})
         gaps = GapStats(self.cfg.opd_clip)
-        for k, micro in enumerate(groups):
-            # DDP reduces the gradients in the backward of this rank's last micro-batch only.
-            with group.no_sync(self.wrapped, skip=k < len(groups) - 1):
-                terms, drift = self._micro_loss([mine[i] for i in micro], total, version, gaps)
-                group.backward(terms.loss * group.grad_scale)
-            for key in _SUMMED:
-                sums[key] += float(getattr(terms, key))
-            sums.update(drift)
-            del terms
+        long = self.device.type == "cpu" and max(map(_length, mine), default=0) > self.cfg.long_sample_tokens
+        with mapped_large_allocations(long):
+            for k, micro in enumerate(groups):
+                # DDP reduces the gradients in the backward of this rank's last micro-batch only.
+                with group.no_sync(self.wrapped, skip=k < len(groups) - 1):
+                    terms, drift = self._micro_loss([mine[i] for i in micro], total, version, gaps)
+                    group.backward(terms.loss * group.grad_scale)
+                for key in _SUMMED:
+                    sums[key] += float(getattr(terms, key))
+                sums.update(drift)
+                del terms
         replayed = self.replay.backward(self, total) if self.replay is not None else {}
         grad_norm = torch.nn.utils.clip_grad_norm_(
             [p for p in self.model.parameters() if p.requires_grad], self.cfg.grad_clip

@@ -226,6 +226,69 @@ def test_the_default_judge_on_vllm_judges_without_taking_vllm_down(
         gateway.stop()
 
 
+def _short_window_copy(model_dir, out, window: int):
+    """The embedded model's weights (linked) with a config that says it was trained on `window`
+    tokens: serving past the trained window with a prompt of a few hundred tokens."""
+    import json
+
+    out.mkdir()
+    for f in model_dir.iterdir():
+        if f.name != "config.json":
+            (out / f.name).symlink_to(f)
+    config = json.loads((model_dir / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(config | {"max_position_embeddings": window}))
+    return out
+
+
+def test_vllm_past_the_trained_window_is_scored_by_the_trainer_with_the_same_rope(
+    tmp_path, vllm_python, embedded_model_dir
+):
+    """`model.scale_rope = "always"` past the trained window: vLLM gets the trainer's YaRN, turns are
+    recorded scaled, and the trainer's logprobs of a 600-token-prompt turn (past the 256-token
+    window) are vLLM's; scored with the model's own RoPE they are not."""
+    from clawrl.config import TrainConfig
+    from clawrl.train.batch import left_pad, score
+    from clawrl.train.policy import build_policy
+    from tests.conftest import RemoteServer
+
+    model = _short_window_copy(embedded_model_dir, tmp_path / "model", 256)
+    args = ["--model", str(model), "--model.max-context", "1024", "--model.scale-rope", "always"]
+    args += ["--engine.kind", "vllm", "--engine.vllm.start", "true", "--engine.vllm.python", vllm_python]
+    server = RemoteServer(tmp_path / "run", [*args, "--judge.enabled", "false"], timeout=300)
+    try:
+        words = " ".join(f"river{i % 40} flows past stone {i}." for i in range(120))
+        r = server.client().chat.completions.create(
+            model="clawrl",
+            messages=[{"role": "user", "content": f"{words}\nWhich river came first?"}],
+            max_tokens=24,
+            temperature=1.0,
+            top_p=1.0,
+            presence_penalty=0.0,
+            frequency_penalty=0.0,
+            seed=3,
+            extra_body={"ignore_eos": True},
+        )
+        assert r.usage.prompt_tokens > 256  # past the trained window
+        (turn,) = wait_for(lambda: _turns(tmp_path / "run", 1), 30, "the recorded turn")
+    finally:
+        server.stop()
+    assert turn.rope_scaled is True and turn.sampling["logprobs"] == "tempered"
+    recorded = torch.tensor(turn.logprobs)
+
+    def trainer_logprobs(scale_rope: str, scaled: bool) -> torch.Tensor:
+        """What the trainer of a server with this `model.scale_rope` computes for the turn."""
+        policy = build_policy(model, TrainConfig(), "cpu", 1024, "yarn", scale_rope=scale_rope)
+        batch = left_pad([turn.prompt_ids], [turn.response_ids], torch.device("cpu"))
+        batch.rope = [scaled]  # as recorded (the "always" trainer has one table: scaled)
+        with torch.no_grad():
+            return score(policy.model, batch, torch.tensor([1.0]), with_entropy=False)[0][0]
+
+    same = (trainer_logprobs("always", turn.rope_scaled) - recorded).abs()
+    own = (trainer_logprobs("past_window", False) - recorded).abs()  # the model's own RoPE
+    assert same.mean() < 0.08 and same.max() < 0.5, same.tolist()  # vLLM computes in bf16
+    assert own.mean() > 3 * same.mean(), (own.mean(), same.mean())  # the RoPE is what matches
+
+
 def test_vllm_that_cannot_be_reached_is_a_clear_exit(tmp_path, embedded_model_dir):
     model = ["--model", str(embedded_model_dir), "--run-dir", str(tmp_path / "run"), "--engine.kind", "vllm"]
     down = _serve(*model, "--engine.vllm.url", f"http://127.0.0.1:{free_port()}")

@@ -71,3 +71,49 @@ def test_a_missing_vllm_venv_says_how_to_make_one(tmp_path):
     config = load_config(None, {"engine": {"kind": "vllm", "vllm": {"start": True, "python": str(tmp_path)}}})
     with pytest.raises(VLLMUnavailable, match="no vLLM python at .*run scripts/setup-vllm"):
         vllm_python(config)
+
+
+def test_vllm_serves_past_the_trained_window_only_with_the_trainers_rope(tiny_model_dir):
+    """`scale_rope = "always"`: vLLM gets the same YaRN the trainer scores with (attention factor
+    included); the default per-sequence mode cannot be had on vLLM, which then serves the own window."""
+    import json
+
+    from clawrl.engine.models import load_tokenizer, vllm_rope
+
+    rope = vllm_rope(tiny_model_dir, 2048, "yarn", "always")  # the tiny model was trained on 512
+    assert rope is not None and rope["max_position_embeddings"] == 2048
+    assert {
+        k: rope["rope_parameters"][k] for k in ("rope_type", "factor", "original_max_position_embeddings")
+    } == {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 512,
+    }
+    assert rope["rope_parameters"]["attention_factor"] == 1.0  # as scaled_config gives the trainer
+    assert vllm_rope(tiny_model_dir, 2048, "yarn", "past_window") is None
+    assert vllm_rope(tiny_model_dir, 512, "yarn", "always") is None
+    cmd = vllm_command("py", "/m", 1, VLLMConfig(), 2048, lora=False, rope=rope)  # type: ignore[arg-type]
+    assert json.loads(cmd[cmd.index("--hf-overrides") + 1]) == rope
+    assert load_tokenizer(tiny_model_dir, 2048).max_context == 512
+    assert load_tokenizer(tiny_model_dir, 2048, scaled=True).max_context == 2048
+
+
+def test_a_turn_records_what_its_sampler_did_and_what_its_logprobs_are_of():
+    from clawrl.engine.base import SamplingParams, sampling_record
+
+    nucleus = SamplingParams(max_tokens=8, temperature=0.7, top_p=0.9)
+    assert sampling_record(nucleus, processed_logprobs=True)["logprobs"] == "processed"  # vLLM
+    assert sampling_record(nucleus, processed_logprobs=False)["logprobs"] == "tempered"  # local engine
+    full = SamplingParams(max_tokens=8, temperature=0.7)
+    assert sampling_record(full, processed_logprobs=True) == {
+        "top_p": 1.0,
+        "top_k": 0,
+        "repetition_penalty": 1.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "logprobs": "tempered",
+    }
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, top_p=0.9, top_k=5)  # greedy ignores both
+    assert sampling_record(greedy, processed_logprobs=True)["logprobs"] == "tempered"
+    penalised = SamplingParams(max_tokens=8, temperature=0.0, presence_penalty=1.0)  # not penalties
+    assert sampling_record(penalised, processed_logprobs=True)["logprobs"] == "processed"

@@ -6,19 +6,30 @@
 reason (the end of vLLM's log when it was started here).
 
 The gateway loads the model folder's tokenizer only (the weights live in vLLM).
-The window is the model's own (the embedded model: 8,192 tokens): the YaRN RoPE
-scaling the local engine applies past it is not passed to vLLM; a longer window
-can be given through vLLM's own flags in `engine.vllm.args` (`--hf-overrides`).
+The window is the model's own (the embedded model: 8,192 tokens) unless
+`model.scale_rope = "always"` and `model.max_context` passes it: then clawrl starts vLLM
+with the trainer's scaled RoPE (`--hf-overrides`, `engine.models.vllm_rope`: the same
+YaRN parameters, attention factor included) at `max_context`, and every turn is recorded
+RoPE-scaled, so the trainer scores it as vLLM served it. vLLM has one rotary table, so the
+local engine's default (scaled only past the window, per sequence) cannot be had on it.
+Attached to a running vLLM, clawrl logs the flag that server must have been started with.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from clawrl.config import Config
-from clawrl.engine.models import generation_defaults, load_tokenizer, model_folder, served_context
+from clawrl.engine.models import (
+    generation_defaults,
+    load_tokenizer,
+    model_folder,
+    served_context,
+    vllm_rope,
+)
 from clawrl.engine.vllm.engine import VLLMEngine
 from clawrl.engine.vllm.server import VENV, VLLMServer, VLLMUnavailable, vllm_command
 from clawrl.net import free_port
@@ -42,11 +53,17 @@ def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
     v = config.engine.vllm
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per token stream and health poll
     folder = model_folder(config.model.path, config.cache_dir())
-    loaded = load_tokenizer(folder, served_context(config.model.path, config.model.max_context))
+    m = config.model
+    context = served_context(m.path, m.max_context)
+    rope = vllm_rope(folder, context, m.rope_scaling, m.scale_rope)
+    loaded = load_tokenizer(folder, context, scaled=rope is not None)
+    if rope is not None:
+        log.info("vLLM serves %d tokens with RoPE scaled at every position: --hf-overrides '%s'",
+                 loaded.max_context, json.dumps(rope))  # fmt: skip
     if v.start:
         port = v.port or free_port()
         lora = config.train.weights == "lora"
-        command = vllm_command(vllm_python(config), folder, port, v, loaded.max_context, lora)
+        command = vllm_command(vllm_python(config), folder, port, v, loaded.max_context, lora, rope)
         log_path = config.run_dir / "logs" / "vllm.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         server = VLLMServer(v, f"http://127.0.0.1:{port}", command, log_path)
@@ -63,5 +80,6 @@ def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
         max_lora_rank=v.max_lora_rank,
         sampling_defaults=generation_defaults(folder, config.model.repetition_guard),
         constrained_decoding=config.engine.constrained_decoding,
+        rope_scaled=rope is not None,
     )
     return engine, loaded.tokenizer

@@ -91,8 +91,10 @@ class VLLMEngine:
         max_lora_rank: int,
         sampling_defaults: SamplingDefaults = CLAWRL_SAMPLING,
         constrained_decoding: bool = True,
+        rope_scaled: bool = False,
     ) -> None:
         self.server = server
+        self.rope_scaled = rope_scaled  # vLLM was given the scaled RoPE: every position of every turn
         self.constrained_decoding = constrained_decoding
         self.processed_logprobs = True  # --logprobs-mode processed_logprobs (module docstring)
         self.model_name = model_name
@@ -221,8 +223,8 @@ class VLLMEngine:
         events = []
         for i, token in enumerate(ids):
             top = _top(tops[i] if i < len(tops) else None)
-            # vLLM serves the model's own window unscaled: every sequence on the model's own RoPE.
-            scaled = False if first and i == 0 else None
+            # vLLM has one rotary table: the model's own, or the scaled one at every position (build.py).
+            scaled = self.rope_scaled if first and i == 0 else None
             events.append(
                 TokenEvent(token, float(logprobs[i]), version, top, None, cached if i == 0 else 0, scaled)
             )

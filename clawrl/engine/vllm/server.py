@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -31,6 +32,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -60,9 +62,16 @@ class ServerHealth:
 
 
 def vllm_command(
-    python: str, model: Path, port: int, v: VLLMConfig, max_context: int, lora: bool
+    python: str,
+    model: Path,
+    port: int,
+    v: VLLMConfig,
+    max_context: int,
+    lora: bool,
+    rope: dict[str, Any] | None = None,
 ) -> list[str]:
-    """The api_server command line clawrl starts (docs/vllm.md lists the same flags for attaching)."""
+    """The api_server command line clawrl starts (docs/vllm.md lists the same flags for attaching).
+    `rope`: the config overrides of a window past the trained one (`engine.models.vllm_rope`)."""
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
     cmd += ["--served-model-name", BASE_NAME, "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--max-model-len", str(max_context), "--max-logprobs", "20"]
@@ -73,6 +82,8 @@ def vllm_command(
     cmd += ["--structured-outputs-config", '{"backend": "guidance"}']
     if lora:
         cmd += ["--enable-lora", "--max-lora-rank", str(v.max_lora_rank), "--max-loras", str(v.max_loras)]
+    if rope is not None:
+        cmd += ["--hf-overrides", json.dumps(rope)]
     return cmd + list(v.args)
 
 
