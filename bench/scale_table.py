@@ -162,7 +162,7 @@ class Assumptions:
     reference_per_param: int = assumed(2, "bytes: full fine-tuning's frozen reference, a bf16 copy on a GPU")
     compute_copy_per_param: int = assumed(2, "bytes: autocast's cached bf16 copy of a float32 weight")
     session_tokens: int = assumed(13000, "an OpenClaw session's prompt with its default profile")
-    prefix_cache_bytes: int = assumed(1024 << 20, "engine.prefix_cache_mb's default")
+    prefix_cache_share: float = assumed(0.25, "the prefix cache's GPU default: this share of free memory")
 
     @property
     def usable(self) -> int:
@@ -347,19 +347,22 @@ def time_table(shapes: list[Shape], a: Assumptions) -> list[str]:
 def serving_table(shapes: list[Shape], a: Assumptions) -> list[str]:
     header = [
         "model",
+        "prefix cache GiB",
+        "sessions it holds",
         "serving alone: free for KV GiB",
         "sessions",
         "beside a LoRA trainer: free GiB",
         "sessions",
     ]
-    header += [f"a session's KV fits the prefix cache ({a.prefix_cache_bytes >> 20} MiB)"]
     rows = []
     for s in shapes:
-        alone = a.usable - 2 * s.params() - a.prefix_cache_bytes
+        free = a.usable - 2 * s.params()
+        cache = max(1 << 30, int(free * a.prefix_cache_share))  # engine/local/build.py: prefix_cache_budget
+        alone = free - cache
         beside = alone - train_bytes(s, a, "lora")
-        cached = a.session_tokens * s.kv_bytes_per_token() <= a.prefix_cache_bytes
-        free = [gib(max(alone, 0)), sessions(alone, s, a), gib(max(beside, 0)), sessions(beside, s, a)]
-        rows.append([s.name, *free, "yes" if cached else "**no**"])
+        held = cache // (a.session_tokens * s.kv_bytes_per_token())
+        cols = [gib(cache), str(held), gib(max(alone, 0)), sessions(alone, s, a)]
+        rows.append([s.name, *cols, gib(max(beside, 0)), sessions(beside, s, a)])
     return table(header, rows)
 
 

@@ -143,12 +143,14 @@ class EngineConfig(Section):
         8, ge=1, description="Most background sequences (local judge calls) decoded at once, while idle."
     )
     threads: int | None = Field(None, gt=0, description="torch CPU threads. None: torch's default.")
-    prefix_cache_mb: int = Field(
-        1024,
+    prefix_cache_mb: int | None = Field(
+        None,
         ge=0,
         description="Memory budget (MiB) of the prefix cache: the KV cache of recent long prompts, reused "
         "when a new prompt starts the same way (an agent resending its history), so only the new suffix is "
-        "prefilled. Least recently used entries are evicted past it; 0 turns the cache off.",
+        "prefilled. Least recently used entries are evicted past it; 0 turns the cache off. None: 1024 on "
+        "a CPU; on a GPU a quarter of the memory free once the model is loaded (a 13k-token OpenClaw "
+        "session's KV is 1.8 GiB at 4B-8B, docs/scale.md).",
     )
     prefix_cache_across_versions: bool = Field(
         False,

@@ -230,3 +230,14 @@ def test_background_rows_step_aside_while_a_served_request_decodes(tiny_model):
     assert judged == _greedy_reference(tiny_model, PROMPTS[1], 30)  # parking kept its cache intact
     assert answered == _greedy_reference(tiny_model, PROMPTS[0], 5)
     assert stats.active == 0 and stats.waiting == 0
+
+
+def test_the_prefix_cache_budget_is_the_configured_one_else_a_gigabyte_on_a_cpu():
+    from torch import nn
+
+    from clawrl.engine.local.build import prefix_cache_budget
+
+    model = nn.Linear(2, 2)
+    assert prefix_cache_budget(None, model) == 1 << 30
+    assert prefix_cache_budget(64, model) == 64 << 20
+    assert prefix_cache_budget(0, model) == 0  # off

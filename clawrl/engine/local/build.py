@@ -21,6 +21,20 @@ from clawrl.engine.models import generation_defaults, load_model, model_folder, 
 log = logging.getLogger(__name__)
 
 
+def prefix_cache_budget(configured_mb: int | None, model: Any) -> int:
+    """The prefix cache's budget in bytes: the configured MiB, else 1 GiB on a CPU and a quarter
+    of the free memory of the model's GPU (the KV stays on the model's device)."""
+    if configured_mb is not None:
+        return configured_mb << 20
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return 1024 << 20
+    free, _ = torch.cuda.mem_get_info(device)
+    budget = max(1024 << 20, free // 4)
+    log.info("prefix cache: %.1f GiB on %s (a quarter of its free memory)", budget / (1 << 30), device)
+    return budget
+
+
 def build_local_engine(config: Config) -> tuple[LocalEngine, Any]:
     """The local engine and the tokenizer the gateway renders prompts with."""
     e, m, t = config.engine, config.model, config.train
@@ -30,9 +44,8 @@ def build_local_engine(config: Config) -> tuple[LocalEngine, Any]:
     context = served_context(m.path, m.max_context)
     loaded = load_model(folder, m.device, m.dtype, context, m.rope_scaling, m.scale_rope)
     log.info("loaded %s on %s (context %d)", folder, loaded.model.device, loaded.max_context)
-    cache = (
-        PrefixCache(e.prefix_cache_mb << 20, e.prefix_cache_across_versions) if e.prefix_cache_mb else None
-    )
+    budget = prefix_cache_budget(e.prefix_cache_mb, loaded.model)
+    cache = PrefixCache(budget, e.prefix_cache_across_versions) if budget else None
     engine = LocalEngine(
         loaded.model,
         model_name=config.server.served_model_name,
