@@ -3,6 +3,8 @@
     --env calculator | bfcl                 a shipped environment (SHIPPED)
     --env harbor:PATH | harbor:terminal     a folder of Harbor task folders, or a shipped set of
                                             them (clawrl/envs/harbor: a bash tool in a sandbox)
+    --env harbor-solutions:PATH             the same tasks, each reference solution the only command
+                                            the bash tool allows (with --tool-choice bash)
     --env path/to/my_env.py:MyEnv           a class in a Python file (its folder goes on sys.path
                                             first, as when the file is run as a script)
     --env my_package.envs:MyEnv             a class in an importable module
@@ -58,6 +60,7 @@ SHIPPED: dict[str, Shipped] = {
 
 
 HARBOR = "harbor:"
+HARBOR_SOLUTIONS = "harbor-solutions:"  # the reference solutions replayed through the gateway
 HARBOR_SETS = Path(__file__).with_name("harbor") / "tasks"  # harbor:terminal names a shipped set
 
 
@@ -77,6 +80,8 @@ def load_env(spec: str) -> EnvSpec:
     """The environment `spec` names (see the module docstring); EnvLoadError saying why not."""
     if spec.startswith(HARBOR):
         return _harbor(spec[len(HARBOR) :])
+    if spec.startswith(HARBOR_SOLUTIONS):
+        return _harbor(spec[len(HARBOR_SOLUTIONS) :], solutions=True)
     if spec in SHIPPED:
         shipped = SHIPPED[spec]
         return EnvSpec(spec, _class(load_object(shipped.env, "environment"), spec), shipped)
@@ -91,12 +96,13 @@ def harbor_path(where: str) -> Path:
     return path
 
 
-def _harbor(where: str) -> EnvSpec:
-    """`harbor:PATH` (a folder of Harbor task folders) or `harbor:NAME` (a set in HARBOR_SETS)."""
+def _harbor(where: str, solutions: bool = False) -> EnvSpec:
+    """`harbor:PATH` (a folder of Harbor task folders) or `harbor:NAME` (a set in HARBOR_SETS);
+    `solutions`: `harbor-solutions:`, the reference solutions as forced tool calls."""
     from functools import partial
 
     from clawrl.config import Config
-    from clawrl.envs.harbor.env import COMMAND_WALL_S, HarborEnv, reward_timeout_s, rows
+    from clawrl.envs.harbor.env import COMMAND_WALL_S, HarborEnv, HarborSolutions, reward_timeout_s, rows
     from clawrl.envs.harbor.sandbox import SandboxUnavailable, find_bwrap
 
     path = harbor_path(where)
@@ -108,7 +114,8 @@ def _harbor(where: str) -> EnvSpec:
         find_bwrap(Config().cache_dir())
     except SandboxUnavailable as exc:
         raise EnvLoadError(f"harbor: {exc}") from exc
-    return EnvSpec(f"harbor:{path.name}", HarborEnv, rows=partial(rows, path), min_tool_timeout_s=timeout)
+    prefix, env = (HARBOR_SOLUTIONS, HarborSolutions) if solutions else (HARBOR, HarborEnv)
+    return EnvSpec(f"{prefix}{path.name}", env, rows=partial(rows, path), min_tool_timeout_s=timeout)
 
 
 def load_reward(spec: str) -> Callable[..., Any]:

@@ -14,7 +14,8 @@
 
 The task rows (`rows(root, split)`) carry `prompt` (instruction.md), `id` (the folder's
 name) and `task_dir`. `replay_solution(env)` replays `solution/solve.sh` as the agent's one
-command: `clawrl envs check` and the tests use it.
+command: `clawrl envs check` and the tests use it. `HarborSolutions` replays it through the
+gateway instead, as a forced tool call the served model decodes under a grammar.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import logging
 import math
 import shutil
 import tempfile
+import types
 import weakref
 from pathlib import Path
 from typing import Any
@@ -151,6 +153,41 @@ class HarborEnv:
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
+
+
+class HarborSolutions(HarborEnv):
+    """`--env harbor-solutions:PATH`: each task's reference solution as the agent's actions,
+    through the gateway: the `bash` tool's schema allows one command only, the text of
+    `solution/solve.sh` (a JSON-schema `const`), so a forced call (`--tool-choice bash`) is
+    decoded by the served model under that grammar and recorded like any other turn; the
+    episode ends after it (`done`) and the verifier scores it. It proves the whole harness
+    (gateway, grammar, recorder, sandbox, verifier, rewards) without a model that can solve a
+    task: every reward should be 1."""
+
+    def reset(self, task_dir: str, **row: Any) -> str:
+        observation = super().reset(task_dir, **row)
+        assert self.task is not None
+        if self.task.solution is None:
+            raise TaskError(f"{self.task.path}: no solution/solve.sh to replay")
+        solution = (self.task.solution / "solve.sh").read_text(encoding="utf-8")
+
+        def bash(env: HarborSolutions, command: str) -> str:
+            output = HarborEnv.bash(env, command)
+            env.done = True
+            return output
+
+        bash.json_schema = {  # type: ignore[attr-defined]
+            "name": "bash",
+            "description": "Run the task's reference solution in its workspace.",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string", "const": solution}},
+                "required": ["command"],
+                "additionalProperties": False,
+            },
+        }
+        self.bash = types.MethodType(bash, self)  # type: ignore[method-assign]
+        return observation
 
 
 def replay_solution(env: HarborEnv) -> Outcome:
