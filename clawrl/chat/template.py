@@ -1,8 +1,11 @@
 """Render OpenAI chat messages (and tools) to prompt token IDs.
 
 Messages are normalised first: `developer` becomes `system`, a list of
-text parts becomes their texts joined by "\\n" (any other part type, e.g.
-an image, is rejected), and `None` content becomes "". The prompt is the
+text parts becomes their texts joined by "\\n", and `None` content becomes "".
+Image parts (`image_url`) are accepted in `tool` messages only, the results of
+an agent's tools (a GUI agent's screenshot): the message is stored with the turn
+as it came, and a text-only model reads `IMAGE_PLACEHOLDER` where each image was.
+Any other part (an image from the user, audio) is rejected. The prompt is the
 model's chat template rendered with `add_generation_prompt=True`, and the
 prompt IDs are exactly `tokenizer.encode(text, add_special_tokens=False)` of
 that text (plus the forced prefix, see below): the IDs the engine sees and
@@ -209,6 +212,9 @@ def _normalise(message: dict[str, Any]) -> dict[str, Any]:
     return normal
 
 
+IMAGE_PLACEHOLDER = "[image]"  # what a text-only model reads for an image in a tool result
+
+
 def _text_content(content: Any, role: str) -> str:
     if content is None:
         return ""
@@ -221,10 +227,15 @@ def _text_content(content: Any, role: str) -> str:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text" and not isinstance(part.get("text"), str):
             raise ChatRenderError(f"a text part in a message with role {role!r} needs a 'text' string")
+        if kind == "image_url" and role == "tool":
+            image = part.get("image_url")
+            if not isinstance(image, dict) or not isinstance(image.get("url"), str):
+                raise ChatRenderError("an image_url part needs {'image_url': {'url': '...'}}")
+            texts.append(IMAGE_PLACEHOLDER)
+            continue
         if kind != "text":
-            raise ChatRenderError(
-                f"unsupported content part {kind!r} in a message with role {role!r}: only text is supported"
-            )
+            allowed = "text, and image_url in tool results" if role == "tool" else "only text is supported"
+            raise ChatRenderError(f"unsupported content part {kind!r} in a {role!r} message: {allowed}")
         texts.append(part["text"])
     return "\n".join(texts)
 

@@ -250,3 +250,33 @@ def test_malformed_json_and_unknown_model(tiny_server):
         tiny_server.client().chat.completions.create(model="gpt-4", messages=USER, max_tokens=2)
     # After all of that the server still answers.
     assert tiny_server.client().chat.completions.create(model="clawrl", messages=USER, max_tokens=2).choices
+
+
+def test_a_tool_result_may_carry_an_image_and_the_turn_keeps_it(tiny_server):
+    """The contract stays open for GUI agents: a screenshot in a tool result is accepted and stored
+    with the turn as sent (a text-only model reads a placeholder); an image from the user is a 400."""
+    from clawrl.store.db import Store
+    from tests.timing import wait_for
+
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    call = {"id": "c1", "type": "function", "function": {"name": "screenshot", "arguments": "{}"}}
+    tool = {
+        "type": "function",
+        "function": {"name": "screenshot", "description": "Take one.", "parameters": {}},
+    }
+    messages = [
+        {"role": "user", "content": "What is on the screen?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "screen:"}, image]},
+    ]
+    r = tiny_server.client().chat.completions.create(
+        model="clawrl", messages=messages, tools=[tool], max_tokens=4
+    )
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+    def recorded():
+        with Store.open(tiny_server.run_dir / "clawrl.db", readonly=True) as store:
+            return next((t for t in store.turns() if t.id == r.id), None)
+
+    turn = wait_for(recorded, 30, "the recorded turn")
+    assert turn.messages[2]["content"] == [{"type": "text", "text": "screen:"}, image]

@@ -229,3 +229,25 @@ def test_template_errors_become_render_errors(smol_tokenizer: Any) -> None:
     renderer = ChatRenderer(smol_tokenizer, chat_template="{{ raise_exception('roles must alternate') }}")
     with pytest.raises(ChatRenderError, match="roles must alternate"):
         renderer.render([{"role": "user", "content": "x"}])
+
+
+def test_an_image_in_a_tool_result_is_read_as_a_placeholder_and_kept_in_the_messages(
+    smol_tokenizer: Any,
+) -> None:
+    """A GUI agent's screenshot comes back as a tool result's image part: accepted (the contract
+    stays open for vision models), read by this text-only model as IMAGE_PLACEHOLDER."""
+    from clawrl.chat.template import IMAGE_PLACEHOLDER
+
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    call = {"id": "c1", "type": "function", "function": {"name": "screenshot", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "Look at the screen."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "the screen:"}, image]},
+    ]
+    text = ChatRenderer(smol_tokenizer).render(messages).prompt_text
+    assert f"the screen:\n{IMAGE_PLACEHOLDER}" in text and "base64" not in text
+    assert messages[2]["content"][1] == image  # the caller's messages are not changed
+    bad = [*messages[:2], {"role": "tool", "tool_call_id": "c1", "content": [{"type": "image_url"}]}]
+    with pytest.raises(ChatRenderError, match="needs"):
+        ChatRenderer(smol_tokenizer).render(bad)
