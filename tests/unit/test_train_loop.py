@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import pytest
@@ -126,6 +127,24 @@ def test_defective_and_stale_samples_are_left_out_with_their_reason(run):
         "skipped:too long": 1,
         "skipped:unknown tokens": 1,
     }
+
+
+def test_a_trainer_whose_every_sample_is_skipped_says_so_as_an_error(run, caplog):
+    """A new user's agent prompts all past the window: nothing trains, and the trainer, /healthz
+    (`Counts.samples_error`) and the dashboard say why instead of waiting in silence."""
+    from clawrl.api.state import _counts
+
+    config, store = run
+    loop = loop_for(config, store)
+    add(store, 4, prompt_ids=list(range(600)))  # past the tiny model's 512-token window
+    with caplog.at_level(logging.ERROR, logger="clawrl.trainer"):
+        assert loop.run_once() is False
+    assert "every sample so far was skipped (the last: too long: 601 tokens" in caplog.text
+    error = _counts(store.counters(), None).samples_error()
+    assert error == "every sample so far was skipped (4 too long): the trainer has nothing to train on"
+    add(store, 4, start=4)  # samples that fit: trained, and the error is gone
+    assert loop.run_once()
+    assert _counts(store.counters(), None).samples_error() is None
 
 
 def test_a_new_trainer_resumes_from_the_last_version_with_its_optimizer(run):
