@@ -292,8 +292,10 @@ END;
 # category their reason starts with ("too long: ..." -> 'skipped:too long', clawrl/train/
 # trainer.py SKIP_REASONS), for /healthz, /metrics and the dashboard; the samples skipped
 # before this migration are counted by what their reason said then.
-M010_SAMPLING_AND_SKIPS = """
+M010_TURN_SAMPLING = """
 ALTER TABLE turns ADD COLUMN sampling TEXT NULL;
+"""
+M011_SKIP_REASONS = """
 CREATE TRIGGER counters_skip_reason AFTER UPDATE OF status ON samples
 WHEN NEW.status = 'skipped' AND OLD.status != 'skipped' BEGIN
     INSERT OR IGNORE INTO counters (name) VALUES ('skipped:' || CASE
@@ -324,7 +326,8 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m007_turn_rope", M007_TURN_ROPE),
     ("m008_turn_grammar", M008_TURN_GRAMMAR),
     ("m009_episodes", M009_EPISODES),
-    ("m010_sampling_and_skips", M010_SAMPLING_AND_SKIPS),
+    ("m010_turn_sampling", M010_TURN_SAMPLING),
+    ("m011_skip_reasons", M011_SKIP_REASONS),
 ]
 
 _NAME = re.compile(r"m[0-9]{3}_[a-z0-9_]+")

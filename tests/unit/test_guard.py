@@ -157,7 +157,7 @@ def test_a_version_that_forgets_is_held_and_the_trainer_goes_on_from_the_last_se
     cfg = config.train.model_copy(update={"lr": 0.5})
     policy = build_policy(config.model.path, cfg, "cpu", keep_base=True)
     tokenizer = _tokenizer(config)
-    canary = Canary.build(store, tokenizer, config.guard, config.train.micro_batch_tokens)
+    canary = Canary.build(store, tokenizer, config.guard, policy.cfg.micro_batch_tokens)
     loop = TrainLoop(store, policy, config.run_dir, canary=canary.check)
     loop.resume()
     add(store, 8)
@@ -181,7 +181,7 @@ def test_a_small_step_passes_and_is_the_next_version_trained_from(run):  # noqa:
     config, store = run
     cfg = config.train.model_copy(update={"lr": 1e-6})
     policy = build_policy(config.model.path, cfg, "cpu", keep_base=True)
-    canary = Canary.build(store, _tokenizer(config), config.guard, cfg.micro_batch_tokens)
+    canary = Canary.build(store, _tokenizer(config), config.guard, policy.cfg.micro_batch_tokens)
     loop = TrainLoop(store, policy, config.run_dir, canary=canary.check)
     loop.resume()
     add(store, 8)

@@ -82,7 +82,7 @@ def test_an_unrated_turn_is_voted_on(tmp_path, smol_tokenizer):
     j, calls, samples = _judge(tmp_path / "c.db", smol_tokenizer, "t0", rating=None)
     assert calls == 6 and len(j.votes) == 6  # m PRM votes and m hint votes
     assert j.score == -1 and j.hint == HINT
-    assert {(s.kind, s.reward) for s in samples} == {("rl", -1.0), ("opd", 0.0)}
+    assert [(s.kind, s.reward) for s in samples] == [("opd", -1.0)]  # combine: one sample carrying r
 
 
 def test_a_turn_rated_before_it_is_judged_asks_no_judge(tmp_path, smol_tokenizer):
@@ -94,4 +94,4 @@ def test_a_turn_rated_before_it_is_judged_asks_no_judge(tmp_path, smol_tokenizer
     comment = "Give the number first, then one short reason."
     j, calls, samples = _judge(tmp_path / "c.db", smol_tokenizer, "t2", -1, comment)
     assert calls == 0 and j.votes == [] and j.score == -1 and j.hint == comment
-    assert {(s.kind, s.reward) for s in samples} == {("rl", -1.0), ("opd", 0.0)}
+    assert [(s.kind, s.reward) for s in samples] == [("opd", -1.0)]  # combine: one sample carrying r

@@ -150,9 +150,15 @@ def test_state_json_keeps_the_shape_the_page_reads():
             "kl": 0.01,
             "entropy": None,
             "clip_frac": 0.1,
+            "dual_frac": None,
             "grad_norm": None,
             "mean_reward": None,
             "tokens_per_s": 40.0,
+            "mismatch": None,
+            "opd_gap_p05": None,
+            "opd_gap_p50": None,
+            "opd_gap_p95": None,
+            "opd_gap_clipped": None,
         },
     }
 

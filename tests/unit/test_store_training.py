@@ -43,6 +43,7 @@ def sample(turn_id: str = "t0", kind: str = "rl", **kw) -> Sample:
         judgment_id=None,
         rope_scaled=True,
         grammar={"kind": "tool_call", "lark": 'start: "{" "}"'},
+        logprobs_exact=False,
         status="ready",
         created_at=1_700_000_002.25,
     )
@@ -172,9 +173,13 @@ def test_ready_samples_status_and_counts(store):
 
 def test_session_rl_count(store):
     for status in ("ready", "trained", "stale", "skipped", "superseded"):
-        store.insert_samples([sample("t0", status=status), sample("t1", kind="opd", status=status)])
+        store.insert_samples(
+            [sample("t0", status=status), sample("t1", kind="opd", status=status, reward=0.0)]
+        )
     store.insert_samples([sample("u0")])
-    assert store.session_rl_count("s1") == 4  # every status but superseded; opd not counted
+    assert store.session_rl_count("s1") == 4  # every status but superseded; opd with no reward not counted
+    store.insert_samples([sample("t2", kind="opd", reward=-1.0)])  # combine's: a hinted turn carrying r
+    assert store.session_rl_count("s1") == 5
     assert store.session_rl_count("s2") == 1 and store.session_rl_count("nobody") == 0
 
 
@@ -214,8 +219,10 @@ def test_turns_awaiting_judgment_survive_a_restart(db):
 
 def test_m002_upgrades_a_database_made_by_m001(db, monkeypatch):
     with monkeypatch.context() as m:  # a store written by the first release
-        # m001, plus the columns today's Turn is written with (m007's rope_scaled, m008's grammar).
-        m.setattr(migrations, "MIGRATIONS", [migrations.MIGRATIONS[0], *migrations.MIGRATIONS[6:8]])
+        # m001, plus the columns today's Turn is written with (m007's rope_scaled, m008's grammar,
+        # m010's sampling).
+        keep = [migrations.MIGRATIONS[0], *migrations.MIGRATIONS[6:8], migrations.MIGRATIONS[9]]
+        m.setattr(migrations, "MIGRATIONS", keep)
         with Store.open(db) as old:
             old.upsert_session("s1", "header", 1.0)
             old.insert_turn(make_turn("t0"))
@@ -228,6 +235,7 @@ def test_m002_upgrades_a_database_made_by_m001(db, monkeypatch):
             "m001_initial",
             "m007_turn_rope",
             "m008_turn_grammar",
+            "m010_turn_sampling",
         ]
     with pytest.raises(StoreError, match="missing migrations: m002_sample_judgment_session"):
         Store.open(db, readonly=True)

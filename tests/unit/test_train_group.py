@@ -99,7 +99,11 @@ def test_two_ranks_publish_the_same_version_as_one_process(tmp_path, tiny_model_
     assert one.keys() == two.keys()
     moved = 0
     for key, value in one.items():
-        torch.testing.assert_close(two[key], value, rtol=1e-4, atol=1e-6, msg=key)
+        # The OPD gap's student is each rank's own forward (packed and padded differently): float noise
+        # of ~1e-7 in a near-zero gradient moves AdamW's first step by ~1e-6 (lr 1e-3): 1% of a step.
+        torch.testing.assert_close(
+            two[key], value, rtol=1e-4, atol=1e-5, msg=lambda m, key=key: f"{key}: {m}"
+        )
         moved += not torch.equal(value, base.get(key, torch.zeros_like(value)))
     assert moved > 0  # the step changed weights (LoRA B starts at zero)
     m1, m2 = one_manifest["metrics"], two_manifest["metrics"]
