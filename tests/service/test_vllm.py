@@ -256,7 +256,7 @@ def test_vllm_past_the_trained_window_is_scored_by_the_trainer_with_the_same_rop
     args += ["--engine.kind", "vllm", "--engine.vllm.start", "true", "--engine.vllm.python", vllm_python]
     server = RemoteServer(tmp_path / "run", [*args, "--judge.enabled", "false"], timeout=300)
     try:
-        words = " ".join(f"river{i % 40} flows past stone {i}." for i in range(120))
+        words = " ".join(f"river{i % 40} flows past stone {i}." for i in range(60))
         r = server.client().chat.completions.create(
             model="clawrl",
             messages=[{"role": "user", "content": f"{words}\nWhich river came first?"}],
