@@ -52,6 +52,7 @@ from clawrl.train.advantages import GapStats, batch_advantages
 from clawrl.train.batch import left_pad, pack, pad_rows, score
 from clawrl.train.group import Group, split_by_tokens
 from clawrl.train.loss import policy_loss
+from clawrl.train.sizing import CPU_MICRO_BATCH_TOKENS
 from clawrl.types import Sample
 from clawrl.version_folder import version_number
 
@@ -68,20 +69,13 @@ class Triage:
     skipped: list[tuple[Sample, str]] = field(default_factory=list)  # (sample, its defect)
 
 
-def triage(
-    samples: list[Sample],
-    current: str,
-    cfg: TrainConfig,
-    vocab_size: int | None = None,
-    max_len: int | None = None,
-) -> Triage:
+def triage(samples: list[Sample], current: str, cfg: TrainConfig, vocab_size: int | None = None) -> Triage:
     """Sort ready samples into usable, stale and skipped (with reasons); `vocab_size` bounds token
-    ids; `max_len`: the longest sequence trained (default `cfg.max_seq_len`; None: no bound)."""
+    ids, `cfg.max_seq_len` lengths (the policy's config has the served window; None: no bound)."""
     out = Triage()
     now = version_number(current)
-    limit = max_len if max_len is not None else cfg.max_seq_len
     for s in samples:
-        reason = _defect(s, limit, vocab_size)
+        reason = _defect(s, cfg.max_seq_len, vocab_size)
         behind = now - version_number(s.version)
         if reason is not None:
             out.skipped.append((s, reason))
@@ -137,6 +131,8 @@ class Trainer:
         self.group = group or Group()
         self.wrapped = self.group.prepare(model)
         self.device = next(model.parameters()).device
+        # Float32 (master) weights on a GPU: forwards autocast to bf16 (`_autocast`).
+        self._bf16 = self.device.type == "cuda" and next(model.parameters()).dtype == torch.float32
         self.replay: Any = None  # clawrl.guard.replay.Replay when train.replay_fraction > 0
 
     @contextmanager
@@ -169,10 +165,11 @@ class Trainer:
         total = sum(_tokens(s) for s in samples)  # the step's tokens, on every rank: the mean's denominator
         share = split_by_tokens([_length(s) for s in samples], group.world)[group.rank]
         mine = [samples[i] for i in share]
-        groups = pack([_length(s) for s in mine], self.cfg.micro_batch_tokens or 2048)
+        lengths = [_length(s) for s in mine]
+        groups = pack(lengths, self.cfg.micro_batch_tokens or CPU_MICRO_BATCH_TOKENS)
         sums: Counter[str] = Counter({k: 0.0 for k in (*_SUMMED, "mismatch_sum", "mismatch_tokens")})
         gaps = GapStats(self.cfg.opd_clip)
-        long = self.device.type == "cpu" and max(map(_length, mine), default=0) > self.cfg.long_sample_tokens
+        long = self.device.type == "cpu" and max(lengths, default=0) > self.cfg.long_sample_tokens
         with mapped_large_allocations(long):
             for k, micro in enumerate(groups):
                 # DDP reduces the gradients in the backward of this rank's last micro-batch only.
@@ -263,9 +260,7 @@ class Trainer:
 
     def _autocast(self) -> AbstractContextManager[None]:
         """bf16 autocast around the gradient pass of float32 (master) weights on a GPU; else none."""
-        if self.device.type == "cuda" and next(self.model.parameters()).dtype == torch.float32:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return nullcontext()
+        return torch.autocast("cuda", dtype=torch.bfloat16) if self._bf16 else nullcontext()
 
     def _teacher(self, group: list[Sample], temps: torch.Tensor, width: int) -> torch.Tensor | None:
         """Teacher logprobs [B, width] of the opd rows (under their hinted prompts); None without opd."""

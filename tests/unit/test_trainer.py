@@ -109,9 +109,9 @@ def test_triage_skips_defects_and_marks_stale():
     assert reasons[2] == "too long: 32 tokens > the training window 20 (train.max_seq_len)"
     assert reasons[3].startswith("no teacher prompt: ")
     assert all(r.split(":")[0] in SKIP_REASONS for r in reasons)  # the categories the store counts
-    # The policy's window replaces the config's (None: the served window, resolved at start).
-    assert triage([long], current="v3", cfg=cfg, max_len=64).usable == [long]
-    assert triage([long], current="v3", cfg=TrainConfig()).usable == [long]  # no window: no bound
+    # The policy's config has the served window (train/sizing.py); None in a bare config: no bound.
+    assert triage([long], current="v3", cfg=cfg.model_copy(update={"max_seq_len": 64})).usable == [long]
+    assert triage([long], current="v3", cfg=TrainConfig()).usable == [long]
 
 
 def test_mismatch_is_measured_on_exact_samples_and_inexact_ones_train_on_policy(tiny_model_dir):

@@ -113,15 +113,7 @@ class MergedLora:
 
         The disk read happens here, outside the engine's swap, so decoding pauses only for the merge.
         """
-        deltas = {} if adapter_dir is None else read_adapter(adapter_dir)
-        self._check(deltas)
-
-        def load(model: nn.Module) -> None:
-            if model is not self.model:
-                raise AdapterError("this MergedLora was built for another model")
-            self.apply(deltas)
-
-        return load
+        return _loader(self, adapter_dir)
 
     def _check(self, deltas: Mapping[str, LoraDelta]) -> None:
         _check(self.model, self._linears, self.targets, deltas)
@@ -164,7 +156,7 @@ class SidePaths:
 
     def apply(self, adapter: Path | Mapping[str, LoraDelta]) -> None:
         deltas = read_adapter(adapter) if isinstance(adapter, str | Path) else adapter
-        _check(self.model, self._linears, self.targets, deltas)
+        self._check(deltas)
         side = {}
         for name, d in deltas.items():
             device = self._linears[name].weight.device
@@ -184,9 +176,24 @@ class SidePaths:
             self._off = False
 
     def loader(self, adapter_dir: Path | None) -> Callable[[nn.Module], None]:
-        deltas = {} if adapter_dir is None else read_adapter(adapter_dir)
+        return _loader(self, adapter_dir)
+
+    def _check(self, deltas: Mapping[str, LoraDelta]) -> None:
         _check(self.model, self._linears, self.targets, deltas)
-        return lambda model: self.apply(deltas)
+
+
+def _loader(versions: MergedLora | SidePaths, adapter_dir: Path | None) -> Callable[[nn.Module], None]:
+    """Read and check `adapter_dir` now (None: the base model); return what the engine's swap calls
+    with its live model, between two decoding steps: the disk read is not in the pause."""
+    deltas = {} if adapter_dir is None else read_adapter(adapter_dir)
+    versions._check(deltas)
+
+    def load(model: nn.Module) -> None:
+        if model is not versions.model:
+            raise AdapterError(f"this {type(versions).__name__} was built for another model")
+        versions.apply(deltas)
+
+    return load
 
 
 def _linear32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
