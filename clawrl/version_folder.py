@@ -192,8 +192,8 @@ def load_full_weights(model: nn.Module, state: Mapping[str, torch.Tensor]) -> No
     own = model.state_dict(keep_vars=True)
     if unexpected := sorted(state.keys() - own.keys()):
         raise AdapterError(f"the weights name tensors this model does not have: {unexpected[:5]}")
-    given = {own[k].data_ptr() for k in state}
-    if missing := sorted(k for k in own.keys() - state.keys() if own[k].data_ptr() not in given):
+    given = {id(own[k]) for k in state}  # a tied weight is one parameter under two names
+    if missing := sorted(k for k in own.keys() - state.keys() if id(own[k]) not in given):
         raise AdapterError(f"the weights leave out {missing[:5]}")
     for key, tensor in state.items():
         if tuple(tensor.shape) != tuple(own[key].shape):
@@ -201,4 +201,22 @@ def load_full_weights(model: nn.Module, state: Mapping[str, torch.Tensor]) -> No
                 f"{key}: the weights are {tuple(tensor.shape)}, the model {tuple(own[key].shape)}"
             )
     for key, tensor in state.items():
-        own[key].data.copy_(tensor)
+        own[key].data.copy_(local_part(tensor, own[key]))  # a sharded model's rank: its shard
+
+
+def is_sharded(t: torch.Tensor) -> bool:
+    """Whether `t` is one rank's shard of a tensor over several (a DTensor: FSDP, `train/shards.py`)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def local_part(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`whole` as `like` holds it: itself, or, when `like` is sharded, this rank's shard of it (cut
+    here, with no communication: every rank of an FSDP trainer loads a version on its own)."""
+    if not is_sharded(like):
+        return whole
+    from torch.distributed.tensor import distribute_tensor
+
+    whole = whole.to(device=like.device, dtype=like.dtype)
+    return distribute_tensor(whole, like.device_mesh, like.placements, src_data_rank=None)

@@ -30,10 +30,10 @@ class DistributedConfig(Section):
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp",
         description="How the ranks share the work: 'ddp' (accelerate wraps the model in "
-        "DistributedDataParallel; every rank holds the whole model). 'fsdp' (shard the weights and "
-        "optimizer state over the GPUs, for full fine-tuning past ~4B: docs/scale.md) is refused at "
-        "start without CUDA, and on CUDA too for now: the canary, publishing and replay run on rank 0 "
-        "with the whole model, which FSDP does not give it (docs/several-processes.md).",
+        "DistributedDataParallel; every rank holds the whole model). 'fsdp': torch's FSDP2 shards the "
+        "weights, gradients and optimizer state over the GPUs, for full fine-tuning past ~4B "
+        "(docs/scale.md); the ranks run in lockstep and rank 0 writes each version whole "
+        "(docs/several-processes.md). Refused at start without CUDA.",
     )
     mixed_precision: Literal["no", "bf16"] = Field(
         "bf16",

@@ -28,11 +28,12 @@ log = logging.getLogger("clawrl.trainer")
 
 
 def trainer_hooks(
-    config: Config, store: Store | None, policy: Any, base_dir: Path, check: bool
+    config: Config, store: Store | None, policy: Any, base_dir: Path, check: bool, group: Any = None
 ) -> tuple[Callable[[Any], tuple[str, dict]] | None, Callable[[Version], object] | None]:
     """Give the policy's trainer replay (`train.replay_fraction` > 0), and return (canary check,
     what to do after a hold) for `TrainLoop`: (None, None) unless `check` (the gate is on and this
-    process publishes). The tokenizer (both render the general set) is loaded only if one is on."""
+    process publishes, or is a rank of an FSDP `group`, which runs the canary with rank 0). The
+    tokenizer (both render the general set) is loaded only if one is on."""
     if not check and config.train.replay_fraction <= 0:
         return None, None
     import transformers
@@ -43,11 +44,13 @@ def trainer_hooks(
     attach_replay(policy, tokenizer)
     if not check:
         return None, None
-    assert store is not None, "the process that checks versions publishes them: it has the store"
+    lockstep = group is not None and group.lockstep
+    assert store is not None or lockstep, "the process that checks versions publishes them: it has the store"
     from clawrl.guard.gate import Canary
 
-    canary = Canary.build(store, tokenizer, config.guard, policy.cfg.micro_batch_tokens)
-    if config.guard.on_hold != "rollback":
+    share = group.broadcast if lockstep else None
+    canary = Canary.build(store, tokenizer, config.guard, policy.cfg.micro_batch_tokens, share)
+    if config.guard.on_hold != "rollback" or store is None:
         return canary.check, None
 
     def publish_rollback(target: Version) -> None:

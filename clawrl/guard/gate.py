@@ -25,6 +25,7 @@ process, at its niceness and thread count, so serving never waits for it;
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,23 +39,37 @@ from clawrl.store.db import Store
 
 @dataclass
 class Canary:
-    store: Store
+    """The check. In an FSDP trainer group (`share` and `synced` given) every rank runs it on the
+    same inputs, each forward a collective: the turns for the KL are rank 0's (the one with the
+    store), shared with `share`, and greedy answers run until every rank's are done (`synced`)."""
+
+    store: Store | None  # None on the ranks of a group other than rank 0
     items: list[Encoded]
     cfg: GuardConfig
     budget: int  # padded tokens per forward pass (train.micro_batch_tokens)
     tokenizer: Any = None
+    share: Callable[[Any], Any] | None = None  # rank 0's object on every rank (the group's broadcast)
+    synced: bool = False
     _base: tuple[float, float] | None = field(default=None, repr=False)
 
     @classmethod
-    def build(cls, store: Store, tokenizer: Any, cfg: GuardConfig, budget: int) -> Canary:
-        return cls(store, encode(load_items("canary"), tokenizer), cfg, budget, tokenizer)
+    def build(
+        cls,
+        store: Store | None,
+        tokenizer: Any,
+        cfg: GuardConfig,
+        budget: int,
+        share: Callable[[Any], Any] | None = None,
+    ) -> Canary:
+        items = encode(load_items("canary"), tokenizer)
+        return cls(store, items, cfg, budget, tokenizer, share, synced=share is not None)
 
     def measure(self, model: Any) -> tuple[float, float]:
         """(likelihood score, accuracy) of `model` on the canary items."""
         score = canary_score(reference_logprobs(model, self.items, self.budget))
         tok = self.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        answers = greedy_answers(model, self.items, pad, tok.eos_token_id, self.budget)
+        answers = greedy_answers(model, self.items, pad, tok.eos_token_id, self.budget, self.synced)
         texts = [tok.decode(a, skip_special_tokens=True) for a in answers]
         right = [is_right(text, item.key) for text, item in zip(texts, self.items, strict=True)]
         return score, sum(right) / len(right)
@@ -71,7 +86,9 @@ class Canary:
         start = time.perf_counter()
         base, base_accuracy = self.base(policy)
         score, accuracy = self.measure(policy.model)
-        turns = self.store.recent_token_ids(self.cfg.kl_turns) if self.cfg.kl_turns else []
+        turns = self.store.recent_token_ids(self.cfg.kl_turns) if self.cfg.kl_turns and self.store else []
+        if self.share is not None:
+            turns = self.share(turns)
         turns = [(p[-self.cfg.kl_context :], r[: self.cfg.kl_tokens]) for p, r in turns]
         kl, tokens = None, 0
         if turns:

@@ -71,9 +71,17 @@ def reference_logprobs(model: nn.Module, items: Sequence[Encoded], budget: int) 
 
 @torch.no_grad()
 def greedy_answers(
-    model: nn.Module, items: Sequence[Encoded], pad_id: int, eos_id: int | None, budget: int
+    model: nn.Module,
+    items: Sequence[Encoded],
+    pad_id: int,
+    eos_id: int | None,
+    budget: int,
+    synced: bool = False,
 ) -> list[list[int]]:
-    """Each item's greedy answer tokens (at most ANSWER_TOKENS, up to the end of the turn), in item order."""
+    """Each item's greedy answer tokens (at most ANSWER_TOKENS, up to the end of the turn), in item order.
+
+    `synced`: the model is sharded over a group of ranks (FSDP), each decoding step a collective:
+    every rank steps until all are done, so a numeric difference cannot leave one waiting."""
     device = device_of(model)
     out: list[list[int]] = [[] for _ in items]
     for group in pack([len(i.prompt_ids) + ANSWER_TOKENS for i in items], budget):
@@ -86,6 +94,7 @@ def greedy_answers(
             do_sample=False,
             pad_token_id=pad_id,
             eos_token_id=eos_id,
+            synced_gpus=synced,
         )[:, width:]
         for row, i in enumerate(group):
             tokens = made[row].tolist()

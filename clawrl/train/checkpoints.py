@@ -25,12 +25,14 @@ from typing import Any
 import torch
 from peft import PeftModel, set_peft_model_state_dict
 
+from clawrl.train.shards import copy_whole, local_optimizer_state
 from clawrl.version_folder import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
     CHECKPOINTS,
     MANIFEST,
     OPTIMIZER,
+    is_sharded,
     load_full_weights,
     read_full_weights,
     read_manifest,
@@ -65,22 +67,30 @@ def publish_lock(run_dir: Path) -> Iterator[None]:
 
 
 def save_version(
-    run_dir: Path, version: str, model: Any, optimizer: torch.optim.Optimizer, manifest: dict
+    run_dir: Path,
+    version: str,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    manifest: dict,
+    state: tuple[dict, dict] | None = None,
 ) -> Path:
     """Write `version` (v1, v2, ...) and return its folder; refuses to overwrite an existing one.
 
     `manifest` holds at least `step`, `samples` and `metrics`; `version`,
     `created_at` (Unix seconds), `base_model` and `parent` (v{N-1}) are filled
-    in when absent.
+    in when absent. `state`: the whole (model, optimizer) state when the objects hold shards
+    (`train/shards.py`); None: theirs.
     """
     number = version_number(version)
     if number < 1:
         raise ValueError("v0 is the base model; saved versions start at v1")
     manifest = _complete(manifest, version, number, model)
+    weights, optim = state if state is not None else (None, optimizer.state_dict())
 
     def fill(tmp: Path) -> None:
-        model.save_pretrained(tmp)  # a PeftModel writes its adapter; a plain model, all of itself
-        torch.save(optimizer.state_dict(), tmp / OPTIMIZER)
+        # A PeftModel writes its adapter; a plain model, all of itself.
+        model.save_pretrained(tmp, **({} if weights is None else {"state_dict": weights}))
+        torch.save(optim, tmp / OPTIMIZER)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
 
     return _write_atomically(version_dir(run_dir, version), fill)
@@ -173,20 +183,37 @@ def _load_folder(folder: Path, model: Any, optimizer: torch.optim.Optimizer | No
     else:
         _load_full(folder, model)
     if optimizer is not None and (folder / OPTIMIZER).is_file():  # a rollback to the base has none
-        optimizer.load_state_dict(torch.load(folder / OPTIMIZER, map_location="cpu", weights_only=True))
+        saved = torch.load(folder / OPTIMIZER, map_location="cpu", weights_only=True)
+        optimizer.load_state_dict(local_optimizer_state(saved, optimizer))
     return read_manifest(folder)
 
 
 def _load_adapter(folder: Path, model: Any) -> None:
     if not isinstance(model, PeftModel):
         raise ValueError(f"{folder} holds a LoRA adapter; this trainer trains full weights (train.weights)")
-    result = set_peft_model_state_dict(model, read_tensors(folder / ADAPTER_WEIGHTS))
-    missing = [k for k in result.missing_keys if ".lora_" in k]
-    if result.unexpected_keys or missing:
+    tensors = read_tensors(folder / ADAPTER_WEIGHTS)
+    if any(is_sharded(p) for p in model.parameters()):
+        unexpected, missing = _load_adapter_shards(model, tensors)
+    else:
+        result = set_peft_model_state_dict(model, tensors)
+        unexpected, missing = result.unexpected_keys, [k for k in result.missing_keys if ".lora_" in k]
+    if unexpected or missing:
         raise ValueError(
-            f"{folder} does not fit this model: "
-            f"unexpected {result.unexpected_keys[:3]}, missing {missing[:3]}"
+            f"{folder} does not fit this model: unexpected {unexpected[:3]}, missing {missing[:3]}"
         )
+
+
+def _load_adapter_shards(model: Any, tensors: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
+    """An adapter file into a sharded PeftModel, each rank its shards: (unexpected, missing) keys.
+
+    The file names a parameter as PEFT's `save_pretrained` does: without the adapter's name."""
+    name = model.active_adapter
+    own = {k.replace(f".{name}.", "."): p for k, p in model.named_parameters() if ".lora_" in k}
+    unexpected, missing = sorted(tensors.keys() - own.keys()), sorted(own.keys() - tensors.keys())
+    if not unexpected and not missing:
+        for key, tensor in tensors.items():
+            copy_whole(own[key], tensor)
+    return unexpected, missing
 
 
 def _load_full(folder: Path, model: Any) -> None:

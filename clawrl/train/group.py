@@ -11,6 +11,12 @@ is, and does the few collective things a step needs:
   in the backward of each rank's last micro-batch (never by hand);
 - `sum(values)`: the step's metrics, summed over the ranks.
 
+Under FSDP (`FsdpGroup`, `train/shards.py`) a rank holds a shard of every weight, so every
+forward and backward is a collective: the group runs in `lockstep`. Every rank makes the
+same passes (the trainer pads a rank's micro-batches with zero-weight ones, and scores a
+teacher pass wherever any rank needs one), runs the canary with rank 0, and joins the gather
+of the whole state (`full_state`) that rank 0 writes as the version.
+
 How a step is shared (`split_by_tokens`): rank 0 broadcasts the step's
 samples, and each rank trains the share this pure function gives it, so every
 rank computes the same split without another message. The split balances the
@@ -29,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
@@ -64,6 +71,7 @@ class Group:
     rank = 0
     world = 1
     grad_scale = 1.0
+    lockstep = False  # True: every forward is a collective (FSDP), every rank makes every pass
 
     def __init__(self, device: str = "auto") -> None:
         self.device = device
@@ -75,8 +83,17 @@ class Group:
     def broadcast(self, obj: Any) -> Any:
         return obj
 
+    def shard(self, model: nn.Module) -> nn.Module:
+        """`model` as this group holds it, before its optimizer is made (sharded under FSDP)."""
+        return model
+
     def prepare(self, model: nn.Module) -> nn.Module:
         return model
+
+    def full_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict] | None:
+        """The whole state for a version folder when the live objects do not hold it (FSDP; rank 0
+        only; every rank calls it); None: save the model and optimizer themselves."""
+        return None
 
     @contextlib.contextmanager
     def no_sync(self, module: nn.Module, skip: bool) -> Iterator[None]:
@@ -111,7 +128,10 @@ class AccelerateGroup(Group):
         )
         kind = self.accelerator.distributed_type
         if not kind.name.startswith("MULTI_"):  # e.g. an accelerate config file that asks for FSDP
-            raise RuntimeError(f"clawrl's trainer group runs DDP; accelerate set up {kind.name} instead")
+            raise RuntimeError(
+                f"clawrl's trainer group shards the model itself (train.distributed.strategy); "
+                f"accelerate set up {kind.name} instead: launch it without an FSDP or DeepSpeed plugin"
+            )
         self.rank = self.accelerator.process_index
         self.world = self.accelerator.num_processes
         self.grad_scale = float(self.world)  # DDP averages the ranks' gradients; the loss is a sum share
@@ -147,22 +167,52 @@ class AccelerateGroup(Group):
         self.accelerator.end_training()  # destroys the process group
 
 
+class FsdpGroup(AccelerateGroup):
+    """A rank of a group that shards the model (FSDP2, `train/shards.py`); see the module docstring."""
+
+    lockstep = True
+
+    def __init__(self, cfg: DistributedConfig) -> None:
+        super().__init__(cfg)
+        self.bf16 = torch.cuda.is_available() and cfg.mixed_precision == "bf16"
+
+    def shard(self, model: nn.Module) -> nn.Module:
+        from clawrl.train.shards import shard_model
+
+        return shard_model(model, self.bf16)
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        return model  # sharded already (`shard`): FSDP reduce-scatters the gradients, averaged
+
+    def full_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict] | None:
+        from clawrl.train.shards import full_state
+
+        return full_state(model, optimizer)
+
+    @contextlib.contextmanager
+    def no_sync(self, module: nn.Module, skip: bool) -> Iterator[None]:
+        """Gradients accumulate unreduced when `skip`; reduced in the backward of the last micro-batch."""
+        root = module.get_base_model() if hasattr(module, "get_base_model") else module
+        root.set_requires_gradient_sync(not skip)
+        yield
+
+
+FSDP_ON_CPU = "CLAWRL_FSDP_ON_CPU"  # clawrl's own tests: the FSDP path under gloo on a CPU
+
+
 def strategy_refusal(cfg: DistributedConfig) -> str | None:
     """Why the trainer cannot start with this strategy here (None: it can)."""
-    if cfg.strategy != "fsdp":
+    if cfg.strategy != "fsdp" or torch.cuda.is_available() or os.environ.get(FSDP_ON_CPU) == "1":
         return None
-    if not torch.cuda.is_available():
-        return (
-            "train.distributed.strategy = 'fsdp' needs CUDA GPUs (accelerate runs FSDP on accelerators "
-            "only) and this machine has none; use 'ddp', or LoRA, which fits one device (docs/scale.md)"
-        )
     return (
-        "train.distributed.strategy = 'fsdp' is not wired yet: the canary, publishing and replay run "
-        "on rank 0 with the whole model, and FSDP shards it; use 'ddp' with train.weights = 'lora' "
-        "(docs/scale.md)"
+        "train.distributed.strategy = 'fsdp' needs CUDA GPUs and this machine has none (sharding "
+        "pays on GPUs, where one device cannot hold the weights and optimizer state); use 'ddp', "
+        "or LoRA, which fits one device (docs/scale.md)"
     )
 
 
 def open_group(cfg: DistributedConfig, world: int, device: str = "auto") -> Group:
     """The group of a process started as one of `world` ranks (1: a plain process)."""
-    return Group(device) if world <= 1 else AccelerateGroup(cfg)
+    if world <= 1:
+        return Group(device)
+    return FsdpGroup(cfg) if cfg.strategy == "fsdp" else AccelerateGroup(cfg)

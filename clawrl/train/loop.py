@@ -37,7 +37,8 @@ parent. It does not crash, so the supervisor does not restart it in a loop.
 
 Several ranks (`train.distributed.num_processes` > 1, `train/group.py`): rank 0
 alone reads and marks samples in the store, loads versions first, writes
-checkpoints, runs the canary and publishes. Each pass it broadcasts whether to stop, then a
+checkpoints, runs the canary and publishes (under FSDP every rank runs the canary with it, and
+joins the gather of the whole state that rank 0 writes). Each pass it broadcasts whether to stop, then a
 `Plan` (follow a version; train these samples); the other ranks load the
 version it names from the run folder (shared by all ranks) and train their
 share of the same samples. The other ranks never touch the store. Rank 0
@@ -182,14 +183,17 @@ class TrainLoop:
         if self._main:
             log.info("step %d: training %s on %d samples", self.step + 1, self.version, len(plan.batch))
         metrics = self.policy.trainer.step(plan.batch, self.version)
-        if not self._main:
+        if not self._main and not self.group.lockstep:
             return False
         status, figures = UNCHECKED, None
-        if self.canary is not None:
+        if self.canary is not None:  # rank 0's; every rank's in a lockstep group, which runs it together
             self._state("checking")
             status, figures = self.canary(self.policy)
         self._state("publishing")
-        return self._publish(plan.batch, metrics, status, figures)
+        state = self.group.full_state(self.policy.model, self.policy.optimizer)  # FSDP: gathered to rank 0
+        if not self._main:
+            return False
+        return self._publish(plan.batch, metrics, status, figures, state)
 
     def _plan(self) -> Plan:
         """Rank 0: follow a version published elsewhere, then the next batch, if a full one is ready."""
@@ -241,7 +245,14 @@ class TrainLoop:
                 log.log(level, "%s sample %s of turn %s: %s", status, s.id, s.turn_id, why)
         return t.usable
 
-    def _publish(self, batch: list[Sample], metrics: dict, status: str, canary: dict | None) -> bool:
+    def _publish(
+        self,
+        batch: list[Sample],
+        metrics: dict,
+        status: str,
+        canary: dict | None,
+        state: tuple[dict, dict] | None = None,
+    ) -> bool:
         ids = [s.id for s in batch if s.id is not None]
         with publish_lock(self.run_dir):  # no rollback can take the name between folder and row
             latest = self.store.latest_version()
@@ -251,7 +262,7 @@ class TrainLoop:
             name = claim_next(self.run_dir, latest.number)
             manifest = {"step": self.step + 1, "samples": ids, "metrics": metrics, "parent": self.version}
             manifest |= {"status": status, "canary": canary}
-            path = save_version(self.run_dir, name, self.policy.model, self.policy.optimizer, manifest)
+            path = save_version(self.run_dir, name, self.policy.model, self.policy.optimizer, manifest, state)
             version = Version(
                 name, self.step + 1, str(path), metrics, self.version, status=status, canary=canary
             )

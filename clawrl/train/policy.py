@@ -104,6 +104,10 @@ def build_policy(
             if on_gpu:  # read without gradients only: bf16 is enough, and half the memory of float32
                 reference = reference.to(torch.bfloat16)
         model.requires_grad_(True)
+    group = group or Group()
+    model = group.shard(model)  # before the optimizer: under FSDP it holds the shards
+    if reference is not None:
+        reference = group.shard(reference)
     model.eval()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)

@@ -52,6 +52,7 @@ from clawrl.train.advantages import GapStats, batch_advantages
 from clawrl.train.batch import left_pad, pack, pad_rows, score
 from clawrl.train.group import Group, split_by_tokens
 from clawrl.train.loss import policy_loss
+from clawrl.train.shards import grad_norm_value
 from clawrl.train.sizing import CPU_MICRO_BATCH_TOKENS
 from clawrl.types import Sample
 from clawrl.version_folder import version_number
@@ -163,22 +164,25 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         total = sum(_tokens(s) for s in samples)  # the step's tokens, on every rank: the mean's denominator
-        share = split_by_tokens([_length(s) for s in samples], group.world)[group.rank]
-        mine = [samples[i] for i in share]
+        plans = self._micro_batches(samples)  # every rank's, so a lockstep group can match them
+        mine, groups = plans[group.rank]
         lengths = [_length(s) for s in mine]
-        groups = pack(lengths, self.cfg.micro_batch_tokens or CPU_MICRO_BATCH_TOKENS)
+        passes = self._passes(plans)
         sums: Counter[str] = Counter({k: 0.0 for k in (*_SUMMED, "mismatch_sum", "mismatch_tokens")})
         gaps = GapStats(self.cfg.opd_clip)
         long = self.device.type == "cpu" and max(lengths, default=0) > self.cfg.long_sample_tokens
         with mapped_large_allocations(long):
-            for k, micro in enumerate(groups):
-                # DDP reduces the gradients in the backward of this rank's last micro-batch only.
-                with group.no_sync(self.wrapped, skip=k < len(groups) - 1):
-                    terms, drift = self._micro_loss([mine[i] for i in micro], total, version, gaps)
-                    group.backward(terms.loss * group.grad_scale)
-                for key in _SUMMED:
-                    sums[key] += float(getattr(terms, key))
-                sums.update(drift)
+            for k, teacher in enumerate(passes):
+                real = k < len(groups)  # else a lockstep rank's zero-weight pass (module docstring)
+                micro = [mine[i] for i in groups[k if real else -1]]
+                # The gradients are reduced in the backward of the last micro-batch only.
+                with group.no_sync(self.wrapped, skip=k < len(passes) - 1):
+                    terms, drift = self._micro_loss(micro, total, version, gaps if real else None, teacher)
+                    group.backward(terms.loss * (group.grad_scale if real else 0.0))
+                if real:
+                    for key in _SUMMED:
+                        sums[key] += float(getattr(terms, key))
+                    sums.update(drift)
                 del terms
         replayed = self.replay.backward(self, total) if self.replay is not None else {}
         grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -188,8 +192,33 @@ class Trainer:
         self.model.eval()
         release_free_memory()  # the step's freed activations go back to the OS, not kept until the next
         summed = group.sum(dict(sums))
-        metrics = self._metrics(samples, summed, total, float(grad_norm), time.perf_counter() - start)
+        took = time.perf_counter() - start
+        metrics = self._metrics(samples, summed, total, grad_norm_value(grad_norm), took)
         return metrics | gaps.metrics() | replayed
+
+    def _micro_batches(self, samples: list[Sample]) -> list[tuple[list[Sample], list[list[int]]]]:
+        """Per rank: (its share of `samples`, its micro-batches as indices into that share)."""
+        budget = self.cfg.micro_batch_tokens or CPU_MICRO_BATCH_TOKENS
+        out = []
+        for share in split_by_tokens([_length(s) for s in samples], self.group.world):
+            mine = [samples[i] for i in share]
+            out.append((mine, pack([_length(s) for s in mine], budget)))
+        return out
+
+    def _passes(self, plans: list[tuple[list[Sample], list[list[int]]]]) -> list[bool]:
+        """This rank's micro-batch passes, each with whether it scores a teacher pass.
+
+        Alone or under DDP: one per micro-batch, a teacher pass where it has opd samples. In a
+        lockstep group (FSDP: every forward is a collective) every rank makes as many passes as
+        the rank with the most, and a teacher pass wherever any rank's pass has opd samples; a
+        rank past its own micro-batches passes its last one again, at zero weight."""
+        mine, groups = plans[self.group.rank]
+        if not self.group.lockstep:
+            return [any(mine[i].kind == "opd" for i in g) for g in groups]
+        count = max(len(g) for _, g in plans)
+        return [
+            any(s[i].kind == "opd" for s, g in plans for i in g[min(k, len(g) - 1)]) for k in range(count)
+        ]
 
     def _metrics(
         self, samples: list[Sample], sums: dict[str, float], total: int, grad_norm: float, took: float
@@ -214,9 +243,13 @@ class Trainer:
             "tokens_per_s": total / took,
         }
 
-    def _micro_loss(self, group: list[Sample], total: int, version: str | None, gaps: GapStats):
+    def _micro_loss(
+        self, group: list[Sample], total: int, version: str | None, gaps: GapStats | None, teacher: bool
+    ):
         """The loss of one micro-batch, as its share of the step's token-level mean, and its
-        train-vs-serve drift sums (`mismatch_sum`, `mismatch_tokens`).
+        train-vs-serve drift sums (`mismatch_sum`, `mismatch_tokens`). `teacher`: score a teacher
+        pass (a lockstep rank without opd rows scores one and drops it); `gaps`: None for a
+        zero-weight pass, whose gaps are not counted.
 
         The passes without gradient (teacher, reference) run first, so their logits are gone
         before the gradient pass builds its graph: the peak is one of them, not their sum.
@@ -229,7 +262,7 @@ class Trainer:
         width = batch.targets.shape[1]
         recorded = pad_rows([s.logprobs for s in group], width, device)
         mask = pad_rows([s.loss_mask or [1] * len(s.response_ids) for s in group], width, device)
-        teacher = self._teacher(group, temps, width)
+        teachers = self._teacher(group, temps, width) if teacher else None
         ref = None
         if cfg.kl_coef:
             with self._scorer(reference=True) as module:
@@ -238,7 +271,7 @@ class Trainer:
         with self._autocast():
             logp, entropy = score(self.wrapped, batch, temps, entropy_grad=cfg.entropy_coef > 0)
         student = logp.detach()
-        adv = batch_advantages(group, student, teacher, cfg.w_rl, cfg.w_opd, cfg.opd_clip, gaps)
+        adv = batch_advantages(group, student, teachers, cfg.w_rl, cfg.w_opd, cfg.opd_clip, gaps)
         exact = torch.tensor([s.logprobs_exact for s in group], device=device)[:, None]
         old = torch.where(exact, recorded, student)  # inexact: trained on-policy (module docstring)
         terms = policy_loss(
@@ -265,7 +298,10 @@ class Trainer:
     def _teacher(self, group: list[Sample], temps: torch.Tensor, width: int) -> torch.Tensor | None:
         """Teacher logprobs [B, width] of the opd rows (under their hinted prompts); None without opd."""
         rows = [i for i, s in enumerate(group) if s.kind == "opd"]
-        if not rows:
+        if not rows:  # a lockstep rank joins another rank's teacher pass: its first row, dropped
+            batch = left_pad([group[0].prompt_ids], [group[0].response_ids], self.device)
+            with self._scorer(reference=self.cfg.opd_teacher == "reference") as module:
+                score(module, batch, temps[:1], with_entropy=False)
             return None
         prompts = [group[i].teacher_prompt_ids or [] for i in rows]
         batch = left_pad(prompts, [group[i].response_ids for i in rows], self.device)

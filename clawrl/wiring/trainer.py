@@ -146,13 +146,14 @@ def _train(config: Config, group: Group, parent_pid: int | None, steps: int | No
         m = config.model
         context = served_context(m.path, m.max_context)
         device = group.device if group.world > 1 else m.device
-        guarded = config.guard.enabled and group.is_main  # rank 0 alone checks and publishes
+        # Rank 0 checks and publishes; under FSDP every rank runs the canary's passes with it.
+        guarded = config.guard.enabled and (group.is_main or group.lockstep)
         policy = build_policy(
             base, config.train, device, context, m.rope_scaling, group, guarded, scale_rope=m.scale_rope
         )
         status = RankStatus(config.run_dir, group.rank, os.getppid()) if group.world > 1 else None
         loggers = StepLoggers(config.train.loggers if group.is_main else [], config.run_dir)
-        canary, on_hold = trainer_hooks(config, store, policy, base, check=guarded)
+        canary, on_hold = trainer_hooks(config, store, policy, base, check=guarded, group=group)
         loop = TrainLoop(store, policy, config.run_dir, group, status, loggers, canary, on_hold)
         loop.resume()
         loop.run(lambda: parent_pid is not None and os.getppid() != parent_pid, steps)

@@ -9,7 +9,9 @@ gradients reduced by DDP, and the loss is still the step's token-level mean.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import subprocess
 import sys
 
@@ -20,7 +22,7 @@ from safetensors.torch import load_file
 from clawrl.config import Config
 from clawrl.store.db import Store
 from clawrl.testing import make_turn
-from clawrl.train.group import split_by_tokens
+from clawrl.train.group import FSDP_ON_CPU, split_by_tokens
 from clawrl.types import Sample
 from tests.conftest import ROOT
 from tests.timing import limit
@@ -53,7 +55,7 @@ def samples() -> list[Sample]:
     return out
 
 
-def run_folder(tmp_path, name: str, model_dir, weights: str) -> Config:
+def run_folder(tmp_path, name: str, model_dir, weights: str, strategy: str = "ddp") -> Config:
     config = Config(
         run_dir=tmp_path / name,
         model={"path": str(model_dir)},
@@ -64,6 +66,7 @@ def run_folder(tmp_path, name: str, model_dir, weights: str) -> Config:
             "micro_batch_tokens": 48,  # several micro-batches per rank: DDP reduces on the last only
             "nice": 0,
             "lora": {"rank": 4, "alpha": 8},
+            "distributed": {"strategy": strategy},
         },
     )
     config.run_dir.mkdir()
@@ -76,19 +79,38 @@ def run_folder(tmp_path, name: str, model_dir, weights: str) -> Config:
     return config
 
 
-def train_one_step(config: Config, processes: int) -> tuple[dict[str, torch.Tensor], dict]:
+def train_one_step(config: Config, processes: int, step: int = 1) -> tuple[dict[str, torch.Tensor], dict]:
+    """`clawrl train --steps 1` on the run folder (its `step`th version); v`step`'s weights and manifest."""
     cmd = [sys.executable, "-m", "clawrl", "train", "--run-dir", str(config.run_dir), "--steps", "1"]
     cmd += ["--train.distributed.num-processes", str(processes), "--train.threads", str(processes)]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=limit(180))
+    env = os.environ | {FSDP_ON_CPU: "1"}  # the FSDP path runs under gloo (refused on a CPU otherwise)
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=limit(240), env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    folder = config.run_dir / "checkpoints" / "v1"
+    folder = config.run_dir / "checkpoints" / f"v{step}"
     files = ["adapter_model.safetensors"] if config.train.weights == "lora" else ["model.safetensors"]
     weights = {k: v for f in files for k, v in load_file(folder / f).items()}
     manifest = json.loads((folder / "manifest.json").read_text())
     with Store.open(config.run_dir / "clawrl.db", readonly=True) as store:
-        assert store.count_samples("trained") == 6 and store.count_samples("ready") == 0
-        assert [v.name for v in store.versions()] == ["v0", "v1"]
+        assert store.count_samples("trained") == 6 * step and store.count_samples("ready") == 0
+        assert [v.name for v in store.versions()] == [f"v{n}" for n in range(step + 1)]
     return weights, manifest
+
+
+def add_batch(config: Config, batch: int) -> None:
+    """Six more samples for the next step, on new turns; the last one's answer three times as long.
+
+    Two ranks then pack their shares unevenly (micro_batch_tokens 48): rank 0 two micro-batches
+    (rl; the long opd alone), rank 1 three (opd and rl; opd; rl). Under FSDP rank 0 passes its
+    last again at zero weight, and each rank joins a teacher pass it has no opd row for."""
+    with Store.open(config.run_dir / "clawrl.db") as store:
+        fresh = []
+        for i, s in enumerate(samples()):
+            turn = f"t{6 * batch + i}"
+            store.insert_turn(make_turn(turn, "s1", 6 * batch + i, created_at=10.0 + 6 * batch + i))
+            if i == 5:
+                s = dataclasses.replace(s, response_ids=s.response_ids * 3, logprobs=s.logprobs * 3)
+            fresh.append(dataclasses.replace(s, turn_id=turn))
+        store.insert_samples(fresh)
 
 
 @pytest.mark.parametrize("weights", ["lora", "full"])
@@ -113,6 +135,38 @@ def test_two_ranks_publish_the_same_version_as_one_process(tmp_path, tiny_model_
         assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-7), key
     assert m1["grad_norm"] > 0
     assert sorted(one_manifest["samples"]) == sorted(two_manifest["samples"])
+
+
+@pytest.mark.parametrize("weights", ["lora", "full"])
+def test_two_fsdp_ranks_train_two_versions_as_one_process(tmp_path, tiny_model_dir, weights):
+    """FSDP (torch's fully_shard, here under gloo): each rank holds half of every weight, gradient
+    and optimizer state. The canary runs on both ranks together; v1 is gathered to rank 0 and
+    written as one process writes it; the second run loads v1 (weights and optimizer state) into
+    the shards, each rank cutting its own, and trains v2. Both versions match one process's."""
+    one = run_folder(tmp_path, "one", tiny_model_dir, weights)
+    two = run_folder(tmp_path, "two", tiny_model_dir, weights, strategy="fsdp")
+    for step in (1, 2):
+        if step > 1:
+            add_batch(one, step - 1)
+            add_batch(two, step - 1)
+        w1, m1 = train_one_step(one, 1, step)
+        w2, m2 = train_one_step(two, 2, step)
+        assert w1.keys() == w2.keys()
+        for key, value in w1.items():
+            torch.testing.assert_close(
+                w2[key], value, rtol=1e-4, atol=1e-5, msg=lambda m, k=key, s=step: f"v{s} {k}: {m}"
+            )
+        for key in ("loss", "pg_loss", "entropy", "clip_frac", "grad_norm", "tokens", "samples_opd"):
+            assert m2["metrics"][key] == pytest.approx(m1["metrics"][key], rel=1e-4, abs=1e-7), (step, key)
+        # The canary ran on the sharded weights: the same verdict and figures as one process's.
+        assert m2["status"] == m1["status"] and m1["canary"] is not None
+        for key in ("score", "accuracy", "kl"):
+            assert m2["canary"][key] == pytest.approx(m1["canary"][key], rel=1e-3, abs=1e-6), (step, key)
+        opt1, opt2 = (torch.load(c.run_dir / "checkpoints" / f"v{step}" / "optimizer.pt") for c in (one, two))
+        assert opt1["state"].keys() == opt2["state"].keys() and opt1["state"]
+        for i, state in opt1["state"].items():
+            torch.testing.assert_close(opt2["state"][i]["exp_avg"], state["exp_avg"], rtol=1e-3, atol=1e-8)
+            assert float(opt2["state"][i]["step"]) == float(state["step"]) == step
 
 
 def test_samples_are_split_across_ranks_by_tokens():
