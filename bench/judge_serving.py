@@ -4,17 +4,19 @@ Run: .venv/bin/python bench/judge_serving.py [--model DIR] [--rounds 3] [--backe
 
 Two servers on the same model run side by side: one judges every turn that gets
 a next state (`--judge.backend local` by default: the server's own engine, the
-judge that competes with serving), the other has `--judge.enabled false`.
-8 concurrent clients each hold a 3-turn conversation (every turn after the first
-gives the one before a next state, so judging starts during the load). The
+judge that competes with serving, in its default mode: label likelihoods, frozen
+base weights), the other has `--judge.enabled false`. `--clients` (4) concurrent
+clients each hold a 3-turn conversation (every turn after the first gives the one
+before a next state, so judging starts during the load). The
 servers take turns, round after round, so machine noise hits both alike; the
 judging server is frozen (SIGSTOP) while the other one is measured, so its
 judge backlog cannot slow the baseline. Judging rate = judgments made during
 the judging server's own rounds.
 
 Printed: serving latency (mean, p95) with judging on and off and their ratio
-(target: p95 on/off <= 1.2), the turns judged during the load, and the judging
-rate in `--idle-s` seconds of idle time after it. (The local judge decodes only
+(target: p95 on/off <= 1.2), the turns judged and votes cast (`/healthz`
+`judge.votes`) per minute while serving the clients, and the same in the idle
+time after the load, until the judge's backlog is done (at most `--idle-s`). (The local judge decodes only
 while no served request is active, so on a CPU it judges in the idle gaps.)
 """
 
@@ -34,8 +36,10 @@ from common import burst, p95, start_server
 from clawrl.launcher import ServerProcess
 
 
-def judged(server: ServerProcess) -> int:
-    return server.health()["judge"]["judged"]
+def judged(server: ServerProcess) -> tuple[int, int]:
+    """(turns judged, votes cast) since the server started."""
+    judge = server.health()["judge"]
+    return judge["judged"], sum(judge["votes"].values())
 
 
 def run(args: argparse.Namespace, tmp: Path) -> dict:
@@ -65,14 +69,18 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
                 if name == "off":  # freeze the judging server: its backlog must not load the other one
                     os.kill(on.proc.pid, signal.SIGSTOP)
                 try:
-                    lat[name] += asyncio.run(burst(server, 8, 3, args.max_tokens))
+                    lat[name] += asyncio.run(burst(server, args.clients, 3, args.max_tokens))
                 finally:
                     os.kill(on.proc.pid, signal.SIGCONT)
                 busy += (time.perf_counter() - t0) if name == "on" else 0.0
-        during = judged(on) - start_judged
         idle_start = judged(on)
-        time.sleep(args.idle_s)  # no load: the judge has the machine
-        idle = judged(on) - idle_start
+        during = [a - b for a, b in zip(idle_start, start_judged, strict=True)]
+        # No load: the judge has the machine, until its backlog is judged or --idle-s is up.
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < args.idle_s and on.health()["judge"]["queued"] > 0:
+            time.sleep(1.0)
+        idle_s = time.perf_counter() - t0
+        idle = [a - b for a, b in zip(judged(on), idle_start, strict=True)]
         queued = on.health()["judge"]["queued"]
     finally:
         on.stop()
@@ -83,7 +91,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
         "judged_under_load": during,
         "load_minutes": busy / 60,
         "judged_idle": idle,
-        "idle_minutes": args.idle_s / 60,
+        "idle_minutes": idle_s / 60,
         "queued_at_end": queued,
     }
 
@@ -96,6 +104,7 @@ def main() -> None:
     p.add_argument("--votes", type=int, default=3)
     p.add_argument("--judge-tokens", type=int, default=96, help="judge.max_tokens")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--clients", type=int, default=4, help="concurrent conversations in each round")
     p.add_argument("--max-tokens", type=int, default=32, help="tokens per served answer")
     p.add_argument(
         "--idle-s", type=float, default=120.0, help="idle time after the load, for the judging rate"
@@ -106,8 +115,8 @@ def main() -> None:
     lat = res["latency"]
     print(
         f"judging: backend {args.backend}, method {args.method}, {args.votes} votes, "
-        f"{args.judge_tokens} tokens per judge reply; load: 8 clients x 3 turns x {args.rounds} rounds, "
-        f"{args.max_tokens} tokens per answer"
+        f"{args.judge_tokens} tokens per judge reply; load: {args.clients} clients x 3 turns x "
+        f"{args.rounds} rounds, {args.max_tokens} tokens per answer"
     )
     for k in ("off", "on"):
         mean, high = lat[k]["mean_s"] * 1000, lat[k]["p95_s"] * 1000
@@ -118,10 +127,12 @@ def main() -> None:
         f"  serving p95 on/off: {ratio:.3f} (target <= 1.2): {verdict};  mean on/off: "
         f"{lat['on']['mean_s'] / lat['off']['mean_s']:.3f}"
     )
+    (turns, votes), (idle_turns, idle_votes) = res["judged_under_load"], res["judged_idle"]
+    busy, idle = res["load_minutes"], res["idle_minutes"]
     print(
-        f"  judged under load: {res['judged_under_load']} turns in {res['load_minutes']:.1f} min; "
-        f"then idle: {res['judged_idle']} turns in {res['idle_minutes']:.1f} min "
-        f"= {res['judged_idle'] / res['idle_minutes']:.1f} turns/min ({res['queued_at_end']} still queued)"
+        f"  under load ({args.clients} streams): {turns} turns judged, {votes} votes in {busy:.1f} min "
+        f"= {votes / busy:.1f} votes/min; idle: {idle_turns} turns, {idle_votes} votes in {idle:.1f} min "
+        f"= {idle_votes / idle:.1f} votes/min ({res['queued_at_end']} turns still queued)"
     )
 
 
