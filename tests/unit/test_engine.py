@@ -232,6 +232,37 @@ def test_background_rows_step_aside_while_a_served_request_decodes(tiny_model):
     assert stats.active == 0 and stats.waiting == 0
 
 
+def test_judge_scoring_waits_for_a_gap_in_serving(tiny_model):
+    """The judge's label likelihoods (`next_token_logprobs`, `score`) run only while no served
+    request is active: asked while a stream decodes, they come back after its last token, with the
+    same numbers as when idle. (A weight swap does not wait: the test of swaps between steps.)"""
+    served = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    order: list[str] = []
+
+    async def body(engine):
+        idle = await engine.next_token_logprobs(PROMPTS[2], [5, 6, 7])
+        started = asyncio.Event()
+
+        async def user():
+            async for _ in engine.generate(PROMPTS[0], served):
+                started.set()
+            order.append("stream done")
+
+        async def judge():
+            await started.wait()
+            out = await engine.next_token_logprobs(PROMPTS[2], [5, 6, 7])
+            scored = await engine.score(PROMPTS[2], [5, 6])
+            order.append("judge done")
+            return out, scored
+
+        results = await asyncio.gather(user(), judge())
+        return idle, results[1]
+
+    idle, (busy, scored) = run(_with_engine(tiny_model, body))
+    assert order == ["stream done", "judge done"]
+    assert busy == pytest.approx(idle, abs=1e-5) and len(scored) == 2
+
+
 def test_the_prefix_cache_budget_is_the_configured_one_else_a_gigabyte_on_a_cpu():
     from torch import nn
 

@@ -36,6 +36,11 @@ before sampling, and the matcher consumes the token drawn. The recorded logprob 
 of the masked distribution. Under a grammar a stop token always ends the sequence (`ignore_eos`
 included): once the grammar is complete, end of sequence is all it allows.
 
+Scoring jobs (`score`, `next_token_logprobs`: the judge's label likelihoods) are background
+work, as judge decoding is: they run only while no served request is active, one an
+iteration, so a request arriving in a gap waits behind one judge forward pass at most. Weight
+swaps run at once.
+
 Versions (`serve_version`): the version's folder is read and checked in a worker
 thread, outside the pause; then `swap_weights` merges it between two decoding
 steps (`clawrl/engine/local/merge.py`). A folder that cannot be read or does not fit
@@ -100,6 +105,7 @@ class _Request:
 class _Job:
     run: Callable[[], Any]
     future: asyncio.Future[Any]
+    background: bool = False  # judge work: run only while no served request is active
     result: Any = None
     error: BaseException | None = None
 
@@ -228,12 +234,12 @@ class LocalEngine:
     async def score(
         self, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0, *, base: bool = False
     ) -> list[float]:
-        return await self._submit(lambda: self._score(prompt_ids, response_ids, temperature, base))
+        return await self._submit(lambda: self._score(prompt_ids, response_ids, temperature, base), True)
 
     async def next_token_logprobs(
         self, prompt_ids: list[int], token_ids: list[int], *, base: bool = False
     ) -> list[float]:
-        return await self._submit(lambda: self._next_token(prompt_ids, token_ids, base))
+        return await self._submit(lambda: self._next_token(prompt_ids, token_ids, base), True)
 
     async def serve_version(self, version: Version) -> None:
         loop = asyncio.get_running_loop()
@@ -259,8 +265,8 @@ class LocalEngine:
         await self._submit(swap)
         log.info("now serving %s", version)
 
-    async def _submit(self, run: Callable[[], Any]) -> Any:
-        job = _Job(run, asyncio.get_running_loop().create_future())
+    async def _submit(self, run: Callable[[], Any], background: bool = False) -> Any:
+        job = _Job(run, asyncio.get_running_loop().create_future(), background)
         self._jobs.append(job)
         self._wake.set()
         return await job.future
@@ -270,7 +276,7 @@ class LocalEngine:
         while True:
             await self._wake.wait()
             work = self._plan()
-            jobs, self._jobs = self._jobs, []
+            jobs = self._take_jobs()
             try:
                 events = await loop.run_in_executor(self._thread, self._iterate, work, jobs)
             except Exception as exc:  # degrade on purpose: fail this batch, keep serving
@@ -283,6 +289,16 @@ class LocalEngine:
             if not (self._rows or self._waiting or self._chunking or self._parked or self._jobs):
                 self._wake.clear()
                 await loop.run_in_executor(self._thread, release_free_memory)
+
+    def _take_jobs(self) -> list[_Job]:
+        """The jobs for this iteration: every swap, and one background job (judge scoring) if no
+        served request is active, so a request arriving meanwhile waits behind one at most."""
+        background = [j for j in self._jobs if j.background]
+        take = [j for j in self._jobs if not j.background]
+        if background and not self._serving():
+            take.append(background[0])
+        self._jobs = [j for j in self._jobs if j not in take]
+        return take
 
     def _plan(self) -> list[_Request] | _Request | str | None:
         """The next iteration: prefill a group (a list), a chunk of one long prompt (a request),
