@@ -185,8 +185,9 @@ class Engine(Protocol):
         """log p(response_ids[i] | prompt, response[:i]) under softmax(logits / temperature).
 
         `base`: under the base model's weights (v0), whatever version is served now: the
-        frozen judge's view. Raises `EngineFailed` where the engine cannot (a full version served
-        by the local engine)."""
+        frozen judge's view. Judge work: an engine may run it after the served requests in flight
+        (the local engine does). Raises `EngineFailed` where the engine cannot (a full version
+        served by the local engine)."""
         ...
 
     async def next_token_logprobs(
