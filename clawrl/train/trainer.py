@@ -173,7 +173,7 @@ class Trainer:
         long = self.device.type == "cpu" and max(lengths, default=0) > self.cfg.long_sample_tokens
         with mapped_large_allocations(long):
             for k, teacher in enumerate(passes):
-                real = k < len(groups)  # else a lockstep rank's zero-weight pass (module docstring)
+                real = k < len(groups)  # else a lockstep rank's zero-weight pass (`_passes`)
                 micro = [mine[i] for i in groups[k if real else -1]]
                 # The gradients are reduced in the backward of the last micro-batch only.
                 with group.no_sync(self.wrapped, skip=k < len(passes) - 1):
