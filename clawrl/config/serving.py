@@ -142,6 +142,14 @@ class EngineConfig(Section):
     max_background_rows: int = Field(
         8, ge=1, description="Most background sequences (local judge calls) decoded at once, while idle."
     )
+    background_share: float = Field(
+        0.15,
+        gt=0,
+        le=1,
+        description="Share of the local engine's time that judge scoring (label likelihoods) gets while "
+        "served requests are active; idle time is all the judge's. Serving slows by at most "
+        "share / (1 - share); 1 runs a vote every iteration.",
+    )
     threads: int | None = Field(None, gt=0, description="torch CPU threads. None: torch's default.")
     prefix_cache_mb: int | None = Field(
         None,

@@ -232,11 +232,10 @@ def test_background_rows_step_aside_while_a_served_request_decodes(tiny_model):
     assert stats.active == 0 and stats.waiting == 0
 
 
-def test_judge_scoring_waits_for_a_gap_in_serving(tiny_model):
-    """The judge's label likelihoods (`next_token_logprobs`, `score`) run only while no served
-    request is active: asked while a stream decodes, they come back after its last token, with the
-    same numbers as when idle. (A weight swap does not wait: the test of swaps between steps.)"""
-    served = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+def _judge_beside_a_stream(model, share: float, stream_tokens: int) -> tuple[list[str], list, list]:
+    """Ask the judge's label likelihoods (`next_token_logprobs`, `score`) while a stream decodes;
+    what finished first, and the likelihoods asked while idle and while busy."""
+    served = SamplingParams(max_tokens=stream_tokens, temperature=0, ignore_eos=True)
     order: list[str] = []
 
     async def body(engine):
@@ -251,16 +250,32 @@ def test_judge_scoring_waits_for_a_gap_in_serving(tiny_model):
         async def judge():
             await started.wait()
             out = await engine.next_token_logprobs(PROMPTS[2], [5, 6, 7])
-            scored = await engine.score(PROMPTS[2], [5, 6])
+            assert len(await engine.score(PROMPTS[2], [5, 6])) == 2
             order.append("judge done")
-            return out, scored
+            return out
 
-        results = await asyncio.gather(user(), judge())
-        return idle, results[1]
+        busy = (await asyncio.gather(user(), judge()))[1]
+        return idle, busy
 
-    idle, (busy, scored) = run(_with_engine(tiny_model, body))
+    idle, busy = run(_with_engine(model, body, background_share=share))
+    return order, idle, busy
+
+
+def test_judge_scoring_waits_for_a_gap_in_serving_past_its_share(tiny_model):
+    """With almost no share of a busy engine, the judge's scoring comes back after the stream's
+    last token, with the same numbers as when idle. (A weight swap does not wait: the test of
+    swaps between steps.)"""
+    order, idle, busy = _judge_beside_a_stream(tiny_model, share=1e-9, stream_tokens=24)
     assert order == ["stream done", "judge done"]
-    assert busy == pytest.approx(idle, abs=1e-5) and len(scored) == 2
+    assert busy == pytest.approx(idle, abs=1e-5)
+
+
+def test_a_server_that_is_never_idle_still_judges(tiny_model):
+    """Within its share (here all of it) the judge's scoring runs between decoding steps of a
+    stream that never pauses, and is done long before it ends."""
+    order, idle, busy = _judge_beside_a_stream(tiny_model, share=1.0, stream_tokens=200)
+    assert order == ["judge done", "stream done"]
+    assert busy == pytest.approx(idle, abs=1e-5)
 
 
 def test_the_prefix_cache_budget_is_the_configured_one_else_a_gigabyte_on_a_cpu():

@@ -54,6 +54,7 @@ def build_local_engine(config: Config) -> tuple[LocalEngine, Any]:
         max_batch_size=e.max_batch_size,
         max_prefill_tokens=e.max_prefill_tokens,
         max_background_rows=e.max_background_rows,
+        background_share=e.background_share,
         prefill_chunk=e.prefill_chunk,
         prefix_cache=cache,
         lora_targets=t.lora.targets,

@@ -36,10 +36,9 @@ before sampling, and the matcher consumes the token drawn. The recorded logprob 
 of the masked distribution. Under a grammar a stop token always ends the sequence (`ignore_eos`
 included): once the grammar is complete, end of sequence is all it allows.
 
-Scoring jobs (`score`, `next_token_logprobs`: the judge's label likelihoods) are background
-work, as judge decoding is: they run only while no served request is active, one an
-iteration, so a request arriving in a gap waits behind one judge forward pass at most. Weight
-swaps run at once.
+Which work each iteration runs (admission, chunked prefill, parking the judge's background
+rows while served requests decode, scoring jobs only in idle gaps) is decided by the pure
+scheduler of `clawrl/engine/local/schedule.py`; scoring itself is `clawrl/engine/local/scoring.py`.
 
 Versions (`serve_version`): the version's folder is read and checked in a worker
 thread, outside the pause; then `swap_weights` merges it between two decoding
@@ -51,11 +50,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -75,39 +73,14 @@ from clawrl.engine.local.batch import DecodeBatch
 from clawrl.engine.local.merge import VersionMerger
 from clawrl.engine.local.penalties import Penalties
 from clawrl.engine.local.prefix_cache import PrefixCache
-from clawrl.engine.local.sampling import RowSampler, Sampled, sample_rows, score_tokens
+from clawrl.engine.local.sampling import RowSampler, Sampled, sample_rows
+from clawrl.engine.local.schedule import Job, Parked, Request, Scheduler, Work
+from clawrl.engine.local.scoring import Scorer
 from clawrl.engine.memory import release_free_memory
 from clawrl.types import Version
-from clawrl.version_folder import DEFAULT_TARGETS, AdapterError
+from clawrl.version_folder import DEFAULT_TARGETS
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class _Request:
-    prompt_ids: list[int]
-    params: SamplingParams
-    sampler: RowSampler
-    queue: asyncio.Queue[TokenEvent | BaseException] = field(default_factory=asyncio.Queue)
-    generated: int = 0
-    last_token: int = -1
-    done: bool = False
-    cancelled: bool = False
-    cache: Any = None  # a long prompt's own KV cache while it is prefilled chunk by chunk
-    prefilled: int = 0
-    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
-    kv_version: str | None = None  # the version that computed this prompt's first KV
-    scaled: bool = False  # RoPE scaled for this whole sequence (clawrl/engine/rope.py)
-    constraint: constrain.Constraint | None = None  # its grammar's matcher (None: free decoding)
-
-
-@dataclass(eq=False)
-class _Job:
-    run: Callable[[], Any]
-    future: asyncio.Future[Any]
-    background: bool = False  # judge work: run only while no served request is active
-    result: Any = None
-    error: BaseException | None = None
 
 
 class LocalEngine:
@@ -123,6 +96,7 @@ class LocalEngine:
         max_batch_size: int = 16,
         max_prefill_tokens: int = 4096,
         max_background_rows: int = 8,
+        background_share: float = 0.15,
         prefill_chunk: int = 256,
         prefix_cache: PrefixCache | None = None,
         version: str = "v0",
@@ -140,18 +114,12 @@ class LocalEngine:
         self.constrained_decoding = constrained_decoding
         self.processed_logprobs = False  # log_softmax(logits / T), whatever top_p, top_k, penalties
         self.device = next(model.parameters()).device
-        self._max_batch = max_batch_size
-        self._prefill_budget = max_prefill_tokens
-        self._max_background = max_background_rows
         self._chunk = prefill_chunk
         self.prefix_cache = prefix_cache
-        self._chunking: list[_Request] = []  # long prompts, prefilled one chunk per iteration
-        self._parked: tuple[list[_Request], Any, torch.Tensor] | None = None  # background rows set aside
+        self._queue = Scheduler(
+            max_batch_size, max_prefill_tokens, max_background_rows, prefill_chunk, background_share
+        )
         self._batch = DecodeBatch(model, self.device)
-        self._rows: list[_Request] = []
-        self._waiting: deque[_Request] = deque()
-        self._jobs: list[_Job] = []
-        self._prefilled_last = False  # after a prefill the running rows get a step before the next one
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         # One thread for all torch work: OpenMP keeps a thread team per calling thread, and an
@@ -159,6 +127,7 @@ class LocalEngine:
         self._thread: ThreadPoolExecutor | None = None
         self._stats = EngineStats()
         self._versions = VersionMerger(self.model, lora_targets)
+        self._scorer = Scorer(self.model, self._versions, self.device)
         self._merge_eagerly = merge_eagerly  # a server that trains LoRA copies the base weights at start
         self._rope = rope.find(self.model)  # None: one RoPE for every sequence
 
@@ -173,19 +142,16 @@ class LocalEngine:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        parked = self._parked[0] if self._parked else []
-        for req in [*self._rows, *self._chunking, *parked, *self._waiting]:
+        for req in self._queue.everyone():
             req.queue.put_nowait(EngineFailed("the server is shutting down"))
-        self._rows, self._waiting, self._chunking, self._parked = [], deque(), [], None
+        self._queue.clear()
         if self._thread is not None:
             self._thread.shutdown(wait=True)  # let a running step finish before the batch is cleared
         self._batch.keep([])
 
     def stats(self) -> EngineStats:
-        self._stats.active = len(self._rows)
-        self._stats.waiting = (
-            len(self._waiting) + len(self._chunking) + (len(self._parked[0]) if self._parked else 0)
-        )
+        self._stats.active = len(self._queue.rows)
+        self._stats.waiting = self._queue.queued()
         if self.prefix_cache is not None:
             self._stats.extra["prefix_cache"] = asdict(self.prefix_cache.stats)
         return self._stats
@@ -202,12 +168,12 @@ class LocalEngine:
             penalties,
             prompt_ids,
         )
-        req = _Request(list(prompt_ids), params, sampler)
+        req = Request(list(prompt_ids), params, sampler)
         if params.grammar is not None and self.constrained_decoding:
             req.constraint = await self._constraint(params.grammar)
         # A sequence that may pass the trained window is scaled from its first token (engine/rope.py).
         req.scaled = self._rope is not None and len(prompt_ids) + params.max_tokens > self._rope.trained
-        self._waiting.append(req)
+        self._queue.waiting.append(req)
         self._wake.set()
         try:
             while True:
@@ -234,12 +200,14 @@ class LocalEngine:
     async def score(
         self, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0, *, base: bool = False
     ) -> list[float]:
-        return await self._submit(lambda: self._score(prompt_ids, response_ids, temperature, base), True)
+        score = self._scorer.score
+        return await self._submit(lambda: score(prompt_ids, response_ids, temperature, base), background=True)
 
     async def next_token_logprobs(
         self, prompt_ids: list[int], token_ids: list[int], *, base: bool = False
     ) -> list[float]:
-        return await self._submit(lambda: self._next_token(prompt_ids, token_ids, base), True)
+        next_token = self._scorer.next_token
+        return await self._submit(lambda: next_token(prompt_ids, token_ids, base), background=True)
 
     async def serve_version(self, version: Version) -> None:
         loop = asyncio.get_running_loop()
@@ -266,8 +234,8 @@ class LocalEngine:
         log.info("now serving %s", version)
 
     async def _submit(self, run: Callable[[], Any], background: bool = False) -> Any:
-        job = _Job(run, asyncio.get_running_loop().create_future(), background)
-        self._jobs.append(job)
+        job = Job(run, asyncio.get_running_loop().create_future(), background)
+        self._queue.jobs.append(job)
         self._wake.set()
         return await job.future
 
@@ -275,8 +243,8 @@ class LocalEngine:
         loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
-            work = self._plan()
-            jobs = self._take_jobs()
+            work = self._queue.plan()
+            jobs = self._queue.take_jobs(time.monotonic())
             try:
                 events = await loop.run_in_executor(self._thread, self._iterate, work, jobs)
             except Exception as exc:  # degrade on purpose: fail this batch, keep serving
@@ -285,136 +253,34 @@ class LocalEngine:
             for req, event in events:
                 req.queue.put_nowait(event)
             for job in jobs:
-                _settle(job)
-            if not (self._rows or self._waiting or self._chunking or self._parked or self._jobs):
+                job.settle()
+            self._queue.ran(jobs, time.monotonic())
+            if self._queue.idle():
                 self._wake.clear()
                 await loop.run_in_executor(self._thread, release_free_memory)
 
-    def _take_jobs(self) -> list[_Job]:
-        """The jobs for this iteration: every swap, and one background job (judge scoring) if no
-        served request is active, so a request arriving meanwhile waits behind one at most."""
-        background = [j for j in self._jobs if j.background]
-        take = [j for j in self._jobs if not j.background]
-        if background and not self._serving():
-            take.append(background[0])
-        self._jobs = [j for j in self._jobs if j not in take]
-        return take
-
-    def _plan(self) -> list[_Request] | _Request | str | None:
-        """The next iteration: prefill a group (a list), a chunk of one long prompt (a request),
-        "park" / "unpark" the background rows, or a decoding step (None).
-
-        After any prefill work the running rows get a step, so arrivals never starve decoding.
-        Background rows (judge calls) decode only while no served request is active: their long
-        prompts would otherwise widen every served row's attention in the shared cache.
-        """
-        self._chunking = [r for r in self._chunking if not r.cancelled]
-        served = self._serving()
-        if served and any(r.params.background for r in self._rows):
-            return "park"
-        if not served and self._parked is not None:
-            return "unpark"
-        work: list[_Request] | _Request | None = None
-        if not (self._rows and self._prefilled_last):
-            work = self._admit() or self._next_chunk()
-        self._prefilled_last = work is not None
-        return work
-
-    def _serving(self) -> bool:
-        """Whether any served (not background) request is decoding, prefilling or waiting."""
-        return any(
-            not r.params.background and not r.cancelled
-            for r in [*self._rows, *self._chunking, *self._waiting]
-        )
-
-    def _next_chunk(self) -> _Request | None:
-        """A served long prompt first; a background one (a judge prompt) only while no served
-        request is decoding, so its prefill, the costly part, uses idle time."""
-        serving = any(not r.params.background for r in self._rows)
-        for req in self._chunking:  # served requests sort first
-            if not req.params.background or not serving:
-                return req
-        return None
-
-    def _park(self) -> list[tuple[_Request, TokenEvent]]:
-        self._retire()
-        rows = [i for i, r in enumerate(self._rows) if r.params.background]
-        if rows:
-            cache, mask = self._batch.take(rows)
-            self._parked = ([self._rows[i] for i in rows], cache, mask)
-            self._rows = [r for i, r in enumerate(self._rows) if i not in set(rows)]
-        return []
-
-    def _unpark(self) -> list[tuple[_Request, TokenEvent]]:
-        assert self._parked is not None
-        reqs, cache, mask = self._parked
-        self._parked = None
-        self._batch.join(cache, mask)
-        self._rows += reqs
-        self._retire()  # some may have been cancelled while parked
-        return []
-
-    def _admit(self) -> list[_Request]:
-        """Waiting requests in order, while the batch has room and padded prompts fit the budget.
-
-        Background requests (judge calls) are admitted only while no served request is active,
-        at most `max_background_rows` of them at once (parked ones included).
-        """
-        admitted: list[_Request] = []
-        width = 0
-        background = sum(r.params.background for r in [*self._rows, *self._chunking])
-        while self._waiting and len(self._rows) + len(self._chunking) + len(admitted) < self._max_batch:
-            req = self._next_waiting(background)
-            if req is None:
-                break
-            long = len(req.prompt_ids) > self._chunk
-            grown = max(width, len(req.prompt_ids))
-            if not long and admitted and grown * (len(admitted) + 1) > self._prefill_budget:
-                break
-            self._waiting.remove(req)
-            if req.cancelled:
-                continue
-            background += req.params.background
-            if long:  # prefilled chunk by chunk, between decoding steps; served prompts first
-                self._chunking.append(req)
-                self._chunking.sort(key=lambda r: r.params.background)
-            else:
-                admitted.append(req)
-                width = grown
-        return admitted
-
-    def _next_waiting(self, background: int) -> _Request | None:
-        for req in self._waiting:
-            if not req.params.background or req.cancelled:
-                return req
-        parked = len(self._parked[0]) if self._parked else 0
-        if background + parked < self._max_background and not self._serving():
-            return self._waiting[0]
-        return None
-
-    def _fail_all(
-        self, work: list[_Request] | _Request | str | None, exc: Exception
-    ) -> list[tuple[_Request, BaseException]]:
-        admitted = work if isinstance(work, list) else [work] if isinstance(work, _Request) else []
-        failed = [*self._rows, *admitted]
-        self._chunking = [r for r in self._chunking if r not in admitted]
+    def _fail_all(self, work: Work, exc: Exception) -> list[tuple[Request, BaseException]]:
+        admitted = work if isinstance(work, list) else [work] if isinstance(work, Request) else []
+        q = self._queue
+        failed = [*q.rows, *admitted]
+        q.chunking = [r for r in q.chunking if r not in admitted]
         for req in failed:
             req.done = True
-        self._rows = []
+        q.rows = []
         self._batch.keep([])
         error = EngineFailed(f"the model failed while decoding: {exc}")
         return [(req, error) for req in failed]
 
     # --- everything below runs in the worker thread -------------------------------
 
-    def _iterate(
-        self, work: list[_Request] | _Request | str | None, jobs: list[_Job]
-    ) -> list[tuple[_Request, TokenEvent]]:
+    def _iterate(self, work: Work, jobs: list[Job]) -> list[tuple[Request, TokenEvent]]:
         for job in jobs:
+            start = time.perf_counter()
             try:
                 job.result = job.run()
             except Exception as exc:  # handed to the caller awaiting the job
                 job.error = exc
+            job.seconds = time.perf_counter() - start
         if isinstance(work, list):
             return self._prefill(work)
         if work == "park":
@@ -424,29 +290,50 @@ class LocalEngine:
         if work is not None:
             return self._prefill_chunk(work)
         self._retire()
-        events: list[tuple[_Request, TokenEvent]] = []
-        if self._rows:
-            with rope.rope_rows(self._rope, [r.scaled for r in self._rows]):
-                logits = self._batch.step([r.last_token for r in self._rows])
-            sampled = self._sample(logits, self._rows)
-            events += [(req, self._emit(req, s)) for req, s in zip(self._rows, sampled, strict=True)]
+        events: list[tuple[Request, TokenEvent]] = []
+        rows = self._queue.rows
+        if rows:
+            with rope.rope_rows(self._rope, [r.scaled for r in rows]):
+                logits = self._batch.step([r.last_token for r in rows])
+            sampled = self._sample(logits, rows)
+            events += [(req, self._emit(req, s)) for req, s in zip(rows, sampled, strict=True)]
             self._stats.steps += 1
             self._stats.batch_rows += len(sampled)
             self._retire()
         return events
 
-    def _prefill(self, admitted: list[_Request]) -> list[tuple[_Request, TokenEvent]]:
+    def _park(self) -> list[tuple[Request, TokenEvent]]:
+        """Set the background rows aside, with their KV, while served requests decode."""
+        self._retire()
+        q = self._queue
+        rows = [i for i, r in enumerate(q.rows) if r.background]
+        if rows:
+            cache, mask = self._batch.take(rows)
+            q.parked = Parked([q.rows[i] for i in rows], cache, mask)
+            q.rows = [r for r in q.rows if not r.background]
+        return []
+
+    def _unpark(self) -> list[tuple[Request, TokenEvent]]:
+        q = self._queue
+        assert q.parked is not None
+        parked, q.parked = q.parked, None
+        self._batch.join(parked.cache, parked.mask)
+        q.rows += parked.rows
+        self._retire()  # some may have been cancelled while parked
+        return []
+
+    def _prefill(self, admitted: list[Request]) -> list[tuple[Request, TokenEvent]]:
         self._retire()
         with rope.rope_rows(self._rope, [r.scaled for r in admitted]):
             logits, cache, mask = self._batch.prefill([r.prompt_ids for r in admitted])
         sampled = self._sample(logits, admitted)
         events = [(req, self._emit(req, s)) for req, s in zip(admitted, sampled, strict=True)]
         self._batch.join(cache, mask)
-        self._rows += admitted
+        self._queue.rows += admitted
         self._retire()  # a request finished by its first token leaves at once
         return events
 
-    def _prefill_chunk(self, req: _Request) -> list[tuple[_Request, TokenEvent]]:
+    def _prefill_chunk(self, req: Request) -> list[tuple[Request, TokenEvent]]:
         if req.kv_version is None:
             self._start_from_cache(req)
         start = req.prefilled
@@ -457,18 +344,18 @@ class LocalEngine:
         req.prefilled = min(len(req.prompt_ids), start + size)
         if req.prefilled < len(req.prompt_ids):
             return []
-        self._chunking.remove(req)
+        self._queue.chunking.remove(req)
         self._keep_prefix(req)
         self._retire()
         event = self._emit(req, self._sample(logits[None], [req])[0])
         if not req.done:
             mask = torch.ones(1, len(req.prompt_ids), dtype=torch.long, device=self.device)
             self._batch.join(req.cache, mask)
-            self._rows.append(req)
+            self._queue.rows.append(req)
         req.cache = None
         return [(req, event)]
 
-    def _start_from_cache(self, req: _Request) -> None:
+    def _start_from_cache(self, req: Request) -> None:
         """Before a long prompt's first chunk: start its KV from the longest cached prefix.
 
         Entries are salted by version, so a prompt never starts from another version's KV
@@ -480,19 +367,19 @@ class LocalEngine:
         if kv is not None:
             req.cache, req.prefilled, req.cached_tokens = self._batch.cache_of(kv), hit, hit
 
-    def _keep_prefix(self, req: _Request) -> None:
+    def _keep_prefix(self, req: Request) -> None:
         """After a long prompt's last chunk: keep its KV, if one version computed all of it."""
         if self.prefix_cache is None or req.kv_version != self.version:
             return
         kv = [(layer.keys, layer.values) for layer in req.cache.layers]
         self.prefix_cache.insert(req.prompt_ids, kv, self.version, _rope_key(req))
 
-    def _sample(self, logits: torch.Tensor, reqs: list[_Request]) -> list[Sampled]:
+    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[Sampled]:
         """One token per row of logits [B, V], each row masked by its grammar (if any) first."""
         constrain.mask_logits_(logits, [r.constraint for r in reqs])
         return sample_rows(logits, [r.sampler for r in reqs])
 
-    def _emit(self, req: _Request, s: Sampled) -> TokenEvent:
+    def _emit(self, req: Request, s: Sampled) -> TokenEvent:
         req.generated += 1
         req.last_token = s.token_id
         self._stats.tokens_generated += 1
@@ -516,53 +403,13 @@ class LocalEngine:
         )
 
     def _retire(self) -> None:
-        keep = [i for i, r in enumerate(self._rows) if not (r.done or r.cancelled)]
-        if len(keep) != len(self._rows):
+        rows = self._queue.rows
+        keep = [i for i, r in enumerate(rows) if not (r.done or r.cancelled)]
+        if len(keep) != len(rows):
             self._batch.keep(keep)
-            self._rows = [self._rows[i] for i in keep]
-
-    @torch.inference_mode()
-    def _score(
-        self, prompt_ids: list[int], response_ids: list[int], temperature: float, base: bool
-    ) -> list[float]:
-        if not prompt_ids or not response_ids:
-            raise ValueError("score needs a non-empty prompt and response")
-        logits = self._logits(prompt_ids + response_ids, len(response_ids) + 1, base)[:-1]
-        targets = torch.tensor(response_ids, device=self.device)
-        return score_tokens(logits, targets, temperature).tolist()
-
-    @torch.inference_mode()
-    def _next_token(self, prompt_ids: list[int], token_ids: list[int], base: bool) -> list[float]:
-        if not prompt_ids or not token_ids:
-            raise ValueError("next_token_logprobs needs a non-empty prompt and tokens")
-        logprobs = torch.log_softmax(self._logits(prompt_ids, 1, base)[-1].float(), dim=-1)
-        return logprobs[torch.tensor(token_ids, device=self.device)].tolist()
-
-    def _logits(self, ids: list[int], keep: int, base: bool) -> torch.Tensor:
-        """The last `keep` positions' logits [keep, V] of one sequence, on the served weights or
-        the base ones: the live model run with the base copies of the weights a version changed
-        (none while v0 is served), so judging on frozen weights costs no second model."""
-        kwargs = {"input_ids": torch.tensor([ids], device=self.device), "logits_to_keep": keep}
-        try:
-            with self._versions.on_base(self.device) if base else nullcontext({}) as frozen:
-                if frozen:
-                    output = torch.func.functional_call(self.model, frozen, (), kwargs, strict=False)
-                else:
-                    output = self.model(**kwargs)
-        except AdapterError as exc:  # a full version was served: the base weights are gone
-            raise EngineFailed(f"cannot score on the base weights: {exc}") from exc
-        return output.logits[0]
+            self._queue.rows = [rows[i] for i in keep]
 
 
-def _rope_key(req: _Request) -> str:
+def _rope_key(req: Request) -> str:
     """The prefix cache keeps scaled and unscaled KV apart: they never match each other."""
     return "scaled" if req.scaled else "own"
-
-
-def _settle(job: _Job) -> None:
-    if job.future.done():  # the caller went away
-        return
-    if job.error is not None:
-        job.future.set_exception(job.error)
-    else:
-        job.future.set_result(job.result)
