@@ -16,8 +16,10 @@ the judging server's own rounds.
 Printed: serving latency (mean, p95) with judging on and off and their ratio
 (target: p95 on/off <= 1.2), the turns judged and votes cast (`/healthz`
 `judge.votes`) per minute while serving the clients, and the same in the idle
-time after the load, until the judge's backlog is done (at most `--idle-s`). (The local judge decodes only
-while no served request is active, so on a CPU it judges in the idle gaps.)
+time after the load, until the judge's backlog is done (at most `--idle-s`). (The local judge's
+label likelihoods are background work: all of the idle time is theirs, and `--share`
+(`engine.background_share`, default the config's 0.15) of the engine's time while served
+requests are active.)
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
         "--method",
         args.method,
     ]
+    if args.share is not None:
+        judge += ["--engine.background-share", str(args.share)]
     on = start_server(tmp / "on", base + judge)
     off = start_server(tmp / "off", base + ["--judge.enabled", "false"])
     lat: dict[str, list[float]] = {"on": [], "off": []}
@@ -103,6 +107,7 @@ def main() -> None:
     p.add_argument("--method", default="combine")
     p.add_argument("--votes", type=int, default=3)
     p.add_argument("--judge-tokens", type=int, default=96, help="judge.max_tokens")
+    p.add_argument("--share", type=float, help="engine.background_share of the judging server")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--clients", type=int, default=4, help="concurrent conversations in each round")
     p.add_argument("--max-tokens", type=int, default=32, help="tokens per served answer")
@@ -115,7 +120,8 @@ def main() -> None:
     lat = res["latency"]
     print(
         f"judging: backend {args.backend}, method {args.method}, {args.votes} votes, "
-        f"{args.judge_tokens} tokens per judge reply; load: {args.clients} clients x 3 turns x "
+        f"{args.judge_tokens} tokens per judge reply, share {args.share or 'default'}; "
+        f"load: {args.clients} clients x 3 turns x "
         f"{args.rounds} rounds, {args.max_tokens} tokens per answer"
     )
     for k in ("off", "on"):
