@@ -162,3 +162,15 @@ def test_the_background_share_must_be_a_share():
     for bad in (0, -0.1, 1.5):
         with pytest.raises(ValueError, match="background_share"):
             _scheduler(background_share=bad)
+
+
+def test_a_failed_iteration_ends_the_running_rows_and_what_it_admitted_and_no_one_else():
+    s = _scheduler(chunk=16)
+    running, admitted, long, waiting = _req(8), _req(8), _req(40), _req(8)
+    s.rows.append(running)
+    s.chunking.append(long)
+    s.waiting.append(waiting)
+    assert s.fail([admitted]) == [running, admitted]
+    assert running.done and admitted.done and s.rows == []
+    assert s.chunking == [long] and list(s.waiting) == [waiting] and not long.done
+    assert s.fail(long) == [long] and s.chunking == []

@@ -1,22 +1,16 @@
 """The local engine: a PyTorch model served with continuous batching.
 
-One asyncio task owns the scheduler. Each iteration it takes the waiting
-requests and queued jobs (scoring, weight swaps), then runs one *iteration* in a
-worker thread (always the same one), so the event loop keeps serving HTTP while
-torch computes:
+One asyncio task asks the scheduler (`clawrl/engine/local/schedule.py`: admission, chunked
+prefill, parking the judge's rows, which jobs run) for each iteration's work, then runs it in
+a worker thread (always the same one), so the event loop keeps serving HTTP while torch
+computes: the jobs (scoring, `clawrl/engine/local/scoring.py`; weight swaps), then a prefill
+of admitted requests, one chunk of a long prompt, or one decoding step of the running batch.
 
-    jobs (score / swap weights)  ->  either: prefill admitted requests together
-                                     or:     one decode step of the running batch
-
-New requests therefore join the running batch between two decoding steps (their
-first token goes out right after the prefill, without waiting for a step), and
-finished or cancelled ones leave before the next. Admission takes waiting
-requests in order while their padded prompts fit `max_prefill_tokens`; a longer
-prompt is prefilled alone. A weight swap runs at the
-same point, so in-flight requests carry on and the tokens after it come from
-the new weights; each token records the version that produced it. (The KV cache
-of in-flight requests was computed by the old weights; like PipelineRL, we keep
-it rather than recompute.)
+New requests therefore join the running batch between two decoding steps (their first token
+goes out right after the prefill), and finished or cancelled ones leave before the next. A
+weight swap runs at the same point, so in-flight requests carry on and the tokens after it
+come from the new weights; each token records the version that produced it. (The KV cache of
+in-flight requests was computed by the old weights; like PipelineRL, we keep it.)
 
 RoPE past the trained window (`model.scale_rope = "past_window"`, the default): a request
 whose prompt + max_tokens passes the window the model was trained on uses the scaled rotary
@@ -35,10 +29,6 @@ it waits; each of its logits rows (prefill or step) is masked to the tokens the 
 before sampling, and the matcher consumes the token drawn. The recorded logprob is then that
 of the masked distribution. Under a grammar a stop token always ends the sequence (`ignore_eos`
 included): once the grammar is complete, end of sequence is all it allows.
-
-Which work each iteration runs (admission, chunked prefill, parking the judge's background
-rows while served requests decode, scoring jobs only in idle gaps) is decided by the pure
-scheduler of `clawrl/engine/local/schedule.py`; scoring itself is `clawrl/engine/local/scoring.py`.
 
 Versions (`serve_version`): the version's folder is read and checked in a worker
 thread, outside the pause; then `swap_weights` merges it between two decoding
@@ -114,7 +104,6 @@ class LocalEngine:
         self.constrained_decoding = constrained_decoding
         self.processed_logprobs = False  # log_softmax(logits / T), whatever top_p, top_k, penalties
         self.device = next(model.parameters()).device
-        self._chunk = prefill_chunk
         self.prefix_cache = prefix_cache
         self._queue = Scheduler(
             max_batch_size, max_prefill_tokens, max_background_rows, prefill_chunk, background_share
@@ -249,7 +238,9 @@ class LocalEngine:
                 events = await loop.run_in_executor(self._thread, self._iterate, work, jobs)
             except Exception as exc:  # degrade on purpose: fail this batch, keep serving
                 log.exception("decoding step failed")
-                events = self._fail_all(work, exc)
+                error = EngineFailed(f"the model failed while decoding: {exc}")
+                self._batch.keep([])
+                events = [(req, error) for req in self._queue.fail(work)]
             for req, event in events:
                 req.queue.put_nowait(event)
             for job in jobs:
@@ -258,18 +249,6 @@ class LocalEngine:
             if self._queue.idle():
                 self._wake.clear()
                 await loop.run_in_executor(self._thread, release_free_memory)
-
-    def _fail_all(self, work: Work, exc: Exception) -> list[tuple[Request, BaseException]]:
-        admitted = work if isinstance(work, list) else [work] if isinstance(work, Request) else []
-        q = self._queue
-        failed = [*q.rows, *admitted]
-        q.chunking = [r for r in q.chunking if r not in admitted]
-        for req in failed:
-            req.done = True
-        q.rows = []
-        self._batch.keep([])
-        error = EngineFailed(f"the model failed while decoding: {exc}")
-        return [(req, error) for req in failed]
 
     # --- everything below runs in the worker thread -------------------------------
 
@@ -338,7 +317,8 @@ class LocalEngine:
             self._start_from_cache(req)
         start = req.prefilled
         # Background prompts go in quarter-size chunks: a served request arriving meanwhile waits less.
-        size = max(16, self._chunk // 4) if req.params.background else self._chunk
+        chunk = self._queue.chunk
+        size = max(16, chunk // 4) if req.background else chunk
         with rope.rope_rows(self._rope, [req.scaled]):
             logits, req.cache = self._batch.extend(req.cache, req.prompt_ids[start : start + size], start)
         req.prefilled = min(len(req.prompt_ids), start + size)

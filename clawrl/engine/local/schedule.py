@@ -69,7 +69,7 @@ class Job:
 
     run: Callable[[], Any]
     future: asyncio.Future[Any]
-    background: bool = False  # judge work: run only while no served request is active
+    background: bool = False  # judge scoring: idle gaps and `background_share` of a busy engine
     result: Any = None
     error: BaseException | None = None
     seconds: float = 0.0  # how long `run` took
@@ -170,6 +170,17 @@ class Scheduler:
         """Every request the engine holds, in any queue."""
         parked = self.parked.rows if self.parked else []
         return [*self.rows, *self.chunking, *parked, *self.waiting]
+
+    def fail(self, work: Work) -> list[Request]:
+        """An iteration of `work` failed: the running rows and the requests it admitted are done
+        (returned, to be told); the rest wait on."""
+        admitted = work if isinstance(work, list) else [work] if isinstance(work, Request) else []
+        failed = [*self.rows, *admitted]
+        self.chunking = [r for r in self.chunking if r not in admitted]
+        for req in failed:
+            req.done = True
+        self.rows = []
+        return failed
 
     def clear(self) -> None:
         self.rows, self.waiting, self.chunking, self.parked = [], deque(), [], None
