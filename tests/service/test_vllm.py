@@ -160,9 +160,10 @@ def test_lora_versions_load_into_vllm_at_run_time(tmp_path, vllm_gateway, embedd
         assert any(m.startswith("clawrl-v1-") for m in _vllm_models(server))
         # A request in flight when v2 arrives stays on v1; new requests get v2; v1 is unloaded once
         # it is done. v2's folder is written first, so only its store row lands mid-answer; the answer
-        # is as long as the window allows (470 tokens: about a minute of CPU decoding on a loaded
-        # machine, where the swap takes a second or two), and the client hangs up once the swap is
-        # seen: the cut-off turn is recorded.
+        # is as long as the window allows (470 tokens: 5-60 s of CPU decoding, where the swap takes
+        # about a second), and the client hangs up as soon as the swap is seen, before anything
+        # else is asked (a CI run once saw the answer finish while the dashboard was being read):
+        # the cut-off turn is recorded.
         v2 = publisher.save(2)
         with client.chat.completions.create(
             model="clawrl",
@@ -175,8 +176,8 @@ def test_lora_versions_load_into_vllm_at_run_time(tmp_path, vllm_gateway, embedd
             next(chunks), next(chunks)
             publisher.announce(2, v2)
             wait_for(lambda: version() == "v2", 60, "v2 served")
-            served = wait_for(lambda: _served(server, "v2"), 30, "v2 on the dashboard")
-            assert _greedy(client)[0] == "clawrl-v2"
+        served = wait_for(lambda: _served(server, "v2"), 30, "v2 on the dashboard")
+        assert _greedy(client)[0] == "clawrl-v2"
         assert served["swaps"] == 2 and served["last_swap_s"] > 0, served
         wait_for(lambda: not any(m.startswith("clawrl-v1-") for m in _vllm_models(server)), 30, "v1 unloaded")
         wait_for(lambda: _vllm_running(server) == 0, 30, "vLLM stopped decoding the answer nobody reads")
