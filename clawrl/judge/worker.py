@@ -1,7 +1,8 @@
 """The judge loop: turns with a next state (or explicit feedback) become judgments and samples.
 
 It runs beside serving, never on its path: the collector only hands it turn ids.
-A few worker tasks take them from a queue; for each turn they cast `m` PRM votes
+A few worker tasks take them from a queue (the newest served version's turns first:
+clawrl/judge/queue.py says why); for each turn they cast `m` PRM votes
 and/or `m` hint votes (as the method wants) through the backend, with at most
 `judge.concurrency` calls in flight, a time limit per call and retries with
 exponential backoff. A call that still fails is a *failed vote* (value None, the
@@ -36,11 +37,13 @@ from clawrl.config import JudgeConfig
 from clawrl.judge.backends import JudgeBackend, JudgeCallFailed
 from clawrl.judge.likelihood import reply_text
 from clawrl.judge.prompts import JudgeKind, judge_messages, tool_names
+from clawrl.judge.queue import JudgeQueue
 from clawrl.judge.scorer import LikelihoodJudge
 from clawrl.judge.votes import hint_vote, judgment, prm_vote, state_hint_vote
 from clawrl.store.db import Store
 from clawrl.store.writer import StoreWriter
 from clawrl.types import Judgment, Turn, Vote
+from clawrl.version_folder import version_rank
 
 log = logging.getLogger(__name__)
 _OUTCOMES = {1: "positive", 0: "neutral", -1: "negative"}  # a vote's value; None: failed
@@ -73,14 +76,16 @@ class JudgeLoop:
         teacher: TeacherPrompt,
         config: JudgeConfig,
         likelihood: LikelihoodJudge | None = None,
+        served: Callable[[], str] = lambda: "v0",
     ) -> None:
         self.store, self.writer, self.backend, self.method = store, writer, backend, method
+        self.served = served  # the version served now: turns submitted under a newer one go first
         self.likelihood = likelihood  # PRM votes by label likelihood (judge.mode); None: by generation
         self.db = writer.run  # reads (and writes that must fail loudly) on the store's thread
         self.teacher, self.config = teacher, config
         judge = likelihood if likelihood is not None else backend
         self.name = judge.name if judge is not None else "feedback"
-        self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        self._queue = JudgeQueue()
         self._calls = asyncio.Semaphore(config.concurrency)
         self._pending: Counter[str] = Counter()  # session -> turns queued or being judged
         self._ending: set[str] = set()  # sessions that ended while judgments were pending
@@ -116,7 +121,7 @@ class JudgeLoop:
 
     def submit(self, turn_id: str, session_id: str) -> None:
         self._pending[session_id] += 1
-        self._queue.put_nowait((turn_id, session_id))
+        self._queue.put(turn_id, session_id, version_rank(self.served()))
 
     def session_ended(self, session_id: str) -> None:
         if self._pending[session_id]:

@@ -160,7 +160,8 @@ def build_judge(
         key = j.api_key.get_secret_value() if j.api_key else None
         backend = OpenAIJudge(j.base_url, j.model, key, j.timeout_s)
     method = configured_method(config)
-    return JudgeLoop(store, writer, backend, method, teacher_prompt(renderer), j, likelihood)
+    served = lambda: engine.version  # noqa: E731
+    return JudgeLoop(store, writer, backend, method, teacher_prompt(renderer), j, likelihood, served)
 
 
 def configured_method(config: Config) -> Method:
