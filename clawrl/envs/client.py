@@ -22,6 +22,7 @@ import httpx
 
 from clawrl.envs.episode import ContextFull, Refused, Reply
 from clawrl.envs.errors import ServerError
+from clawrl.net import pool_limits
 from clawrl.version_folder import fingerprint_version
 
 # The training signal is the policy's: a penalty the server would apply by default (the embedded
@@ -36,7 +37,9 @@ class EnvClient:
         self.root = base_url.rstrip("/").removesuffix("/v1")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout_s = timeout_s
-        self._http = httpx.AsyncClient(base_url=self.root, headers=headers, timeout=timeout_s)
+        self._http = httpx.AsyncClient(
+            base_url=self.root, headers=headers, timeout=timeout_s, limits=pool_limits()
+        )
         self.model = "clawrl"
 
     async def __aenter__(self) -> EnvClient:

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from clawrl.net import pool_limits
 from clawrl.version_folder import fingerprint_version
 
 
@@ -48,7 +49,9 @@ class ServerClient:
     def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 600.0) -> None:
         self.root = base_url.rstrip("/").removesuffix("/v1")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.AsyncClient(base_url=self.root, headers=headers, timeout=timeout_s)
+        self._http = httpx.AsyncClient(
+            base_url=self.root, headers=headers, timeout=timeout_s, limits=pool_limits()
+        )
         self.model = "clawrl"
 
     async def __aenter__(self) -> ServerClient:

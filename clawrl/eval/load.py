@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from clawrl.net import pool_limits
+
 
 @dataclass
 class LoadResult:
@@ -44,7 +46,7 @@ async def run_load(
 ) -> LoadResult:
     """Start `staying` + `leaving` streaming requests at once against `base_url` (…/v1); wait for all."""
     result = LoadResult()
-    limits = httpx.Limits(max_connections=staying + leaving + 4)
+    limits = pool_limits(staying + leaving + 4)
     headers = {"authorization": f"Bearer {api_key}"}
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits, headers=headers) as http:
         start = time.perf_counter()

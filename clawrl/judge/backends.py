@@ -24,6 +24,7 @@ import httpx
 from clawrl.chat.template import ChatRenderer
 from clawrl.chat.text import IncrementalDetokenizer
 from clawrl.engine.base import Engine, SamplingParams
+from clawrl.net import pool_limits
 
 
 class JudgeCallFailed(RuntimeError):
@@ -50,7 +51,7 @@ class OpenAIJudge:
         self._client: httpx.AsyncClient | None = None
 
     async def start(self) -> None:
-        self._client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
+        self._client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers, limits=pool_limits())
 
     async def stop(self) -> None:
         if self._client is not None:

@@ -43,6 +43,7 @@ from clawrl.store.writer import StoreWriter
 from clawrl.train.supervisor import TrainerSupervisor
 
 log = logging.getLogger(__name__)
+KEEP_ALIVE_S = 75  # seconds an idle client connection is kept (as nginx's default)
 
 
 def run_server(config: Config) -> int:
@@ -66,6 +67,9 @@ def run_server(config: Config) -> int:
             log_level=config.server.log_level,
             log_config=None,  # uvicorn's loggers go through ours: console and logs/server.log
             timeout_graceful_shutdown=5,
+            # Idle connections stay open well past clients' pool expiry (httpx 5 s, Node 4-5 s):
+            # at uvicorn's default 5 s a client reusing one races the server closing it.
+            timeout_keep_alive=KEEP_ALIVE_S,
         )
     finally:
         engine.close()  # a vLLM server clawrl started goes with it, whatever happened

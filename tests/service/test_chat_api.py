@@ -12,6 +12,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.conftest import BOTH_ENGINES
+from tests.timing import limit
 
 USER = [{"role": "user", "content": "Say something."}]
 pytestmark = BOTH_ENGINES
@@ -139,6 +140,29 @@ def test_models_and_health(tiny_server):
     assert health["status"] == "ok" and health["version"] == "v0"
     written = json.loads((tiny_server.run_dir / "config.json").read_text())
     assert written["server"]["port"] == tiny_server.port
+
+
+def test_an_idle_pooled_connection_is_still_served(tiny_server):
+    """Clients pool connections and reuse them after seconds of quiet (httpx keeps one 5 s, the
+    OpenAI SDK's httpx too): a server that closes an idle connection at the same moment races the
+    client's next request on it (`clawrl envs train` once died of that ReadError on a health
+    poll). The server keeps idle connections well past the clients' pool expiry."""
+    import http.client
+    import time
+
+    conn = http.client.HTTPConnection("127.0.0.1", tiny_server.port, timeout=limit(30))
+    try:
+        conn.request("GET", "/healthz")
+        first = conn.getresponse()
+        assert first.status == 200 and first.getheader("connection", "keep-alive") != "close"
+        first.read()
+        local = conn.sock.getsockname()
+        time.sleep(6.0)  # past uvicorn's default keep-alive (5 s): the property under test is a timeout
+        conn.request("GET", "/healthz")
+        again = conn.getresponse()
+        assert again.status == 200 and conn.sock.getsockname() == local, "the same connection"
+    finally:
+        conn.close()
 
 
 def test_concurrent_requests_are_decoded_together(tiny_server):

@@ -73,6 +73,7 @@ from clawrl.engine.base import (
     VersionRefused,
 )
 from clawrl.engine.vllm.server import VLLMServer
+from clawrl.net import pool_limits
 from clawrl.types import Version
 from clawrl.version_folder import ADAPTER_CONFIG
 
@@ -114,7 +115,9 @@ class VLLMEngine:
 
     async def start(self) -> None:
         # No read timeout: a stream waits as long as vLLM computes; a dead server closes the socket.
-        self._http = httpx.AsyncClient(base_url=self.server.url, timeout=httpx.Timeout(None, connect=10))
+        self._http = httpx.AsyncClient(
+            base_url=self.server.url, timeout=httpx.Timeout(None, connect=10), limits=pool_limits()
+        )
         models = (await self._call("GET", "/v1/models"))["data"]
         base = next((m for m in models if m.get("parent") is None), models[0])
         self._base = base["id"]
