@@ -17,20 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from clawrl.store.db import Store  # noqa: E402
+
+# vLLM from the venv scripts/setup-vllm installs (clawrl finds it, as for bench/serve_vllm.py).
 VLLM = ["--engine.kind", "vllm", "--engine.vllm.start", "true"]
-
-
-def vllm_python() -> str:
-    """The python of vLLM's venv (scripts/setup-vllm installs it once; prints its path last)."""
-    proc = subprocess.run([str(ROOT / "scripts" / "setup-vllm")], capture_output=True, text=True, check=True)
-    return proc.stdout.strip().splitlines()[-1]
 
 
 def run(engine: str, out: Path, args: argparse.Namespace) -> dict:
@@ -39,13 +35,12 @@ def run(engine: str, out: Path, args: argparse.Namespace) -> dict:
     cmd += ["--concurrency", str(args.concurrency), "--temperature", "0.8"]
     cmd += ["--train.batch-size", str(args.batch_size), "--out", str(out)]
     if engine == "vllm":
-        cmd += [*VLLM, "--engine.vllm.python", vllm_python()]
+        cmd += VLLM
     print(f"{engine}: {' '.join(cmd[3:])}", flush=True)
     subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
     report = json.loads((out / "report.json").read_text())
-    with sqlite3.connect(out / "run" / "clawrl.db") as db:
-        found = db.execute("SELECT metrics FROM versions WHERE metrics IS NOT NULL")
-        rows = [json.loads(m) for (m,) in found]
+    with Store.open(out / "run" / "clawrl.db", readonly=True) as store:
+        rows = [v.metrics for v in store.versions() if v.metrics]  # the trained ones (not v0)
     tokens = sum(m["tokens"] for m in rows)
     step_s = sum(m["step_s"] for m in rows)
     episodes = report["totals"]["episodes"]

@@ -164,8 +164,8 @@ def build_judge(
         key = j.api_key.get_secret_value() if j.api_key else None
         backend = OpenAIJudge(j.base_url, j.model, key, j.timeout_s)
     method = configured_method(config)
-    served = lambda: engine.version  # noqa: E731
-    return JudgeLoop(store, writer, backend, method, teacher_prompt(renderer), j, likelihood, served)
+    teacher = teacher_prompt(renderer)
+    return JudgeLoop(store, writer, backend, method, teacher, j, likelihood, lambda: engine.version)
 
 
 def configured_method(config: Config) -> Method:

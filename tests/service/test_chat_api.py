@@ -4,7 +4,9 @@ random model on the local engine, and the embedded model on vLLM behind the same
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+import time
 
 import httpx
 import openai
@@ -147,8 +149,6 @@ def test_an_idle_pooled_connection_is_still_served(tiny_server):
     OpenAI SDK's httpx too): a server that closes an idle connection at the same moment races the
     client's next request on it (`clawrl envs train` once died of that ReadError on a health
     poll). The server keeps idle connections well past the clients' pool expiry."""
-    import http.client
-    import time
 
     conn = http.client.HTTPConnection("127.0.0.1", tiny_server.port, timeout=limit(30))
     try:
@@ -192,8 +192,6 @@ def test_concurrent_requests_are_decoded_together(tiny_server):
 
 
 def _wait_idle(server, timeout=10.0):
-    import time
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         engine = server.engine_counters()
@@ -221,7 +219,6 @@ def test_stream_disconnect_stops_generation(tiny_server):
 def test_non_stream_disconnect_stops_generation(tiny_server):
     """The client hangs up once its request is being decoded (a client leaving before that, as a
     fixed 0.2 s timeout did on a loaded CI machine, never reaches the engine at all)."""
-    import http.client
 
     before = _wait_idle(tiny_server)
     body = {"model": "clawrl", "messages": USER, "max_tokens": 470, "ignore_eos": True}
