@@ -134,7 +134,7 @@ class Sample:
     grammar: dict[str, Any] | None = None  # as its turn was decoded: the trainer scores under the same mask
     # False: `logprobs` are not of the distribution the trainer scores (Turn.sampling); trained on-policy.
     logprobs_exact: bool = True
-    status: str = "ready"  # ready | trained | stale | skipped | superseded
+    status: str = "ready"  # ready | training (claimed by a step) | trained | stale | skipped | superseded
     created_at: float = field(default_factory=time.time)
     id: int | None = None
 

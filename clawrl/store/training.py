@@ -11,8 +11,19 @@
   trainer never takes a sample whose judgment has been replaced.
 - A sample's status moves from `ready` to `trained`, `stale`, `skipped` or
   `superseded`; no row is ever deleted.
+- The trainer claims the samples of a step (`claim_samples`: `ready` ->
+  `training`) before it trains them. A claimed sample is the trainer's: a newer
+  judgment, a rating or a staleness mark landing during the step leaves it as
+  it is, so the version that trains it marks it `trained`, exactly once
+  (`Store.publish_version`). A step that is dropped, fails or dies hands its
+  claims back (`release_samples`; a starting trainer releases every claim):
+  each goes back to `ready`, or to `superseded` if its turn was judged again
+  meanwhile.
 - A turn is trained on at most once per sample kind: a later judgment of a turn
-  with a `trained` sample of some kind writes no new sample of that kind.
+  with a `trained` sample of some kind writes no new sample of that kind, and
+  the samples of a judgment that landed while the trainer held the turn's
+  sample of that kind are `skipped` when that version is published (its reason
+  names the version).
 """
 
 from __future__ import annotations
@@ -40,7 +51,7 @@ from clawrl.store.rows import (
 )
 from clawrl.types import Judgment, Sample, Turn
 
-STATUSES = frozenset({"ready", "trained", "stale", "skipped", "superseded"})
+STATUSES = frozenset({"ready", "training", "trained", "stale", "skipped", "superseded"})
 KINDS = frozenset({"rl", "opd"})
 
 _TRAINED_KINDS = "SELECT DISTINCT kind FROM samples WHERE turn_id = ? AND status = 'trained'"
@@ -48,6 +59,12 @@ _TRAINED_KINDS = "SELECT DISTINCT kind FROM samples WHERE turn_id = ? AND status
 _SUPERSEDE = (
     "UPDATE samples SET status = 'superseded' "
     "WHERE turn_id = ?1 AND status = 'ready' AND (judgment_id IS NULL OR judgment_id < ?2)"
+)
+# Released samples (the ids in the JSON array ?1) whose turn has a judgment newer than theirs.
+_SUPERSEDE_RELEASED = (
+    "UPDATE samples SET status = 'superseded' WHERE id IN (SELECT value FROM json_each(?1)) "
+    "AND status = 'ready' AND coalesce(judgment_id, 0) < "
+    "(SELECT coalesce(max(j.id), 0) FROM judgments j WHERE j.turn_id = samples.turn_id)"
 )
 
 
@@ -154,6 +171,36 @@ class TrainingStore:
             )
             if cur.rowcount != len(wanted):
                 raise StoreError(f"{len(wanted) - cur.rowcount} of {len(wanted)} sample ids are unknown")
+
+    def claim_samples(self, ids: list[int]) -> list[int]:
+        """Claim `ready` samples for the step about to train them (`ready` -> `training`), in one
+        transaction; returns the ids claimed, in the order given. A sample no longer `ready`
+        (superseded, left out or claimed since it was read) is not claimed."""
+        with self._write() as conn:
+            claimed = [
+                i
+                for i in dict.fromkeys(ids)
+                if conn.execute(
+                    "UPDATE samples SET status = 'training' WHERE id = ? AND status = 'ready'", (i,)
+                ).rowcount
+            ]
+        return claimed
+
+    def release_samples(self, ids: list[int] | None = None) -> int:
+        """Hand claimed samples back (these, or every `training` one: a starting trainer's
+        recovery); returns how many. Each goes back to `ready`, or to `superseded` if its turn was
+        judged again while the trainer held it."""
+        with self._write() as conn:
+            if ids is None:
+                ids = [row[0] for row in conn.execute("SELECT id FROM samples WHERE status = 'training'")]
+            batch = json.dumps(sorted(set(ids)))
+            released = conn.execute(
+                "UPDATE samples SET status = 'ready' "
+                "WHERE id IN (SELECT value FROM json_each(?)) AND status = 'training'",
+                (batch,),
+            ).rowcount
+            conn.execute(_SUPERSEDE_RELEASED, (batch,))
+        return released
 
     def leave_out_samples(self, reasons: dict[int, str], status: str) -> int:
         """Mark `ready` samples `stale` or `skipped`, each with its reason; returns how many changed.

@@ -47,6 +47,12 @@ class VersionStore:
         """Record a new version (with its canary status and figures) and mark the samples it was
         trained on `trained`, atomically. A held version's samples are `trained` too: they made it.
 
+        Each of `trained` must be claimed (`training`, `TrainingStore.claim_samples`) or still
+        `ready`; otherwise StoreError and nothing is written: a version never says it trained a
+        sample whose status says otherwise. Samples of a judgment that landed while the step held
+        an earlier sample of the same turn and kind are `skipped`, naming this version (a turn is
+        trained on once per kind).
+
         (Samples left out, stale or skipped, are marked with their reason as soon as they
         are found: `TrainingStore.leave_out_samples`.)
         """
@@ -66,10 +72,7 @@ class VersionStore:
                     None if version.canary is None else json.dumps(version.canary),
                 ),
             )
-            conn.executemany(
-                "UPDATE samples SET status = 'trained' WHERE id = ? AND status = 'ready'",
-                [(i,) for i in trained],
-            )
+            _mark_trained(conn, version.name, trained)
 
     def versions(self) -> list[Version]:
         rows = self._read(f"SELECT {_COLUMNS} FROM versions")
@@ -82,3 +85,20 @@ class VersionStore:
             f"SELECT {_COLUMNS} FROM versions ORDER BY CAST(substr(name, 2) AS INTEGER) DESC LIMIT 1"
         )
         return _version(rows[0])
+
+
+_TRAIN = "UPDATE samples SET status = 'trained' WHERE id = ? AND status IN ('training', 'ready')"
+# Ready samples of the same turn and kind as the trained sample ?2, from a newer judgment.
+_SKIP_LATER = (
+    "UPDATE samples SET status = 'skipped', status_reason = ?1 WHERE status = 'ready' AND id != ?2 "
+    "AND (turn_id, kind) = (SELECT turn_id, kind FROM samples WHERE id = ?2)"
+)
+
+
+def _mark_trained(conn: sqlite3.Connection, version: str, trained: list[int]) -> None:
+    ids = list(dict.fromkeys(trained))
+    missing = [i for i in ids if not conn.execute(_TRAIN, (i,)).rowcount]
+    if missing:
+        raise StoreError(f"samples {missing} were neither claimed nor ready: {version} cannot train them")
+    reason = f"its turn was trained on (this kind) by {version}, from an earlier judgment"
+    conn.executemany(_SKIP_LATER, [(reason, i) for i in ids])

@@ -14,7 +14,8 @@ Each pass:
    and samples more than `max_staleness` versions behind are marked `stale`,
    each with its reason; neither is ever trained on, and both stay in the
    store. With fewer than `batch_size` usable samples left, wait again.
-4. Otherwise take the oldest `batch_size`, run one step, run the canary on
+4. Otherwise claim the oldest `batch_size` (`ready` -> `training`: a rating or a
+   judgment landing during the step no longer touches them), run one step, run the canary on
    the new weights (`clawrl.guard`, when `guard.enabled`), write
    `checkpoints/vN/` (weights, optimizer state, manifest), then publish vN
    with the canary's status and figures in the store in one transaction with
@@ -24,9 +25,12 @@ Each pass:
    "rollback"` a copy of that version is published first, as `clawrl
    rollback` does.
 
-Crash safety: until that transaction commits, the samples stay `ready` and the
+Crash safety: until that transaction commits, the samples stay claimed and the
 version does not exist, so a crash at any point loses at most the step in
-progress and never trains a sample twice. A checkpoint folder that was written
+progress and never trains a sample twice. A step that fails or is dropped hands
+its claims back at once; a trainer that starts hands back every claim a dead one
+left (`Store.release_samples`: `ready` again, or `superseded` if the turn was
+judged meanwhile). A checkpoint folder that was written
 but never published (a crash between the two writes) is moved aside as
 `.vN-unpublished-<time>` when the trainer starts, never deleted.
 
@@ -124,6 +128,9 @@ class TrainLoop:
         self._state("loading")
         if self._main:
             assert self.store is not None
+            released = self.store.release_samples()  # the claims of a trainer that died mid-step
+            if released:
+                log.info("%d samples claimed by an earlier trainer are ready again", released)
             published = {v.name for v in self.store.versions()}
             root = self.run_dir / CHECKPOINTS
             for folder in sorted(root.glob("v*")) if root.is_dir() else []:
@@ -179,10 +186,20 @@ class TrainLoop:
         if not plan.batch:
             self._state("waiting")
             return False
+        published = False
+        try:
+            published = self._train(plan.batch)
+        finally:
+            if self._main and not published:  # failed or dropped: the claims go back (module docstring)
+                self.store.release_samples([s.id for s in plan.batch if s.id is not None])
+        return published
+
+    def _train(self, batch: list[Sample]) -> bool:
+        """Step, check and publish one claimed batch (every rank); True when rank 0 published."""
         self._state("training")
         if self._main:
-            log.info("step %d: training %s on %d samples", self.step + 1, self.version, len(plan.batch))
-        metrics = self.policy.trainer.step(plan.batch, self.version)
+            log.info("step %d: training %s on %d samples", self.step + 1, self.version, len(batch))
+        metrics = self.policy.trainer.step(batch, self.version)
         if not self._main and not self.group.lockstep:
             return False
         status, figures = UNCHECKED, None
@@ -193,7 +210,7 @@ class TrainLoop:
         state = self.group.full_state(self.policy.model, self.policy.optimizer)  # FSDP: gathered to rank 0
         if not self._main:
             return False
-        return self._publish(plan.batch, metrics, status, figures, state)
+        return self._publish(batch, metrics, status, figures, state)
 
     def _plan(self) -> Plan:
         """Rank 0: follow a version published elsewhere, then the next batch, if a full one is ready."""
@@ -219,7 +236,12 @@ class TrainLoop:
                 self._waiting_for = waiting
             return Plan((self.version, self.step), follow)
         self._waiting_for = None
-        return Plan((self.version, self.step), follow, usable[: self.cfg.batch_size])
+        batch = usable[: self.cfg.batch_size]
+        claimed = set(self.store.claim_samples([s.id for s in batch if s.id is not None]))
+        if len(claimed) < len(batch):  # superseded or left out since read: plan again next pass
+            self.store.release_samples(sorted(claimed))
+            return Plan((self.version, self.step), follow)
+        return Plan((self.version, self.step), follow, batch)
 
     def _usable(self) -> list[Sample]:
         """The usable ready samples, oldest first; the rest are marked stale or skipped, with a reason."""
@@ -258,7 +280,7 @@ class TrainLoop:
             latest = self.store.latest_version()
             if latest.name != self._seen:
                 log.warning("%s was published during the step; dropping the step to follow it", latest.name)
-                return False  # the samples are still ready: the next pass trains them from the new version
+                return False  # its claims go back: the next pass trains them from the new version
             name = claim_next(self.run_dir, latest.number)
             manifest = {"step": self.step + 1, "samples": ids, "metrics": metrics, "parent": self.version}
             manifest |= {"status": status, "canary": canary}

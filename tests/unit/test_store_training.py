@@ -11,7 +11,7 @@ import pytest
 from clawrl.store import migrations
 from clawrl.store.db import Store, StoreError, UnknownTurn
 from clawrl.testing import make_turn
-from clawrl.types import Feedback, Judgment, Sample, Vote
+from clawrl.types import Feedback, Judgment, Sample, Version, Vote
 
 VOTES = [
     Vote("prm", 1, "La réponse est juste. \\boxed{1}", None, 1.25),
@@ -248,3 +248,23 @@ def test_m002_upgrades_a_database_made_by_m001(db, monkeypatch):
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert sorted(names) == sorted(name for name, _ in migrations.MIGRATIONS)
     assert {"samples_status", "samples_session_kind"} <= indexes
+
+
+def test_claimed_samples_are_the_trainers_until_published_or_released(store):
+    made = [sample("t0"), sample("t1"), sample("t2")]
+    store.insert_samples(made)
+    ids = [s.id for s in made]
+    store.leave_out_samples({ids[2]: "stale"}, "stale")
+    assert store.claim_samples(ids) == ids[:2]  # the stale one is not claimed
+    assert store.claim_samples(ids) == []  # nor is anything twice
+    store.insert_judgment(judgment("t0", score=-1))  # a newer judgment leaves the claimed sample be
+    assert store.leave_out_samples({ids[1]: "late"}, "skipped") == 0
+    assert [store.sample_status(i)[0] for i in ids] == ["training", "training", "stale"]
+    with pytest.raises(StoreError, match="neither claimed nor ready: v1 cannot train them"):
+        store.publish_version(Version("v1", 1, "/ckpt/v1"), trained=ids)
+    assert store.latest_version().name == "v0" and store.count_samples("training") == 2  # nothing written
+    assert store.release_samples() == 2  # t0 was judged meanwhile: superseded, t1 ready again
+    assert [store.sample_status(i)[0] for i in ids] == ["superseded", "ready", "stale"]
+    assert store.claim_samples([ids[1]]) == [ids[1]]
+    store.publish_version(Version("v1", 1, "/ckpt/v1"), trained=[ids[1]])
+    assert store.sample_status(ids[1])[0] == "trained" and store.release_samples() == 0

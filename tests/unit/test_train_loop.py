@@ -19,7 +19,7 @@ from clawrl.train.checkpoints import copy_version
 from clawrl.train.loop import TrainLoop
 from clawrl.train.policy import build_policy
 from clawrl.train.publish import export, rollback
-from clawrl.types import Sample, Version
+from clawrl.types import UNCHECKED, Judgment, Sample, Version
 
 PROMPT = [1, 9690, 198, 4093, 198, 1780, 314, 2, 198, 1, 520, 9531, 198]
 
@@ -145,6 +145,84 @@ def test_a_trainer_whose_every_sample_is_skipped_says_so_as_an_error(run, caplog
     add(store, 4, start=4)  # samples that fit: trained, and the error is gone
     assert loop.run_once()
     assert _counts(store.counters(), None).samples_error() is None
+
+
+def judged(store: Store, n: int, score: int = 1) -> list[int]:
+    """Samples of turns t0..t(n-1), each written with a judgment of its turn, as the judge writes them."""
+    ids = []
+    for i in range(n):
+        (made,) = [Sample(f"t{i}", "rl", PROMPT, [4093 + i, 2], [-3.0, -3.0], "v0", 1.0, reward=float(score))]
+        store.insert_judgment(Judgment(f"t{i}", "prm", [], score, None, 30.0 + i), [made])
+        ids.append(made.id)
+    return ids
+
+
+def test_a_rating_judgment_or_staleness_mark_during_the_step_leaves_the_trained_samples_trained(run):
+    """The race a loaded CI machine once hit: a rating superseded a sample the trainer held, and the
+    version counted a sample whose status was `superseded`. Here it lands during the step on purpose
+    (from the canary, which runs between the step and the publish)."""
+    config, store = run
+    held = judged(store, 4, score=-1)
+    late: list[int] = []
+
+    def check(policy):
+        assert [store.sample_status(i)[0] for i in held] == ["training"] * 4  # claimed before the step
+        rating = Sample("t0", "rl", PROMPT, [4093, 2], [-3.0, -3.0], "v0", 1.0, reward=1.0)
+        store.insert_judgment(Judgment("t0", "feedback", [], 1, None, 50.0), [rating])  # a rating
+        store.insert_judgment(Judgment("t1", "prm", [], 1, None, 51.0))  # a new judgment, no sample
+        store.leave_out_samples({held[2]: "a staleness mark"}, "stale")  # a staleness mark
+        late.append(rating.id)
+        return UNCHECKED, None
+
+    loop = TrainLoop(
+        store, build_policy(config.model.path, config.train, "cpu"), config.run_dir, canary=check
+    )
+    loop.resume()
+    assert loop.run_once()
+    v1 = store.latest_version()
+    assert v1.metrics["samples"] == 4 == store.count_samples("trained")
+    assert [store.sample_status(i)[0] for i in held] == ["trained"] * 4
+    assert store.sample_status(late[0]) == (
+        "skipped",
+        "its turn was trained on (this kind) by v1, from an earlier judgment",
+    )
+    assert store.count_samples("ready") == 0 and store.count_samples("training") == 0
+
+
+def test_a_dropped_or_failed_step_hands_its_samples_back(run):
+    config, store = run
+    held = judged(store, 4)
+    calls = []
+
+    def check(policy):
+        calls.append(1)
+        if len(calls) == 1:  # a rating of t3 lands, then a rollback is published: the step is dropped
+            store.insert_judgment(Judgment("t3", "feedback", [], -1, None, 60.0), [])
+            rollback(store, config, "v0")
+            return UNCHECKED, None
+        raise RuntimeError("the canary's engine died")
+
+    loop = TrainLoop(
+        store, build_policy(config.model.path, config.train, "cpu"), config.run_dir, canary=check
+    )
+    loop.resume()
+    assert loop.run_once() is False and store.latest_version().name == "v1"  # the rollback, not a step
+    assert [store.sample_status(i)[0] for i in held] == ["ready"] * 3 + ["superseded"]
+    add(store, 1, start=4)
+    with pytest.raises(RuntimeError, match="died"):
+        loop.run_once()
+    assert store.count_samples("training") == 0 and store.count_samples("ready") == 4
+
+
+def test_a_starting_trainer_hands_back_what_a_dead_one_claimed(run):
+    config, store = run
+    held = judged(store, 4)
+    assert store.claim_samples(held) == held  # a trainer claimed them, then died mid-step
+    store.insert_judgment(Judgment("t2", "feedback", [], -1, None, 60.0), [])
+    loop = loop_for(config, store)
+    assert [store.sample_status(i)[0] for i in held] == ["ready", "ready", "superseded", "ready"]
+    add(store, 1, start=4)
+    assert loop.run_once() and store.count_samples("trained") == 4
 
 
 def test_a_new_trainer_resumes_from_the_last_version_with_its_optimizer(run):
