@@ -931,7 +931,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from transformers import AutoTokenizer
 
-    from clawrl.engine.models import ensure_embedded
+    from clawrl.model.load import ensure_embedded
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_embedded(Config().cache_dir()))
     prompts: dict[str, dict] = {}

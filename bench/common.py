@@ -102,7 +102,7 @@ def p95(xs: list[float]) -> float:
 def tiny_model(tmp: Path) -> Path:
     """The tests' tiny random model (real tokenizer), for measuring everything but the model."""
     from clawrl.config import Config
-    from clawrl.engine.models import ensure_embedded
+    from clawrl.model.load import ensure_embedded
 
     return make_tiny_model(tmp / "tiny", ensure_embedded(Config().cache_dir()))
 

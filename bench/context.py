@@ -24,7 +24,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from clawrl.config import Config
-from clawrl.engine.models import ensure_embedded, scaled_config
+from clawrl.model.load import ensure_embedded, scaled_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

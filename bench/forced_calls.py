@@ -189,8 +189,8 @@ def mask_cost(turns: list[Turn]) -> float | None:
     import torch
 
     from clawrl.config import Config
-    from clawrl.engine import constrain
-    from clawrl.engine.models import model_folder
+    from clawrl.model import constrain
+    from clawrl.model.load import model_folder
 
     tokenizer = constrain.folder_tokenizer(model_folder(None, Config().cache_dir()))
     logits = torch.zeros(1, tokenizer.vocab_size)

@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from clawrl.config import Config
-    from clawrl.engine.models import ensure_embedded
+    from clawrl.model.load import ensure_embedded
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     shapes = args.shape or (["4b", "8b"] if device == "cuda" else ["tiny"])

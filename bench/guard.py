@@ -32,9 +32,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from clawrl.config import Config  # noqa: E402
-from clawrl.engine.models import model_folder, served_context  # noqa: E402
 from clawrl.guard.gate import Canary  # noqa: E402
 from clawrl.guard.measure import forward_kl  # noqa: E402
+from clawrl.model.load import model_folder, served_context  # noqa: E402
 from clawrl.store.db import Store  # noqa: E402
 from clawrl.train.policy import build_policy  # noqa: E402
 from clawrl.types import Sample, Turn  # noqa: E402

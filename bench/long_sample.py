@@ -33,7 +33,7 @@ def main() -> None:
     from pathlib import Path
 
     from clawrl.config import Config
-    from clawrl.engine.models import ensure_embedded
+    from clawrl.model.load import ensure_embedded
 
     model = Path(args.model) if args.model else ensure_embedded(Config().cache_dir())
     runs = {}

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from clawrl.envs.harbor.env import HarborEnv, replay_solution  # noqa: E402
 from clawrl.envs.harbor.task import load_tasks  # noqa: E402
-from clawrl.envs.load import HARBOR_SETS  # noqa: E402
+from clawrl.envs.shipped import HARBOR_SETS  # noqa: E402
 
 
 def timed(fn):  # type: ignore[no-untyped-def]

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import serve_vllm  # noqa: E402  (--engine vllm; it imports bench.common, never this file)
 from bench.common import TEMPERATURE, conversations, run_server  # noqa: E402
 from clawrl.config import Config  # noqa: E402
-from clawrl.engine.models import ensure_embedded, load_model  # noqa: E402
+from clawrl.model.load import ensure_embedded, load_model  # noqa: E402
 
 TARGET_RATIO, TARGET_CLIENTS, TARGET_TTFT_S = 0.8, 8, 1.0
 

@@ -46,8 +46,8 @@ import train_scale
 from common import start_server
 
 from clawrl.config import Config, TrainConfig
-from clawrl.engine.models import ensure_embedded
 from clawrl.launcher import ServerProcess
+from clawrl.model.load import ensure_embedded
 from clawrl.testing import Publisher
 from clawrl.train.policy import build_policy
 from clawrl.train.weights import LoraSettings

@@ -40,7 +40,7 @@ class Turn:
     first_token_at: float | None = None
     next_state: list[Message] | None = None
     next_state_at: float | None = None
-    rope_scaled: bool | None = None  # RoPE scaled past the trained window (engine/rope.py); None: unknown
+    rope_scaled: bool | None = None  # RoPE scaled past the trained window (model/rope.py); None: unknown
     grammar: dict[str, Any] | None = None  # the constraint it was decoded under (chat/grammar.py); None: free
     # What the sampler did beyond the temperature (top_p, top_k, the penalties) and what `logprobs`
     # are of: "tempered" (log_softmax(logits / T) over the full vocabulary, or the grammar's

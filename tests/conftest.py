@@ -94,7 +94,7 @@ def attach_gateway(run_dir: Path, vllm_gateway: RemoteServer, model_dir: Path, *
 def embedded_model_dir() -> Path:
     """The converted embedded SmolLM2 folder (converted once into the user cache)."""
     from clawrl.config import Config
-    from clawrl.engine.models import ensure_embedded
+    from clawrl.model.load import ensure_embedded
 
     return ensure_embedded(Config().cache_dir())
 

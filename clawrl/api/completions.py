@@ -26,7 +26,7 @@ from typing import TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
-from clawrl.api.errors import BadRequest, EngineUnavailable, NotFound, error_body
+from clawrl.api.errors import BadRequest, ModelUnavailable, NotFound, error_body
 from clawrl.api.responses import Completion, TokenText, chunk_json, completion_json, tool_call_json
 from clawrl.api.schemas import ChatCompletionRequest
 from clawrl.chat.grammar import GrammarError, grammar_for
@@ -89,7 +89,7 @@ class ChatService:
             )
         status = self.engine.stats().status
         if status != "ok":  # the vLLM server died and is being restarted: say so at once, do not queue
-            raise EngineUnavailable(f"the model server is {status}; try again shortly")
+            raise ModelUnavailable(f"the model server is {status}; try again shortly")
         if req.unknown_fields():
             log.info("ignoring unknown request fields: %s", shown_names(req.unknown_fields()))
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
@@ -200,7 +200,7 @@ class ChatService:
                         yield self._delta_chunk(c, event, lp)
                     if not events and req.logprobs:
                         yield chunk_json(c, {}, logprobs=self._logprobs(prep, piece.tokens))
-        except EngineUnavailable as exc:  # headers are sent: report it in the stream
+        except ModelUnavailable as exc:  # headers are sent: report it in the stream
             yield f"data: {json.dumps(error_body(exc.message, exc.type))}\n\n"
             return
         if prep.prompt.tool_names:  # record what the client saw, so its echo continues the session
@@ -250,14 +250,14 @@ class ChatService:
                     if finish is not None:
                         return  # leaving the `async with` cancels decoding (stop strings)
         except EngineError as exc:
-            raise EngineUnavailable(f"the model failed: {exc}") from exc
+            raise ModelUnavailable(f"the model failed: {exc}") from exc
 
     @asynccontextmanager
     async def _recording(self, prep: Prepared) -> AsyncIterator[None]:
         """Record a turn its client cut off; hand a failed one's session back untouched."""
         try:
             yield
-        except EngineUnavailable:
+        except ModelUnavailable:
             if self.collector is not None and prep.resolution is not None:
                 self.collector.fail(prep.resolution)
             raise

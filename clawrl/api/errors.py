@@ -10,7 +10,7 @@ answer, so SDKs raise their usual exception types with a readable message.
     ├── NotFound             404 not_found_error
     ├── Conflicting          409 invalid_request_error (an episode posted twice, ...)
     ├── PayloadTooLarge      413 invalid_request_error (over server.max_body_bytes)
-    ├── EngineUnavailable    503 service_unavailable (the model itself failed)
+    ├── ModelUnavailable     503 service_unavailable (the model failed, or its server is not up)
     └── StoreUnavailable     503 service_unavailable (the store refuses writes: disk full, locked)
 
 The services below the API raise their own errors (`clawrl/collect/errors.py`);
@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
-from clawrl.collect.errors import CollectError, Conflict, StoreBusy, UnknownTurn
+from clawrl.collect.errors import CollectError, Conflict, NotRecorded, RecordingRefused
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class PayloadTooLarge(APIError):
     status, type = 413, "invalid_request_error"
 
 
-class EngineUnavailable(APIError):
+class ModelUnavailable(APIError):
     status, type = 503, "service_unavailable"
 
 
@@ -73,9 +73,9 @@ class StoreUnavailable(APIError):
 
 
 SERVICE_ERRORS: dict[type[CollectError], type[APIError]] = {
-    UnknownTurn: NotFound,
+    NotRecorded: NotFound,
     Conflict: Conflicting,
-    StoreBusy: StoreUnavailable,
+    RecordingRefused: StoreUnavailable,
 }
 
 

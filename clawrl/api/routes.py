@@ -15,7 +15,7 @@ from clawrl.api.completions import ChatService
 from clawrl.api.errors import NotFound, documented_errors
 from clawrl.api.schemas import ChatCompletionRequest, FeedbackRequest
 from clawrl.api.session_hints import hints_from
-from clawrl.engine.base import SamplingDefaults
+from clawrl.model.sampling import SamplingDefaults
 
 STARTED = int(time.time())
 # With "stream": true the answer is server-sent events; without, a chat.completion object.

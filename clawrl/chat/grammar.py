@@ -6,7 +6,7 @@ JSON-able dict, or None when nothing is constrained:
     {"kind": "tool_call" | "json_object" | "json_schema", "lark": "<llguidance Lark grammar>"}
 
 The dict is what the engine decodes under (the local engine with an llguidance matcher per
-row, `clawrl/engine/constrain.py`; vLLM through its own structured outputs), what the turn
+row, `clawrl/model/constrain.py`; vLLM through its own structured outputs), what the turn
 records (`Turn.grammar`), and what the trainer replays to score the turn's tokens under the
 same mask. The grammar text is the whole contract: nothing else is needed to rebuild the mask.
 

@@ -13,8 +13,8 @@ On start the tracker is rebuilt from the store (sessions active within the
 idle timeout), so a conversation that goes on after a restart, even after a
 SIGKILL, keeps its session and attaches its next state to the turn before.
 
-Errors (`clawrl/collect/errors.py`): `UnknownTurn` for feedback on an answer or session
-that was never recorded, `StoreBusy` while the store cannot take the write.
+Errors (`clawrl/collect/errors.py`): `NotRecorded` for feedback on an answer or session
+that was never recorded, `RecordingRefused` while the store cannot take the write.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from clawrl.collect.errors import StoreBusy, UnknownTurn
+from clawrl.collect.errors import NotRecorded, RecordingRefused
 from clawrl.sessions.tracker import Hints, Resolution, Restored, SessionTracker
 from clawrl.store.db import Store
 from clawrl.store.writer import TRANSIENT, StoreWriter
@@ -114,7 +114,7 @@ class Collector:
         """503 while more than `most` writes wait (default: while the backlog is full; see StoreWriter)."""
         w = self.writer
         if w.full or (most is not None and w.pending > most):
-            raise StoreBusy(
+            raise RecordingRefused(
                 f"the store cannot record this now ({w.health().error}); {w.pending} writes are "
                 "waiting for it; try again later",
                 code="store_unavailable",
@@ -168,7 +168,9 @@ class Collector:
             turn, fid = await self.db(self._write_feedback, response_id, session_id, rating, comment)
         except TRANSIENT as exc:  # never kept for later: the reply carries the rating's id
             self.writer.failed(exc)
-            raise StoreBusy(f"the store cannot record feedback now: {exc}", code="store_unavailable") from exc
+            raise RecordingRefused(
+                f"the store cannot record feedback now: {exc}", code="store_unavailable"
+            ) from exc
         if self.judge is not None:
             self.judge.submit(turn.id, turn.session_id)  # an explicit rating decides the reward
         return turn, fid
@@ -179,12 +181,12 @@ class Collector:
         if response_id is not None:
             turn = self.store.get_turn(response_id)
             if turn is None:
-                raise UnknownTurn(f"no answer with id {response_id!r} was recorded", param="response_id")
+                raise NotRecorded(f"no answer with id {response_id!r} was recorded", param="response_id")
         else:
             assert session_id is not None
             turn = self.store.latest_main_turn(session_id)
             if turn is None:
-                raise UnknownTurn(
+                raise NotRecorded(
                     f"no session {session_id!r} with a main turn was recorded", param="session_id"
                 )
         fid = self.store.add_feedback(Feedback(turn.id, rating, comment, self._clock()))

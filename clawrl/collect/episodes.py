@@ -16,9 +16,9 @@ closed, so a restart loses no group. A runner whose other episodes never reached
 server (no answer was asked for: nothing to post) closes the group with the ones it has
 (`close`, `POST /v1/episodes/groups/{id}/close`); the method then sees fewer than G.
 
-Errors: `UnknownTurn` (404) for an episode of a session never recorded,
+Errors: `NotRecorded` (404) for an episode of a session never recorded,
 `Conflict` (409) for an episode posted twice or a group posted with two sizes,
-`StoreBusy` (503) while the store refuses writes.
+`RecordingRefused` (503) while the store refuses writes.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from clawrl.algo.grpo import EpisodeTurns, GroupOutcome, GroupRelative
 from clawrl.collect.collector import Collector
-from clawrl.collect.errors import Conflict, StoreBusy, UnknownTurn
+from clawrl.collect.errors import Conflict, NotRecorded, RecordingRefused
 from clawrl.store.db import EpisodeConflict, UnknownSession
 from clawrl.store.writer import TRANSIENT
 from clawrl.types import GROUP_DROPPED, GROUP_EVAL, GROUP_OPEN, Episode, Group
@@ -81,12 +81,12 @@ class EpisodeBook:
         try:
             group = await self.db(self.store.record_episode, episode)
         except UnknownSession as exc:
-            raise UnknownTurn(str(exc), param="session_id", code="session_not_found") from exc
+            raise NotRecorded(str(exc), param="session_id", code="session_not_found") from exc
         except EpisodeConflict as exc:
             raise Conflict(str(exc), param="session_id", code="episode_conflict") from exc
         except TRANSIENT as exc:
             self.writer.failed(exc)
-            raise StoreBusy(
+            raise RecordingRefused(
                 f"the store cannot record the episode now: {exc}", code="store_unavailable"
             ) from exc
         if group.received < group.size:
@@ -103,7 +103,7 @@ class EpisodeBook:
         reached the server says so); a group closed already is returned as it is."""
         group = await self.db(self.store.group, group_id)
         if group is None:
-            raise UnknownTurn(f"no group {group_id!r} was recorded", param="group_id", code="group_not_found")
+            raise NotRecorded(f"no group {group_id!r} was recorded", param="group_id", code="group_not_found")
         if group.status != GROUP_OPEN:
             return group
         short = f"closed with {group.received} of {group.size} episodes" + (f": {reason}" if reason else "")

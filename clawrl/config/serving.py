@@ -63,7 +63,7 @@ class ModelConfig(Section):
         "past_window",
         description="With max_context past the trained window: 'past_window' scales RoPE only for a "
         "sequence that may pass the trained window (prompt + max_tokens), each other keeps the model's "
-        "own (clawrl/engine/rope.py); 'always' scales every position of every sequence.",
+        "own (clawrl/model/rope.py); 'always' scales every position of every sequence.",
     )
 
     repetition_guard: bool = Field(

@@ -133,7 +133,7 @@ class TrainConfig(Section):
         gt=0,
         description="On a CPU, a step whose longest sample passes this many tokens maps its large "
         "allocations so freed activations go back to the system: ~4x less RSS for ~1.3x the time "
-        "(clawrl/engine/memory.py). Shorter steps keep glibc's defaults.",
+        "(clawrl/model/heap.py). Shorter steps keep glibc's defaults.",
     )
     activation_checkpointing: bool = Field(
         True,

@@ -30,6 +30,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from clawrl.model.sampling import SamplingDefaults
+
 if TYPE_CHECKING:
     from clawrl.types import Version
 
@@ -50,24 +52,6 @@ class EngineUnavailable(EngineError):
 
 class VersionRefused(EngineError):
     """A version that cannot be served (an unreadable checkpoint, a rank vLLM cannot serve)."""
-
-
-@dataclass(frozen=True)
-class SamplingDefaults:
-    """What a request that names no temperature, top_p, top_k or penalty samples with: the model
-    folder's generation config (`engine.models.generation_defaults`), else these values.
-    `top_k` 0, `repetition_penalty` 1 and the other penalties 0: off."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    source: str = "clawrl"  # where they came from: "clawrl" (no generation config) or the file
-
-
-CLAWRL_SAMPLING = SamplingDefaults()  # a model folder that names none gets these
 
 
 @dataclass(frozen=True)
@@ -134,7 +118,7 @@ class TokenEvent:
     top_logprobs: tuple[tuple[int, float], ...] = ()
     finish_reason: FinishReason | None = None
     cached_tokens: int = 0
-    rope_scaled: bool | None = None  # first token only: was RoPE scaled for this sequence (engine/rope.py)
+    rope_scaled: bool | None = None  # first token only: was RoPE scaled for this sequence (model/rope.py)
 
 
 @dataclass

@@ -13,14 +13,14 @@ server's grpo method turns complete groups into samples.
     tools        which methods are tools, their JSON schemas, calling them with a timeout
     schedule     the per-turn tool_choice schedule (`--tool-choice calculate,submit`)
     episode      one episode: reset, answer, run the tools, until done or a limit; its reward
-    client       the HTTP client: chat completions, POST /v1/episodes, /healthz
+    client       the HTTP client (clawrl.client's, shared with eval): chat completions,
+                 POST /v1/episodes, /healthz
     groups       G episodes of one task, K in flight, each posted when it ends
     training     `envs train`'s loop: groups until the server has published N new versions
     stats        figures per version (pure); report: report.json / .md / episodes.jsonl; plot
     run          `envs train` / `envs eval`: the plan, the servers, the report
     commands     the argparse side of `clawrl envs`
-    calculator   the shipped arithmetic environment (TRL contract, imports nothing from clawrl);
-                 calculator_tasks: its word problems, worked examples and splits
-    bfcl         the shipped function-calling environment (Berkeley Function Calling Leaderboard
-                 data); bfcl_match: its schemas and call checking (pure)
+    harbor/      Harbor task folders as environments: a bash tool in a bubblewrap sandbox
+    shipped/     the environments clawrl ships (calculator, bfcl, Harbor sets), listed in its
+                 `SHIPPED`: what `--env NAME` finds; nothing in the runner is theirs
 """

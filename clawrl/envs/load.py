@@ -1,8 +1,9 @@
 """Loading what `clawrl envs` runs: the environment class, the reward function, the tasks.
 
-    --env calculator | bfcl                 a shipped environment (SHIPPED)
+    --env calculator | bfcl                 a shipped environment (`clawrl/envs/shipped`: SHIPPED)
     --env harbor:PATH | harbor:terminal     a folder of Harbor task folders, or a shipped set of
-                                            them (clawrl/envs/harbor: a bash tool in a sandbox)
+                                            them (envs/shipped/harbor_sets; envs/harbor runs
+                                            them: a bash tool in a sandbox)
     --env harbor-solutions:PATH             the same tasks, each reference solution the only command
                                             the bash tool allows (with --tool-choice bash)
     --env path/to/my_env.py:MyEnv           a class in a Python file (its folder goes on sys.path
@@ -31,37 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from clawrl.envs.errors import EnvLoadError, TaskError
+from clawrl.envs.shipped import HARBOR_SETS, SHIPPED, Shipped
 from clawrl.envs.tools import ToolSchemaError, find_tools
-
-
-@dataclass(frozen=True)
-class Shipped:
-    """A shipped environment: its class, its task generator `(split, seed) -> rows`, its defaults."""
-
-    env: str  # "module:Class"
-    tasks: str  # "module:function"
-    tool_choice: str  # the default --tool-choice
-    max_turns: int  # the default --max-turns
-    splits: tuple[str, ...]
-
-
-SHIPPED: dict[str, Shipped] = {
-    "calculator": Shipped(
-        "clawrl.envs.calculator:CalculatorEnv",
-        "clawrl.envs.calculator_tasks:tasks",
-        "calculate,submit",
-        4,
-        ("train", "held_out", "held_out_numbers", "held_out_templates"),
-    ),
-    "bfcl": Shipped(
-        "clawrl.envs.bfcl:BfclEnv", "clawrl.envs.bfcl:tasks", "required", 2, ("train", "held_out")
-    ),
-}
-
 
 HARBOR = "harbor:"
 HARBOR_SOLUTIONS = "harbor-solutions:"  # the reference solutions replayed through the gateway
-HARBOR_SETS = Path(__file__).with_name("harbor") / "tasks"  # harbor:terminal names a shipped set
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """A plain OpenAI-API client for evaluations: what any chat client sends, nothing private.
 
-`ServerClient` speaks to a clawrl server over HTTP with one `httpx.AsyncClient`:
+`EvalClient` speaks to a clawrl server over HTTP (`clawrl.client.ServerClient`, shared with
+`clawrl envs`: one connection pool, the key, `/healthz`):
 
 - `chat`: `POST /v1/chat/completions` (not streamed), with the session named by the
   `X-Session-Id` header, the turn typed by `X-Turn-Type` (eval answers are `side`, so
@@ -16,12 +17,11 @@ Exceptions:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 import httpx
 
-from clawrl.net import pool_limits
+from clawrl.client import ServerClient
 from clawrl.version_folder import fingerprint_version
 
 
@@ -43,36 +43,11 @@ class Answer:
     finish_reason: str
 
 
-class ServerClient:
+class EvalClient(ServerClient):
     """Talks to one clawrl server at `base_url` (the server root, or its `/v1` URL)."""
 
-    def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 600.0) -> None:
-        self.root = base_url.rstrip("/").removesuffix("/v1")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.AsyncClient(
-            base_url=self.root, headers=headers, timeout=timeout_s, limits=pool_limits()
-        )
-        self.model = "clawrl"
-
-    async def __aenter__(self) -> ServerClient:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self._http.aclose()
-
-    async def health(self) -> dict[str, Any]:
-        """`GET /healthz`; ServerUnreachable when nothing answers, EvalError when it is not clawrl's."""
-        try:
-            response = await self._http.get("/healthz", timeout=10.0)
-        except httpx.HTTPError as exc:
-            raise ServerUnreachable(f"no clawrl server at {self.root}: {type(exc).__name__}: {exc}") from exc
-        body = _json(response, "GET /healthz")
-        if not isinstance(body.get("version"), str):
-            raise EvalError(f"{self.root}/healthz does not look like a clawrl server: {response.text[:200]}")
-        self.model = body.get("model") or self.model
-        return body
+    unreachable = ServerUnreachable
+    not_clawrl = EvalError
 
     async def version(self) -> str:
         """The policy version served now."""
@@ -98,7 +73,10 @@ class ServerClient:
         }
         if done:
             body["session_done"] = True
-        data = _json(await self._post("/v1/chat/completions", body, headers), "POST /v1/chat/completions")
+        data = _json(
+            await self.send("POST", "/v1/chat/completions", json=body, headers=headers),
+            "POST /v1/chat/completions",
+        )
         try:
             choice = data["choices"][0]
             text = choice["message"]["content"] or ""
@@ -113,13 +91,7 @@ class ServerClient:
         body: dict[str, Any] = {"response_id": response_id, "rating": rating}
         if comment:
             body["comment"] = comment
-        _json(await self._post("/v1/feedback", body, {}), "POST /v1/feedback")
-
-    async def _post(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
-        try:
-            return await self._http.post(path, json=body, headers=headers)
-        except httpx.HTTPError as exc:
-            raise ServerUnreachable(f"POST {self.root}{path} failed: {type(exc).__name__}: {exc}") from exc
+        _json(await self.send("POST", "/v1/feedback", json=body), "POST /v1/feedback")
 
 
 def _json(response: httpx.Response, what: str) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import logging
 import time
 from typing import Any
 
-from clawrl.eval.client import EvalError, ServerClient
+from clawrl.eval.client import EvalClient, EvalError
 from clawrl.eval.personas.base import Persona
 from clawrl.eval.scenario import Outcome, Point, Settings, Traffic, measure
 from clawrl.eval.tasks import Task
@@ -39,7 +39,7 @@ def check_learning(health: dict[str, Any]) -> tuple[str, str]:
 
 
 async def run_experiment(
-    client: ServerClient,
+    client: EvalClient,
     persona: Persona,
     train: list[Task],
     held_out: list[Task],
@@ -63,7 +63,7 @@ async def run_experiment(
 
 
 async def _follow(
-    client: ServerClient,
+    client: EvalClient,
     persona: Persona,
     held_out: list[Task],
     settings: Settings,
@@ -87,7 +87,7 @@ async def _follow(
 
 
 async def _point(
-    client: ServerClient,
+    client: EvalClient,
     persona: Persona,
     tasks: list[Task],
     settings: Settings,
@@ -104,7 +104,7 @@ async def _point(
 
 
 async def _next_version(
-    client: ServerClient,
+    client: EvalClient,
     traffic: Traffic,
     users: list[asyncio.Task[None]],
     current: str,

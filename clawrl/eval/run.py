@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from clawrl.algo import METHODS
-from clawrl.eval.client import EvalError, ServerClient
+from clawrl.eval.client import EvalClient, EvalError
 from clawrl.eval.experiment import check_learning, run_experiment
 from clawrl.eval.personas import get_persona
 from clawrl.eval.personas.base import Persona
@@ -155,7 +155,7 @@ def _report(
 
 
 async def _remote(base_url: str, api_key: str | None, method: str | None, plan: Plan) -> Outcome:
-    async with ServerClient(base_url, api_key) as client:
+    async with EvalClient(base_url, api_key) as client:
         _, served = check_learning(await client.health())
         if method is not None and method != served:
             raise EvalError(f"the server at {base_url} trains with method {served!r}, not {method!r}")

@@ -24,7 +24,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from clawrl.eval.client import Answer, EvalError, ServerClient
+from clawrl.eval.client import Answer, EvalClient, EvalError
 from clawrl.eval.pacing import Pacer, expected_samples
 from clawrl.eval.personas.base import Persona
 from clawrl.eval.tasks import Task
@@ -76,7 +76,7 @@ class Outcome:
 
 
 async def measure(
-    client: ServerClient, persona: Persona, tasks: list[Task], max_tokens: int, label: str
+    client: EvalClient, persona: Persona, tasks: list[Task], max_tokens: int, label: str
 ) -> tuple[list[float], list[str]]:
     """(scores, answer versions): the persona's score of each task's first greedy answer."""
 
@@ -95,7 +95,7 @@ class Traffic:
     """Simulated users holding training conversations, paced, pausable."""
 
     def __init__(
-        self, client: ServerClient, persona: Persona, tasks: list[Task], method: str, settings: Settings
+        self, client: EvalClient, persona: Persona, tasks: list[Task], method: str, settings: Settings
     ) -> None:
         if not tasks:
             raise EvalError("no training tasks left: lower --held-out")

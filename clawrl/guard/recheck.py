@@ -18,8 +18,8 @@ from typing import Any
 import transformers
 
 from clawrl.config import Config
-from clawrl.engine.models import model_folder, served_context
 from clawrl.guard.gate import Canary
+from clawrl.model.load import model_folder, served_context
 from clawrl.store.db import Store
 from clawrl.train.policy import build_policy
 

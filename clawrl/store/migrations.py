@@ -228,7 +228,7 @@ ALTER TABLE versions ADD COLUMN status TEXT NOT NULL DEFAULT 'unchecked';
 ALTER TABLE versions ADD COLUMN canary TEXT NULL;
 """
 
-# Which rotary table served the turn (clawrl/engine/rope.py): 1 scaled, 0 the model's own,
+# Which rotary table served the turn (clawrl/model/rope.py): 1 scaled, 0 the model's own,
 # NULL unknown (turns from before, or an engine that does not say).
 M007_TURN_ROPE = """
 ALTER TABLE turns ADD COLUMN rope_scaled INTEGER NULL;

@@ -20,7 +20,7 @@ layout of `policy_loss` and `batch_advantages`.
 
 A row decoded under a grammar (`Padded.grammar`, from `Sample.grammar`) is scored
 under the same mask: the grammar is replayed over its response tokens
-(`clawrl/engine/constrain.py: response_masks`), right-aligned like the targets, so
+(`clawrl/model/constrain.py: response_masks`), right-aligned like the targets, so
 whatever the left padding or packing, position j of row i is masked by the
 allowed set its response token was drawn from. Rows without one are unchanged.
 """
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from clawrl.engine.constrain import response_masks
-from clawrl.engine.rope import rope_rows
+from clawrl.model.constrain import response_masks
+from clawrl.model.rope import rope_rows
 from clawrl.train.logprobs import chunked_token_logprobs
 
 
@@ -64,7 +64,7 @@ class Padded:
     position_ids: Tensor  # [B, L]
     targets: Tensor  # [B, R_max] response ids, right-aligned (row i's last R_i entries), else 0
     lengths: list[int]  # R_i
-    # Per row, the RoPE it was served with (clawrl/engine/rope.py); None (a row or all): by length.
+    # Per row, the RoPE it was served with (clawrl/model/rope.py); None (a row or all): by length.
     rope: Sequence[bool | None] | None = None
     # Per row, the grammar it was decoded under (clawrl/chat/grammar.py); None (a row or all): none.
     grammar: Sequence[dict | None] | None = None

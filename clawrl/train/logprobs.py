@@ -25,7 +25,7 @@ after the last target left out), so no sliced copy of the logits is made.
 Grammars. A sample decoded under a grammar (`Sample.grammar`) was sampled from
 the distribution masked to the tokens the grammar allowed at each position, and
 its behaviour logprobs are of that distribution. `allowed` [B, T, W] (int32
-bitmask words per position, `clawrl/engine/constrain.py: response_masks`,
+bitmask words per position, `clawrl/model/constrain.py: response_masks`,
 rebuilt by replaying the grammar over the response) restricts z the same way in
 each chunk: z_j for a token outside the allowed set is set to the lowest finite
 float, so p_j = 0 exactly and its gradient is 0, and 0 * z_j stays 0 in the
@@ -41,7 +41,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from clawrl.engine.constrain import unpack
+from clawrl.model.constrain import unpack
 
 CHUNK_ELEMENTS = 1 << 23  # logits per chunk: 32 MB of float32 temporaries each
 

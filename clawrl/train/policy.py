@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from clawrl.config import TrainConfig
-from clawrl.engine.models import load_model
+from clawrl.model.load import load_model
 from clawrl.train.checkpoints import load_folder
 from clawrl.train.group import Group
 from clawrl.train.sizing import resolve

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from clawrl.config import Config
-from clawrl.engine.models import model_folder, served_context
+from clawrl.model.load import model_folder, served_context
 from clawrl.store.db import Store
 from clawrl.train.checkpoints import claim_next, copy_version, publish_lock
 from clawrl.train.weights import export_merged

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from clawrl.config import TrainConfig
-from clawrl.engine.memory import mapped_large_allocations, release_free_memory
+from clawrl.model.heap import mapped_large_allocations, release_free_memory
 from clawrl.train.advantages import GapStats, batch_advantages
 from clawrl.train.batch import left_pad, pack, pad_rows, score
 from clawrl.train.group import Group, split_by_tokens
@@ -257,7 +257,7 @@ class Trainer:
         cfg, device = self.cfg, self.device
         temps = torch.tensor([s.temperature for s in group], device=device)
         batch = left_pad([s.prompt_ids for s in group], [s.response_ids for s in group], device)
-        batch.rope = [s.rope_scaled for s in group]  # as each was served (clawrl/engine/rope.py)
+        batch.rope = [s.rope_scaled for s in group]  # as each was served (clawrl/model/rope.py)
         batch.grammar = [s.grammar for s in group]  # scored under the mask it was decoded under
         width = batch.targets.shape[1]
         recorded = pad_rows([s.logprobs for s in group], width, device)

@@ -109,7 +109,7 @@ def export_merged(
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from clawrl.engine.models import scaled_config
+    from clawrl.model.load import scaled_config
 
     base_dir, out_dir = Path(base_dir), Path(out_dir)
     if out_dir.exists():

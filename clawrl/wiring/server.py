@@ -35,6 +35,7 @@ from clawrl.engine.watcher import VersionWatcher
 from clawrl.judge.backends import JudgeBackend, LocalJudge, OpenAIJudge
 from clawrl.judge.scorer import LikelihoodJudge
 from clawrl.judge.worker import JudgeLoop
+from clawrl.model.load import ModelNotFound
 from clawrl.sessions.injected import InjectedContext
 from clawrl.sessions.tracker import SessionTracker
 from clawrl.sessions.turn_type import SidePatterns
@@ -55,7 +56,7 @@ def run_server(config: Config) -> int:
         return 2
     try:
         engine, tokenizer = build_engine(config)
-    except EngineUnavailable as exc:
+    except (EngineUnavailable, ModelNotFound) as exc:
         log.error("%s", exc)
         return 2
     try:

@@ -37,8 +37,8 @@ import torch
 import transformers
 
 from clawrl.config import Config, launched_world_size
-from clawrl.engine.models import ModelNotFound, model_folder, served_context
 from clawrl.guard import trainer_hooks
+from clawrl.model.load import ModelNotFound, model_folder, served_context
 from clawrl.store.db import Store, StoreError
 from clawrl.train.group import Group, open_group, strategy_refusal
 from clawrl.train.loggers import StepLoggers

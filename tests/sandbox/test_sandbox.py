@@ -18,7 +18,7 @@ from clawrl.envs.harbor.sandbox import Limits, Mount, Sandbox, give_to, new_uid
 from tests.timing import limit
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ROOT / "clawrl" / "envs" / "harbor" / "tasks"
+SHIPPED = ROOT / "clawrl" / "envs" / "shipped" / "harbor_sets"
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from clawrl.engine.models import EMBEDDED_SAMPLING
+from clawrl.model.load import EMBEDDED_SAMPLING
 from clawrl.store.db import Store
 from tests.conftest import BOTH_ENGINES, RemoteServer, attach_gateway
 

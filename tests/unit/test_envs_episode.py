@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from clawrl.envs.calculator import CalculatorEnv
 from clawrl.envs.episode import ContextFull, Refused, Reply, Settings, run_episode
 from clawrl.envs.groups import Runner, Task, groups_at_once, run_all
 from clawrl.envs.load import EnvSpec
 from clawrl.envs.schedule import parse_schedule
+from clawrl.envs.shipped.calculator import CalculatorEnv
 
 ROW = {"prompt": [{"role": "user", "content": "Ana buys 3 cards at 4 dollars each. How much?"}], "answer": 12}
 

@@ -86,8 +86,8 @@ def test_a_trl_env_from_a_file_has_its_public_methods_as_tools(env_file):
 
 
 def test_a_module_class_and_the_shipped_names_load():
-    spec = load_env("clawrl.envs.calculator:CalculatorEnv")
-    assert spec.name == "clawrl.envs.calculator:CalculatorEnv"
+    spec = load_env("clawrl.envs.shipped.calculator:CalculatorEnv")
+    assert spec.name == "clawrl.envs.shipped.calculator:CalculatorEnv"
     calculator = load_env("calculator")
     assert calculator.shipped is not None and calculator.shipped.tool_choice == "calculate,submit"
     assert sorted(probe(calculator, False)) == ["calculate", "submit"]

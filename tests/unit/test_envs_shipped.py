@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from clawrl.envs import bfcl, calculator, calculator_tasks
-from clawrl.envs.bfcl_match import check_call, check_value, function_schema, standard, tool_name
-from clawrl.envs.calculator import CalculatorEnv, evaluate, format_number, is_right, parse_number
+from clawrl.envs.shipped import bfcl, calculator, calculator_tasks
+from clawrl.envs.shipped.bfcl_match import check_call, check_value, function_schema, standard, tool_name
+from clawrl.envs.shipped.calculator import CalculatorEnv, evaluate, format_number, is_right, parse_number
 from clawrl.envs.tools import find_tools
 
 

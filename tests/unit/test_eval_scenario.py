@@ -29,7 +29,7 @@ class Call:
 
 @dataclass
 class ScriptedServer:
-    """Implements ServerClient's interface. Its "trainer" publishes a version as soon as
+    """Implements EvalClient's interface. Its "trainer" publishes a version as soon as
     `batch` samples are ready, so a user who outruns the pacing makes it skip a version.
     Version vN answers with 60 - 10 N filler words before the right number."""
 

@@ -1,4 +1,4 @@
-"""Constrained decoding: the grammars (chat/grammar.py), the engine's mask (engine/constrain.py,
+"""Constrained decoding: the grammars (chat/grammar.py), the engine's mask (model/constrain.py,
 engine/local) on a tiny random model, and the trainer's replay of the mask (train/batch.py)."""
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from clawrl.chat.grammar import GrammarError, grammar_for
 from clawrl.chat.template import format_tool_call
 from clawrl.chat.tools import parse_tool_calls
 from clawrl.config import TrainConfig, VLLMConfig
-from clawrl.engine import constrain
 from clawrl.engine.base import SamplingParams
 from clawrl.engine.local.engine import LocalEngine
 from clawrl.engine.vllm.engine import VLLMEngine
 from clawrl.engine.vllm.server import VLLMServer, vllm_command
+from clawrl.model import constrain
 from clawrl.train import logprobs
 from clawrl.train.batch import left_pad, score
 from clawrl.train.logprobs import chunked_token_logprobs

@@ -10,7 +10,7 @@ from clawrl.envs.errors import TaskError
 from clawrl.envs.harbor.env import place_files, rows
 from clawrl.envs.harbor.task import load_task, load_tasks, parse_memory
 
-SHIPPED = Path(__file__).resolve().parents[2] / "clawrl" / "envs" / "harbor" / "tasks"
+SHIPPED = Path(__file__).resolve().parents[2] / "clawrl" / "envs" / "shipped" / "harbor_sets"
 
 
 def make(root: Path, name: str, toml: str = "", dockerfile: str | None = None, **files: str) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import LlamaConfig
 
-from clawrl.engine.models import scaled_config, trained_context
+from clawrl.model.load import scaled_config, trained_context
 
 
 def _config(window: int = 8192) -> LlamaConfig:

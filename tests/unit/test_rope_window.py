@@ -1,4 +1,4 @@
-"""RoPE scaled only past the trained window (clawrl/engine/rope.py), on the tiny model (trained
+"""RoPE scaled only past the trained window (clawrl/model/rope.py), on the tiny model (trained
 on 512 positions) served with a 2,048-token window.
 
 A sequence that fits the trained window gets exactly the unscaled model's numbers; one that may
@@ -14,11 +14,11 @@ import asyncio
 import pytest
 import torch
 
-from clawrl.engine import rope
 from clawrl.engine.base import SamplingParams
 from clawrl.engine.local.engine import LocalEngine
 from clawrl.engine.local.prefix_cache import PrefixCache
-from clawrl.engine.models import load_model
+from clawrl.model import rope
+from clawrl.model.load import load_model
 from clawrl.train.batch import left_pad, score
 
 WINDOW, TRAINED = 2048, 512

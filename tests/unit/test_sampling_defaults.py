@@ -13,9 +13,9 @@ import logging
 
 import torch
 
-from clawrl.engine.base import SamplingDefaults
 from clawrl.engine.local.sampling import RowSampler, sample_rows
-from clawrl.engine.models import EMBEDDED_NAME, EMBEDDED_SAMPLING, ensure_embedded, generation_defaults
+from clawrl.model.load import EMBEDDED_NAME, EMBEDDED_SAMPLING, ensure_embedded, generation_defaults
+from clawrl.model.sampling import SamplingDefaults
 
 
 def _folder(tmp_path, config: dict | str | None):
@@ -38,7 +38,7 @@ def test_a_key_the_file_leaves_out_keeps_clawrls_value(tmp_path):
 
 
 def test_no_generation_config_falls_back_with_one_log_line(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="clawrl.engine.models")
+    caplog.set_level(logging.INFO, logger="clawrl.model.load")
     for config in (None, {"bos_token_id": 1, "eos_token_id": 2}):
         caplog.clear()
         d = generation_defaults(_folder(tmp_path, config))

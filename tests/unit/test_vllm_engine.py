@@ -78,7 +78,7 @@ def test_vllm_serves_past_the_trained_window_only_with_the_trainers_rope(tiny_mo
     included); the default per-sequence mode cannot be had on vLLM, which then serves the own window."""
     import json
 
-    from clawrl.engine.models import load_tokenizer, vllm_rope
+    from clawrl.model.load import load_tokenizer, vllm_rope
 
     rope = vllm_rope(tiny_model_dir, 2048, "yarn", "always")  # the tiny model was trained on 512
     assert rope is not None and rope["max_position_embeddings"] == 2048

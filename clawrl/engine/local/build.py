@@ -16,7 +16,7 @@ import torch
 from clawrl.config import Config
 from clawrl.engine.local.engine import LocalEngine
 from clawrl.engine.local.prefix_cache import PrefixCache
-from clawrl.engine.models import generation_defaults, load_model, model_folder, served_context
+from clawrl.model.load import generation_defaults, load_model, model_folder, served_context
 
 log = logging.getLogger(__name__)
 

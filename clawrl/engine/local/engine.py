@@ -14,7 +14,7 @@ in-flight requests was computed by the old weights; like PipelineRL, we keep it.
 
 RoPE past the trained window (`model.scale_rope = "past_window"`, the default): a request
 whose prompt + max_tokens passes the window the model was trained on uses the scaled rotary
-table for all its positions, every other one the model's own (`clawrl/engine/rope.py`); the
+table for all its positions, every other one the model's own (`clawrl/model/rope.py`); the
 choice goes out on the first token (`TokenEvent.rope_scaled`) to be recorded with the turn.
 
 Prefix caching (`engine.prefix_cache_mb`): a long prompt is looked up in the
@@ -24,7 +24,7 @@ prompt is kept for later requests, unless a weight swap happened while it was
 prefilled (its KV would then mix two versions). A swap empties the cache.
 
 Grammars (`SamplingParams.grammar`, `engine.constrained_decoding`): a request decoded under one
-gets an llguidance matcher (`clawrl/engine/constrain.py`), compiled off the event loop before
+gets an llguidance matcher (`clawrl/model/constrain.py`), compiled off the event loop before
 it waits; each of its logits rows (prefill or step) is masked to the tokens the grammar allows
 before sampling, and the matcher consumes the token drawn. The recorded logprob is then that
 of the masked distribution. Under a grammar a stop token always ends the sequence (`ignore_eos`
@@ -48,12 +48,9 @@ from typing import Any
 
 import torch
 
-from clawrl.engine import constrain, rope
 from clawrl.engine.base import (
-    CLAWRL_SAMPLING,
     EngineFailed,
     EngineStats,
-    SamplingDefaults,
     SamplingParams,
     TokenEvent,
     VersionRefused,
@@ -66,7 +63,9 @@ from clawrl.engine.local.prefix_cache import PrefixCache
 from clawrl.engine.local.sampling import RowSampler, Sampled, sample_rows
 from clawrl.engine.local.schedule import Job, Parked, Request, Scheduler, Work
 from clawrl.engine.local.scoring import Scorer
-from clawrl.engine.memory import release_free_memory
+from clawrl.model import constrain, rope
+from clawrl.model.heap import release_free_memory
+from clawrl.model.sampling import CLAWRL_SAMPLING, SamplingDefaults
 from clawrl.types import Version
 from clawrl.version_folder import DEFAULT_TARGETS
 
@@ -160,7 +159,7 @@ class LocalEngine:
         req = Request(list(prompt_ids), params, sampler)
         if params.grammar is not None and self.constrained_decoding:
             req.constraint = await self._constraint(params.grammar)
-        # A sequence that may pass the trained window is scaled from its first token (engine/rope.py).
+        # A sequence that may pass the trained window is scaled from its first token (model/rope.py).
         req.scaled = self._rope is not None and len(prompt_ids) + params.max_tokens > self._rope.trained
         self._queue.waiting.append(req)
         self._wake.set()

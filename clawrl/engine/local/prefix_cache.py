@@ -38,7 +38,7 @@ class _Entry:
     kv: KV
     version: str
     nbytes: int
-    rope: str = ""  # which rotary table computed it ("scaled" / "own"; see clawrl/engine/rope.py)
+    rope: str = ""  # which rotary table computed it ("scaled" / "own"; see clawrl/model/rope.py)
 
 
 @dataclass
@@ -79,7 +79,7 @@ class PrefixCache:
         best, best_len = None, 0
         for key, entry in self._entries.items():
             if entry.rope != rope or (entry.version != version and not self.across_versions):
-                continue  # KV computed with another RoPE never matches (clawrl/engine/rope.py)
+                continue  # KV computed with another RoPE never matches (clawrl/model/rope.py)
             n = _common_prefix(entry.ids, query)
             if n > best_len:
                 best, best_len = key, n

@@ -14,7 +14,7 @@ The recorded logprob ignores the top-k and top-p truncations and the repetition 
 (`penalties.py`: they shape q_i only) on purpose: the trainer can recompute
 log_softmax(logits / T) from logits alone, not the nucleus or a row's history. (top_k <= 0: no
 top-k cut, as vLLM's -1.) A row decoded under a grammar comes with its logits already masked
-to -inf outside the allowed tokens (`clawrl/engine/constrain.py`), so all of the above is of
+to -inf outside the allowed tokens (`clawrl/model/constrain.py`), so all of the above is of
 the masked distribution; the trainer rebuilds the same mask.
 """
 

@@ -34,9 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from clawrl.engine import constrain
 from clawrl.engine.base import SamplingParams, TokenEvent
 from clawrl.engine.local.sampling import RowSampler
+from clawrl.model import constrain
 
 
 @dataclass(eq=False)
@@ -55,7 +55,7 @@ class Request:
     prefilled: int = 0
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     kv_version: str | None = None  # the version that computed this prompt's first KV
-    scaled: bool = False  # RoPE scaled for this whole sequence (clawrl/engine/rope.py)
+    scaled: bool = False  # RoPE scaled for this whole sequence (clawrl/model/rope.py)
     constraint: constrain.Constraint | None = None  # its grammar's matcher (None: free decoding)
 
     @property

@@ -8,7 +8,7 @@ reason (the end of vLLM's log when it was started here).
 The gateway loads the model folder's tokenizer only (the weights live in vLLM).
 The window is the model's own (the embedded model: 8,192 tokens) unless
 `model.scale_rope = "always"` and `model.max_context` passes it: then clawrl starts vLLM
-with the trainer's scaled RoPE (`--hf-overrides`, `engine.models.vllm_rope`: the same
+with the trainer's scaled RoPE (`--hf-overrides`, `model.load.vllm_rope`: the same
 YaRN parameters, attention factor included) at `max_context`, and every turn is recorded
 RoPE-scaled, so the trainer scores it as vLLM served it. vLLM has one rotary table, so the
 local engine's default (scaled only past the window, per sequence) cannot be had on it.
@@ -23,15 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from clawrl.config import Config
-from clawrl.engine.models import (
+from clawrl.engine.vllm.engine import VLLMEngine
+from clawrl.engine.vllm.server import VENV, VLLMServer, VLLMUnavailable, vllm_command
+from clawrl.model.load import (
     generation_defaults,
     load_tokenizer,
     model_folder,
     served_context,
     vllm_rope,
 )
-from clawrl.engine.vllm.engine import VLLMEngine
-from clawrl.engine.vllm.server import VENV, VLLMServer, VLLMUnavailable, vllm_command
 from clawrl.net import free_port
 
 log = logging.getLogger(__name__)

@@ -64,15 +64,14 @@ from typing import Any
 import httpx
 
 from clawrl.engine.base import (
-    CLAWRL_SAMPLING,
     EngineFailed,
     EngineStats,
-    SamplingDefaults,
     SamplingParams,
     TokenEvent,
     VersionRefused,
 )
 from clawrl.engine.vllm.server import VLLMServer
+from clawrl.model.sampling import CLAWRL_SAMPLING, SamplingDefaults
 from clawrl.net import pool_limits
 from clawrl.types import Version
 from clawrl.version_folder import ADAPTER_CONFIG

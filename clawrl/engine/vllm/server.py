@@ -71,7 +71,7 @@ def vllm_command(
     rope: dict[str, Any] | None = None,
 ) -> list[str]:
     """The api_server command line clawrl starts (docs/vllm.md lists the same flags for attaching).
-    `rope`: the config overrides of a window past the trained one (`engine.models.vllm_rope`)."""
+    `rope`: the config overrides of a window past the trained one (`model.load.vllm_rope`)."""
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
     cmd += ["--served-model-name", BASE_NAME, "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--max-model-len", str(max_context), "--max-logprobs", "20"]

@@ -22,6 +22,6 @@ mode does: a task that needs them fails its verifier here, and `clawrl envs chec
 
 Files: `task.py` (reading a task folder; a bad one is refused with its path and reason),
 `sandbox.py` (bwrap), `env.py` (`HarborEnv`, TRL's environment contract: a `bash` tool, the
-verifier as `get_reward`), `check.py` (`clawrl envs check`), `tasks/` (the project's own
-task sets). The `harbor` package itself is not used (it needs Python 3.12).
+verifier as `get_reward`), `check.py` (`clawrl envs check`). The project's own task sets
+are `clawrl/envs/shipped/harbor_sets/`. The `harbor` package itself is not used (it needs Python 3.12).
 """

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from clawrl.envs.calculator import INSTRUCTION, evaluate, format_number
+from clawrl.envs.shipped.calculator import INSTRUCTION, evaluate, format_number
 
 NAMES = ("Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goro", "Hana", "Ivan", "Jade", "Kofi", "Lena")
 ITEMS = ("apple", "pencil", "marble", "sticker", "cookie", "card", "shell", "stamp")

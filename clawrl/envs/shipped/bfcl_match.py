@@ -1,6 +1,6 @@
 """Berkeley Function Calling Leaderboard rows: their schemas in JSON Schema, and checking a call.
 
-Pure functions, used by the `bfcl` environment (clawrl/envs/bfcl.py).
+Pure functions, used by the `bfcl` environment (clawrl/envs/shipped/bfcl.py).
 
 Schemas. BFCL writes parameter types in its own words ("dict", "float", "tuple", "any");
 `function_schema` turns a BFCL function into an OpenAI function object the way BFCL's

@@ -12,7 +12,7 @@ dependencies: nothing of it is imported), with their possible answers
 
 The tools are the task's functions, bound in `reset` (clawrl reads an environment's tools
 after `reset`; TRL reads them before, so under TRL this environment offers none), each
-with its BFCL schema in JSON Schema (`json_schema`, see clawrl/envs/bfcl_match.py). A call
+with its BFCL schema in JSON Schema (`json_schema`, see clawrl/envs/shipped/bfcl_match.py). A call
 is recorded, not run, and ends the episode (`done`); the reward is 1 when the episode made
 exactly one call and it matches a possible answer (BFCL's AST check), else 0.
 
@@ -29,7 +29,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from clawrl.envs.bfcl_match import check_call, function_schema, tool_name
+from clawrl.envs.shipped.bfcl_match import check_call, function_schema, tool_name
 
 CATEGORIES = {"simple": "BFCL_v4_simple_python.json", "multiple": "BFCL_v4_multiple.json"}
 SPLITS = ("train", "held_out")

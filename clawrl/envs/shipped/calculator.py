@@ -3,12 +3,12 @@
 Written in TRL's `environment_factory` contract and importing nothing from clawrl, so the
 same class trains under TRL's GRPOTrainer:
 
-    from clawrl.envs.calculator import CalculatorEnv
-    from clawrl.envs.calculator_tasks import tasks
+    from clawrl.envs.shipped.calculator import CalculatorEnv
+    from clawrl.envs.shipped.calculator_tasks import tasks
     GRPOTrainer(..., train_dataset=Dataset.from_list(tasks("train")), environment_factory=CalculatorEnv)
 
 A task row has the problem in `prompt` and the number in `answer` (the problems and their
-splits: clawrl/envs/calculator_tasks.py). `reset` appends the instruction to use the tools;
+splits: clawrl/envs/shipped/calculator_tasks.py). `reset` appends the instruction to use the tools;
 the tools are `calculate(expression)` (a safe evaluator: numbers, + - * / // % **,
 parentheses; never Python's eval) and `submit(answer)`, which ends the episode
 (`self.done = True`, clawrl's addition; TRL ignores it). The reward is 1 when the

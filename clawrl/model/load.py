@@ -38,8 +38,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from clawrl.engine.base import EngineUnavailable, SamplingDefaults
-from clawrl.engine.rope import install as install_windowed_rope
+from clawrl.model.rope import install as install_windowed_rope
+from clawrl.model.sampling import SamplingDefaults
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,9 @@ GENERATION_CONFIG = "generation_config.json"
 EMBEDDED_CONTEXT = 32768
 
 
-class ModelNotFound(EngineUnavailable, FileNotFoundError):
-    """The configured model folder or the embedded model package is missing."""
+class ModelNotFound(FileNotFoundError):
+    """The configured model folder or the embedded model package is missing (`clawrl serve` and
+    `clawrl train` exit 2 with it)."""
 
 
 @dataclass
@@ -210,7 +211,7 @@ def load_model(
 
     `max_context` beyond the window the model was trained on scales its RoPE (`scaled_config`);
     None serves the model's own window. With `scale_rope = "past_window"` the scaling applies
-    only to sequences that need it (`clawrl/engine/rope.py`); "always" scales every position.
+    only to sequences that need it (`clawrl/model/rope.py`); "always" scales every position.
     """
     if not (path / "config.json").is_file():
         raise ModelNotFound(f"{path} is not a Hugging Face model folder (no config.json)")
