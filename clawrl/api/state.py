@@ -49,6 +49,10 @@ TRAIN_KEYS = (
     "mean_reward",
     "tokens_per_s",
     "mismatch",
+    "is_weight_mean",
+    "is_weight_min",
+    "is_truncated_frac",
+    "is_truncated_samples",
     "opd_gap_p05",
     "opd_gap_p50",
     "opd_gap_p95",
@@ -83,7 +87,11 @@ class Trained:
     grad_norm: float | None = None
     mean_reward: float | None = None
     tokens_per_s: float | None = None
-    mismatch: float | None = None  # mean |logp_train - logp_served| on the trained version's samples
+    mismatch: float | None = None  # mean |logp_train - mu| over the step's weighted tokens
+    is_weight_mean: float | None = None  # the truncated importance weights (train/importance.py)
+    is_weight_min: float | None = None
+    is_truncated_frac: float | None = None  # share of tokens whose weight was cut at train.is_cap
+    is_truncated_samples: int | None = None  # samples with a truncated token
     opd_gap_p05: float | None = None  # the OPD gap's quantiles (nats), before the clip
     opd_gap_p50: float | None = None
     opd_gap_p95: float | None = None

@@ -96,6 +96,14 @@ class TrainConfig(Section):
         "dual_clip * A, so a token whose ratio has run far above 1 (stale or mismatched) cannot give an "
         "unbounded loss. Must be > 1; 0: off.",
     )
+    is_cap: float = Field(
+        2.0,
+        gt=0,
+        description="Truncated importance weights: each token's surrogate is weighted by "
+        "min(pi_prox / mu, is_cap), mu the probability the sampler drew it with, pi_prox the "
+        "trainer's before the step (train/importance.py). Bounds what one stale or mismatched "
+        "token can weigh.",
+    )
     kl_clamp: float = Field(
         10.0,
         gt=0,

@@ -105,6 +105,10 @@ class Group:
     def sum(self, values: dict[str, float]) -> dict[str, float]:
         return values
 
+    def min(self, value: float) -> float:
+        """The smallest of every rank's `value`."""
+        return value
+
     def close(self) -> None:
         pass
 
@@ -162,6 +166,13 @@ class AccelerateGroup(Group):
         t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
         total = self.accelerator.reduce(t, reduction="sum")
         return dict(zip(keys, total.tolist(), strict=True))
+
+    def min(self, value: float) -> float:
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.float64, device=self.accelerator.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return float(t.item())
 
     def close(self) -> None:
         self.accelerator.end_training()  # destroys the process group

@@ -2,9 +2,12 @@
 
 Per response token t (docs/design.md, "Methods"):
 
-    rho_t = exp(logp_t - old_logp_t)           old_logp = behaviour logprob recorded at serving
+    rho_t = exp(logp_t - old_logp_t)           old_logp = the proximal policy's logprob: the
+                                               trainer's own before the step (train/importance.py)
     s_t   = min(rho_t * A_t, clip(rho_t, 1 - eps, 1 + eps_high) * A_t)
     s_t   = max(s_t, dual_clip * A_t)        where A_t < 0 (dual-clip; dual_clip = 0: off)
+    s_t   = w_t * s_t                        w_t = min(pi_prox / mu, C): the truncated importance
+                                             weight of the behaviour mu (1 when none is given)
     k3_t  = min(exp(d_t) - d_t - 1, kl_clamp),  d_t = ref_logp_t - logp_t   (estimates KL(pi || pi_ref))
 
     L_pg  = -mean_t s_t
@@ -96,6 +99,7 @@ def policy_loss(
     num_tokens: float | None = None,
     dual_clip: float = 3.0,
     kl_clamp: float = 10.0,
+    is_weight: Tensor | None = None,
 ) -> LossTerms:
     """The clipped-surrogate loss of the module docstring over a right-padded batch.
 
@@ -103,7 +107,8 @@ def policy_loss(
     that broadcasts to it, e.g. [B, 1]); `mask` is 1/True on real tokens.
     Masked-out positions may hold any value, even inf: they are zeroed before
     use and change neither the loss nor its gradient. `num_tokens` replaces the
-    denominator of every mean (the whole step's count under micro-batching).
+    denominator of every mean (the whole step's count under micro-batching). `is_weight` [B, T]
+    (detached) scales each token's surrogate: the truncated importance weight.
     """
     keep = _check(logp, old_logp, advantages, mask, ref_logp, entropy)
     count = keep.sum()
@@ -124,6 +129,8 @@ def policy_loss(
     if dual_clip > 0:
         dual = (adv < 0) & (surrogate < dual_clip * adv)
         surrogate = torch.where(dual, dual_clip * adv, surrogate)
+    if is_weight is not None:
+        surrogate = surrogate * torch.where(keep, is_weight.detach().to(logp.dtype), 0.0)
     pg_loss = -mean(surrogate)
     loss = pg_loss
 

@@ -10,17 +10,16 @@ For each sample (prompt ids p, response ids a, behaviour logprobs logp_old):
     loss       = PPO clipped surrogate + kl_coef * KL_k3 - entropy_coef * H   (see train/loss.py)
 
 The OPD gap's student term is the trainer's own logp_t (before this step's update), not the
-behaviour logprob: see train/advantages.py. The behaviour logprob enters the ratio only, and
-only where it is of the distribution the trainer scores (`Sample.logprobs_exact`): a vLLM turn
-sampled with top_p < 1, top_k or a penalty recorded vLLM's processed logprobs (nucleus-
-renormalised, penalised), which no full-vocabulary forward reproduces, so such a sample is
-trained on-policy: its old logprob is the trainer's logp_t (ratio 1; staleness is bounded by
-`max_staleness` alone).
+behaviour logprob: see train/advantages.py. The behaviour logprob mu (what the sampler drew
+from, on any engine and under any sampler) enters through the truncated importance weight
+w_t = min(exp(logp_t - mu_t), C) only; the ratio is taken against the proximal policy, the
+trainer's own logp_t before the step (decoupled PPO: train/importance.py). No turn is trained
+on-policy by assumption.
 
-Per step, besides the loss terms: `mismatch`, the mean |logp_t - logp_old_t| over the tokens of
-exact samples made by the version being trained (train-vs-serve numeric drift: near 0 on the
-local engine, bf16-sized on vLLM); the OPD gap's 5/50/95% quantiles and the share of opd tokens
-the clip cut (`opd_gap_*`).
+Per step, besides the loss terms: `mismatch`, the mean |logp_t - mu_t| over the weighted
+tokens, and the weights' `is_weight_mean`, `is_weight_min`, `is_truncated_frac` (and the
+samples with a truncated token, or none recorded); the OPD gap's 5/50/95% quantiles and the
+share of opd tokens the clip cut (`opd_gap_*`).
 
 Every mean is over all response tokens of the step (token-level): each
 micro-batch's loss is its share of the step's mean (`num_tokens` = the step's
@@ -51,6 +50,7 @@ from clawrl.model.heap import mapped_large_allocations, release_free_memory
 from clawrl.train.advantages import GapStats, batch_advantages
 from clawrl.train.batch import left_pad, pack, pad_rows, score
 from clawrl.train.group import Group, split_by_tokens
+from clawrl.train.importance import WeightSums, truncated_weights
 from clawrl.train.loss import policy_loss
 from clawrl.train.shards import grad_norm_value
 from clawrl.train.sizing import CPU_MICRO_BATCH_TOKENS
@@ -90,7 +90,7 @@ def triage(samples: list[Sample], current: str, cfg: TrainConfig, vocab_size: in
 def _defect(s: Sample, max_len: int | None, vocab_size: int | None) -> str | None:
     if not s.response_ids:
         return "empty response: no token to train"
-    if len(s.logprobs) != len(s.response_ids):
+    if s.logprobs and len(s.logprobs) != len(s.response_ids):  # none (an old store): weight 1
         return f"bad logprobs: {len(s.logprobs)} logprobs for {len(s.response_ids)} tokens"
     if not all(math.isfinite(x) for x in s.logprobs):
         return "bad logprobs: non-finite behaviour logprobs"
@@ -157,8 +157,7 @@ class Trainer:
     def step(self, samples: list[Sample], version: str | None = None) -> dict[str, Any]:
         """One optimizer step over `samples` (this rank's share of them), in micro-batches; the metrics.
 
-        `version`: the version being trained (the weights before this step); the samples it made
-        give the train-vs-serve `mismatch`."""
+        `version`: the version being trained (the weights before this step), for the log."""
         start = time.perf_counter()
         group = self.group
         self.model.train()
@@ -168,7 +167,8 @@ class Trainer:
         mine, groups = plans[group.rank]
         lengths = [_length(s) for s in mine]
         passes = self._passes(plans)
-        sums: Counter[str] = Counter({k: 0.0 for k in (*_SUMMED, "mismatch_sum", "mismatch_tokens")})
+        sums: Counter[str] = Counter({k: 0.0 for k in _SUMMED})
+        weights = WeightSums()
         gaps = GapStats(self.cfg.opd_clip)
         long = self.device.type == "cpu" and max(lengths, default=0) > self.cfg.long_sample_tokens
         with mapped_large_allocations(long):
@@ -177,12 +177,12 @@ class Trainer:
                 micro = [mine[i] for i in groups[k if real else -1]]
                 # The gradients are reduced in the backward of the last micro-batch only.
                 with group.no_sync(self.wrapped, skip=k < len(passes) - 1):
-                    terms, drift = self._micro_loss(micro, total, version, gaps if real else None, teacher)
+                    terms, drift = self._micro_loss(micro, total, gaps if real else None, teacher)
                     group.backward(terms.loss * (group.grad_scale if real else 0.0))
                 if real:
                     for key in _SUMMED:
                         sums[key] += float(getattr(terms, key))
-                    sums.update(drift)
+                    weights.add(drift)
                 del terms
         replayed = self.replay.backward(self, total) if self.replay is not None else {}
         grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -191,10 +191,14 @@ class Trainer:
         self.optimizer.step()
         self.model.eval()
         release_free_memory()  # the step's freed activations go back to the OS, not kept until the next
-        summed = group.sum(dict(sums))
+        lowest = group.min(weights.weight_min)
+        summed = group.sum(dict(sums) | {f"is_{k}": v for k, v in vars(weights).items() if k != "weight_min"})
+        weights = WeightSums(
+            **{k[3:]: v for k, v in summed.items() if k.startswith("is_")}, weight_min=lowest
+        )
         took = time.perf_counter() - start
         metrics = self._metrics(samples, summed, total, grad_norm_value(grad_norm), took)
-        return metrics | gaps.metrics() | replayed
+        return metrics | weights.metrics() | gaps.metrics() | replayed
 
     def _micro_batches(self, samples: list[Sample]) -> list[tuple[list[Sample], list[list[int]]]]:
         """Per rank: (its share of `samples`, its micro-batches as indices into that share)."""
@@ -224,9 +228,6 @@ class Trainer:
         self, samples: list[Sample], sums: dict[str, float], total: int, grad_norm: float, took: float
     ) -> dict[str, Any]:
         metrics: dict[str, Any] = {k: sums.get(k, 0.0) for k in _SUMMED}
-        drift_tokens = sums.get("mismatch_tokens", 0.0)
-        metrics["mismatch"] = sums["mismatch_sum"] / drift_tokens if drift_tokens else None
-        metrics["mismatch_tokens"] = int(drift_tokens)
         kinds = Counter(s.kind for s in samples)
         rl = [s.reward for s in samples if s.kind == "rl"]
         return metrics | {
@@ -243,11 +244,9 @@ class Trainer:
             "tokens_per_s": total / took,
         }
 
-    def _micro_loss(
-        self, group: list[Sample], total: int, version: str | None, gaps: GapStats | None, teacher: bool
-    ):
+    def _micro_loss(self, group: list[Sample], total: int, gaps: GapStats | None, teacher: bool):
         """The loss of one micro-batch, as its share of the step's token-level mean, and its
-        train-vs-serve drift sums (`mismatch_sum`, `mismatch_tokens`). `teacher`: score a teacher
+        importance weights' sums (train/importance.py). `teacher`: score a teacher
         pass (a lockstep rank without opd rows scores one and drops it); `gaps`: None for a
         zero-weight pass, whose gaps are not counted.
 
@@ -260,7 +259,7 @@ class Trainer:
         batch.rope = [s.rope_scaled for s in group]  # as each was served (clawrl/model/rope.py)
         batch.grammar = [s.grammar for s in group]  # scored under the mask it was decoded under
         width = batch.targets.shape[1]
-        recorded = pad_rows([s.logprobs for s in group], width, device)
+        behaviour = pad_rows([s.logprobs for s in group], width, device)  # mu; [] for none recorded
         mask = pad_rows([s.loss_mask or [1] * len(s.response_ids) for s in group], width, device)
         teachers = self._teacher(group, temps, width) if teacher else None
         ref = None
@@ -272,11 +271,11 @@ class Trainer:
             logp, entropy = score(self.wrapped, batch, temps, entropy_grad=cfg.entropy_coef > 0)
         student = logp.detach()
         adv = batch_advantages(group, student, teachers, cfg.w_rl, cfg.w_opd, cfg.opd_clip, gaps)
-        exact = torch.tensor([s.logprobs_exact for s in group], device=device)[:, None]
-        old = torch.where(exact, recorded, student)  # inexact: trained on-policy (module docstring)
+        recorded = torch.tensor([bool(s.logprobs) for s in group], device=device)
+        weights, sums = truncated_weights(student, behaviour, mask, recorded, cfg.is_cap)
         terms = policy_loss(
             logp,
-            old,
+            student,  # the proximal policy: the ratio is 1 at the step's start, its gradient is logp's
             adv,
             mask,
             ref,
@@ -288,8 +287,9 @@ class Trainer:
             num_tokens=total,
             dual_clip=cfg.dual_clip,
             kl_clamp=cfg.kl_clamp,
+            is_weight=weights,
         )
-        return terms, _drift(group, student, recorded, mask, version)
+        return terms, sums
 
     def _autocast(self) -> AbstractContextManager[None]:
         """bf16 autocast around the gradient pass of float32 (master) weights on a GPU; else none."""
@@ -312,22 +312,6 @@ class Trainer:
         out = torch.zeros(len(group), width, device=self.device)
         out[rows, : logp.shape[1]] = logp
         return out
-
-
-def _drift(
-    group: list[Sample],
-    student: torch.Tensor,
-    recorded: torch.Tensor,
-    mask: torch.Tensor,
-    version: str | None,
-) -> dict[str, float]:
-    """Sum of |logp_train - logp_behaviour| over the masked tokens of exact samples `version` made."""
-    rows = [i for i, s in enumerate(group) if s.version == version and s.logprobs_exact]
-    if not rows:
-        return {}
-    keep = mask[rows] > 0
-    diff = (student[rows] - recorded[rows]).abs()
-    return {"mismatch_sum": float(diff[keep].sum()), "mismatch_tokens": float(keep.sum())}
 
 
 def _tokens(s: Sample) -> int:

@@ -88,7 +88,8 @@ def merged_state_dict(peft_model: PeftModel) -> dict[str, torch.Tensor]:
             for adapter in module.active_adapters:
                 if adapter in module.lora_A:
                     delta = module.get_delta_weight(adapter).detach()
-                    state[key] = state[key] + delta.to(state[key].dtype)
+                    # In float32, cast once: a bf16 base plus a bf16-rounded delta rounds twice.
+                    state[key] = (state[key].float() + delta.float()).to(state[key].dtype)
     return state
 
 
@@ -122,11 +123,14 @@ def export_merged(
     config = scaled_config(AutoConfig.from_pretrained(weights), max_context, rope_scaling)
     # A version folder is clawrl's own, written as safetensors: a pickled file put there is never read.
     only_safetensors = True if weights != base_dir else None  # None: the base folder as transformers reads it
+    # An adapter is merged in float32 and the result cast once to the base's dtype: merged in bf16,
+    # a delta under half a bf16 step of its weight would be rounded away (twice rounded).
     model = AutoModelForCausalLM.from_pretrained(
-        weights, config=config, dtype="auto", use_safetensors=only_safetensors
+        weights, config=config, dtype=torch.float32 if adapter else "auto", use_safetensors=only_safetensors
     )
     if adapter:
-        model = PeftModel.from_pretrained(model, source).merge_and_unload()
+        native = _dtype_of(weights)
+        model = PeftModel.from_pretrained(model, source).merge_and_unload().to(native)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", suffix=".tmp", dir=out_dir.parent))
     try:
@@ -139,3 +143,13 @@ def export_merged(
         with suppress(FileNotFoundError):
             shutil.rmtree(tmp)
     return out_dir
+
+
+def _dtype_of(folder: Path) -> torch.dtype:
+    """The dtype a model folder's config names (float32 when it names none)."""
+    import json
+
+    config = json.loads((Path(folder) / "config.json").read_text())
+    name = config.get("dtype") or config.get("torch_dtype") or "float32"
+    value = getattr(torch, str(name).removeprefix("torch."), None)
+    return value if isinstance(value, torch.dtype) else torch.float32

@@ -45,7 +45,9 @@ def test_every_layer_in_pyproject_is_drawn_and_every_contract_is_named():
     layers = _section("Layers")
     (layered,) = [c for c in contracts() if c["type"] == "layers"]
     drawn = [line.split("  ")[0].strip() for line in layers.splitlines() if line.startswith("clawrl.")]
-    assert [" | ".join(f"clawrl.{m.strip()}" for m in layer.split("|")) for layer in layered["layers"]] == drawn
+    assert [
+        " | ".join(f"clawrl.{m.strip()}" for m in layer.split("|")) for layer in layered["layers"]
+    ] == drawn
     for contract in contracts():
         assert f'"{contract["name"]}"' in layers, f"contract {contract['name']!r} is not named in Layers"
 

@@ -3,6 +3,7 @@ draw only, never to the logprob the trainer compares against."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from clawrl.engine.local.penalties import Penalties, PenaltyState
@@ -33,17 +34,22 @@ def test_no_penalty_means_no_state():
     assert RowSampler.create(0.0, 1.0, 0, None).penalty is None
 
 
-def test_greedy_with_a_presence_penalty_stops_repeating_but_records_the_models_logprob():
+def test_greedy_with_a_presence_penalty_stops_repeating_and_records_what_it_drew_from():
     """A greedy row whose logits never change draws token 3 forever; with presence 2.0 it moves on
-    to the next best once 3 is drawn, and every recorded logprob is the model's own."""
+    to the next best once 3 is drawn, and every recorded logprob is of the penalised distribution
+    it was chosen from (the behaviour the trainer weighs against)."""
     logits = LOGITS[None]
     plain = RowSampler.create(0.0, 1.0, 0, None)
     assert [sample_rows(logits, [plain])[0].token_id for _ in range(3)] == [3, 3, 3]
     row = RowSampler.create(0.0, 1.0, 0, None, penalties=Penalties(presence=2.0), prompt_ids=[7])
     drawn = [sample_rows(logits, [row])[0] for _ in range(3)]
     assert [s.token_id for s in drawn] == [3, 0, 3]  # 3.0; then 2.0 > 3.0-2; then 3.0-2 > 2.0-2
-    model = torch.log_softmax(LOGITS, dim=-1)
-    assert all(abs(s.logprob - model[s.token_id].item()) < 1e-6 for s in drawn)
+    penalised = [LOGITS.clone() for _ in range(3)]
+    penalised[1][3] -= 2.0  # after 3 was drawn once
+    penalised[2][[0, 3]] -= 2.0  # after 3 and 0
+    for s, shaped in zip(drawn, penalised, strict=True):
+        assert s.logprob == pytest.approx(torch.log_softmax(shaped, dim=-1)[s.token_id].item(), abs=1e-6)
+    assert drawn[1].logprob > torch.log_softmax(LOGITS, dim=-1)[0].item()  # not the model's own
 
 
 def test_a_penalised_row_does_not_change_its_neighbours_draw():

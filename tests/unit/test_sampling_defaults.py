@@ -106,8 +106,9 @@ def test_top_k_draws_only_among_the_k_most_likely():
     rows = [RowSampler.create(1.0, 1.0, 0, seed, top_k=2) for seed in range(400)]
     drawn = [s.token_id for s in sample_rows(logits, rows)]
     assert set(drawn) == {0, 1}  # both of the two most likely, never a third
-    # The recorded logprob stays the full-vocabulary one, as the trainer recomputes it.
-    full = torch.log_softmax(logits[0], dim=-1)
-    assert all(abs(s.logprob - full[s.token_id].item()) < 1e-5 for s in sample_rows(logits[:5], rows[:5]))
+    # The recorded logprob is of what was drawn from: the top 2, renormalised (the behaviour mu of
+    # the trainer's importance weight, which is then the top 2's mass under the full distribution).
+    top2 = torch.log_softmax(logits[0, :2], dim=-1)
+    assert all(abs(s.logprob - top2[s.token_id].item()) < 1e-5 for s in sample_rows(logits[:5], rows[:5]))
     greedy = sample_rows(logits[:3], [RowSampler.create(1.0, 1.0, 0, s, top_k=1) for s in range(3)])
     assert [s.token_id for s in greedy] == [0, 0, 0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -114,24 +116,40 @@ def test_triage_skips_defects_and_marks_stale():
     assert triage([long], current="v3", cfg=TrainConfig()).usable == [long]
 
 
-def test_mismatch_is_measured_on_exact_samples_and_inexact_ones_train_on_policy(tiny_model_dir):
-    """Recorded logprobs 0.5 nats above the trainer's: the drift is 0.5 and the ratio exp(-0.5) is
-    clipped; the same samples recorded as processed (vLLM, top_p < 1) count no drift and clip nothing."""
-    model, optimizer = _model(tiny_model_dir, lr=1e-3)
-    trainer = Trainer(model, optimizer, TrainConfig(kl_coef=0.0))
-    samples = _samples(model, 4093)
-    for s in samples:
-        s.logprobs = [x + 0.5 for x in s.logprobs]
-    shifted = trainer.step(samples, version="v0")
-    assert shifted["mismatch"] == pytest.approx(0.5, abs=2e-3) and shifted["mismatch_tokens"] == 32
-    assert shifted["clip_frac"] > 0.4  # ratio 0.61 < 0.8: every A > 0 token clipped
-    model, optimizer = _model(tiny_model_dir, lr=1e-3)
-    trainer = Trainer(model, optimizer, TrainConfig(kl_coef=0.0))
-    for s in samples:
-        s.logprobs_exact = False
-    on_policy = trainer.step(samples, version="v0")
-    assert on_policy["mismatch"] is None and on_policy["clip_frac"] == 0.0
-    assert trainer.step(samples, version="v7")["mismatch"] is None  # made by another version
+def test_every_token_is_weighted_by_its_truncated_importance_weight(tiny_model_dir):
+    """w_t = min(pi_prox / mu, C) on every engine and sampler: behaviour logprobs 0.5 nats above the
+    trainer's weigh each token exp(-0.5) (a top-k or penalised turn's mu is above pi); 1 nat below,
+    exp(1) is truncated at C = 2; none recorded (an old store): weight 1, counted."""
+
+    def run(shift: float | None, **cfg):
+        model, optimizer = _model(tiny_model_dir, lr=1e-3)
+        trainer = Trainer(model, optimizer, TrainConfig(kl_coef=0.0, **cfg))
+        samples = _samples(model, 4093)
+        for s in samples:
+            s.logprobs = [] if shift is None else [x + shift for x in s.logprobs]
+            s.logprobs_exact = False  # processed (vLLM's top-p): no longer trained "on-policy"
+            s.reward = 1.0  # pg_loss = -mean(w_t * A_t): the weights' mean, with every A = 1
+        return trainer.step(samples, version="v0")
+
+    exact, high, low, none = run(0.0), run(0.5), run(-1.0), run(None)
+    assert exact["is_weight_mean"] == pytest.approx(1.0, abs=2e-3) and exact["mismatch"] < 2e-3
+    assert high["is_weight_mean"] == pytest.approx(math.exp(-0.5), rel=2e-3)
+    assert high["is_weight_min"] == pytest.approx(math.exp(-0.5), rel=2e-3)
+    assert high["mismatch"] == pytest.approx(0.5, abs=2e-3) and high["mismatch_tokens"] == 32
+    assert high["pg_loss"] == pytest.approx(math.exp(-0.5) * exact["pg_loss"], rel=1e-2)
+    assert high["clip_frac"] == 0.0 and high["is_truncated_frac"] == 0.0  # the ratio is to pi_prox
+    assert low["is_weight_mean"] == pytest.approx(2.0) and low["is_truncated_frac"] == 1.0
+    assert low["is_truncated_samples"] == 8 and low["pg_loss"] == pytest.approx(
+        2 * exact["pg_loss"], rel=1e-2
+    )
+    assert run(-1.0, is_cap=3.0)["is_weight_mean"] == pytest.approx(math.e, rel=2e-3)
+    assert none["is_unweighted_samples"] == 8 and none["mismatch"] is None
+    assert none["pg_loss"] == pytest.approx(exact["pg_loss"], rel=1e-2)
+
+
+def test_a_cap_that_is_not_positive_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match="is_cap"):
+        TrainConfig(is_cap=0)
 
 
 def test_opd_gap_quantiles_and_clipped_share_are_reported(tiny_model_dir):

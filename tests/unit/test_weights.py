@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -342,3 +343,40 @@ def test_a_bf16_model_serves_a_small_lora_delta_that_merging_would_round_away(tm
         assert frozen == {} and loss(served) == v0  # the judge's view: the base
     versions.loader(Version("v0", 0))(served)
     assert loss(served) == v0
+
+
+def test_export_merges_in_float32_and_casts_once(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """A bf16 base weight of 1.0 and a LoRA delta of 2^-8 + 2^-17: a hair over half a bf16 step.
+    Merged in float32 and cast once, the weight rounds up to 1 + 2^-7; rounded to bf16 first, the
+    delta is exactly half a step and the sum ties back to 1.0, losing the update."""
+    from transformers import AutoModelForCausalLM
+
+    q = "model.layers.0.self_attn.q_proj.weight"
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        base.state_dict()[q][0, 0] = 1.0
+    base.to(torch.bfloat16).save_pretrained(tmp_path / "base")
+    for path in tiny_model_dir.iterdir():  # the tokenizer's files
+        if not (tmp_path / "base" / path.name).exists():
+            shutil.copy(path, tmp_path / "base" / path.name)
+    peft_model = attach_lora(
+        AutoModelForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32), LoraSettings()
+    )
+    delta = 2.0**-8 + 2.0**-17
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name:
+                p.zero_()
+        layer = peft_model.base_model.model.model.layers[0].self_attn.q_proj
+        layer.lora_A["default"].weight[0, 0] = 1.0
+        layer.lora_B["default"].weight[0, 0] = delta / layer.scaling["default"]
+    peft_model.save_pretrained(tmp_path / "v1")
+    out = export_merged(tmp_path / "base", tmp_path / "v1", tmp_path / "merged")
+    merged = AutoModelForCausalLM.from_pretrained(out, dtype="auto").state_dict()[q]
+    assert merged.dtype == torch.bfloat16
+    assert merged[0, 0].item() == 1.0 + 2.0**-7
+    assert torch.tensor(1.0, dtype=torch.bfloat16) + torch.tensor(delta).to(torch.bfloat16) == 1.0  # the trap
+    served = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tmp_path / "base", dtype="auto"), tmp_path / "v1"
+    )
+    assert merged_state_dict(served)[q][0, 0].item() == 1.0 + 2.0**-7  # the in-memory merge too

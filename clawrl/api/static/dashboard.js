@@ -164,6 +164,9 @@ function renderTrainer(t, versions, now) {
     ["latest", l.version ? `${l.version} (${ago(l.created_at, now)})` : "no step yet"],
     ["step", l.step ?? "–"], ["loss", num(l.loss, 4)], ["KL", num(l.kl, 4)],
     ["clip fraction", num(l.clip_frac)], ["tokens/s", num(l.tokens_per_s, 0)],
+    ["mismatch", num(l.mismatch, 4)],
+    ["IS weight", l.is_weight_mean == null ? "–" : `mean ${num(l.is_weight_mean, 3)}, min ${num(l.is_weight_min, 3)}`],
+    ["truncated", l.is_truncated_frac == null ? "–" : `${pct(l.is_truncated_frac)} of tokens, ${l.is_truncated_samples ?? 0} samples`],
   ]));
   const trained = versions.filter((v) => v.metrics.loss !== undefined && v.metrics.loss !== null);
   fill("loss-chart", trained.length < 2 ? [] : lines([

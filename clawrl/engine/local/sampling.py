@@ -1,10 +1,12 @@
 """Token sampling for a batch of rows, each with its own parameters.
 
 For row i with temperature T_i > 0:
-    logp_i = log_softmax(logits_i / T_i)                    (recorded logprob, full vocab)
-    q_i    = softmax(logits_i / T_i) restricted to the top-k tokens, then to the top-p nucleus
-    token  = argmax_v q_i[v] / E_v,  E_v ~ Exp(1)           (an exact draw from q_i, renormalised)
-For T_i == 0 the token is argmax(logits_i) and logp_i = log_softmax(logits_i).
+    l_i    = the row's logits after its repetition penalties (`penalties.py`; none: the logits)
+    q_i    = softmax(l_i / T_i) restricted to the top-k tokens, then to the top-p nucleus,
+             renormalised
+    token  = argmax_v q_i[v] / E_v,  E_v ~ Exp(1)           (an exact draw from q_i)
+    logp   = log q_i[token]                                 (recorded: the behaviour logprob)
+For T_i == 0 the token is argmax(l_i) and logp = log_softmax(l_i)[token].
 
 The exponential race samples every row in one vectorised argmax; a seeded
 request draws its noise from its own generator, so its tokens do not depend on
@@ -73,8 +75,8 @@ def sample_rows(logits: torch.Tensor, rows: list[RowSampler]) -> list[Sampled]:
     logits = logits.float()
     temps = torch.tensor([r.temperature if r.temperature > 0 else 1.0 for r in rows], device=logits.device)
     logprobs = torch.log_softmax(logits / temps[:, None], dim=-1)  # [B, V]
-    chosen = _choose(_penalised(logits, logprobs, temps, rows), rows)
-    picked = logprobs.gather(1, chosen[:, None]).squeeze(1).tolist()
+    chosen, drawn = _choose(_penalised(logits, logprobs, temps, rows), rows)
+    picked = drawn.tolist()
     ids = chosen.tolist()
     for row, token in zip(rows, ids, strict=True):
         if row.penalty is not None:
@@ -98,11 +100,13 @@ def _penalised(
     return torch.log_softmax(shaped / temps[:, None], dim=-1)
 
 
-def _choose(logprobs: torch.Tensor, rows: list[RowSampler]) -> torch.Tensor:
+def _choose(logprobs: torch.Tensor, rows: list[RowSampler]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's token [B] and its log-probability under the distribution it was drawn from [B]."""
     chosen = logprobs.argmax(dim=-1)
+    drawn = logprobs.gather(1, chosen[:, None]).squeeze(1)
     hot = [i for i, r in enumerate(rows) if r.temperature > 0]
     if not hot:
-        return chosen
+        return chosen, drawn
     probs = logprobs[hot].exp()  # [S, V]
     for j, i in enumerate(hot):
         if 0 < rows[i].top_k < probs.shape[-1]:
@@ -116,8 +120,11 @@ def _choose(logprobs: torch.Tensor, rows: list[RowSampler]) -> torch.Tensor:
     else:
         for j, i in enumerate(hot):
             uniform[j].uniform_(generator=rows[i].generator)
-    chosen[hot] = (probs / -uniform.log()).argmax(dim=-1)
-    return chosen
+    picks = (probs / -uniform.log()).argmax(dim=-1)
+    chosen[hot] = picks
+    # log q[token]: the truncated distribution, renormalised (its mass is 1 when nothing was cut).
+    drawn[hot] = (probs.gather(1, picks[:, None]).squeeze(1) / probs.sum(-1)).log()
+    return chosen, drawn
 
 
 def _top_k(probs: torch.Tensor, k: int) -> torch.Tensor:
