@@ -30,6 +30,21 @@ CONTEXT = 512  # the tiny model's window; the session's vLLM server serves the s
 BOTH_ENGINES = pytest.mark.parametrize("engine", ["local", "vllm"], scope="module")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Work units for `pytest -n 2 --dist loadgroup` (scripts/test): a test file's tests stay on one
+    worker, so its module-scoped server starts once; every test on the session's vLLM server (any
+    file) goes to one worker, so vLLM starts once (25-60 s, 3 GB). Without xdist, nothing changes."""
+    for item in items:
+        uses_vllm = "vllm_gateway" in getattr(item, "fixturenames", ()) or _on_vllm(item)
+        group = "vllm" if uses_vllm else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _on_vllm(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("engine") == "vllm"
+
+
 class RemoteServer(ServerProcess):
     """The package's launcher (clawrl.launcher) with the tests' defaults: the trainer and the guard
     off unless `args` turn them on (a trainer would only add a torch import per server; a tiny random

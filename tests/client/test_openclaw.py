@@ -8,7 +8,7 @@ apply) the answers are right and a session does not degenerate; every turn answe
 clawrl session per OpenClaw conversation with next states attached, the prefix cache hit on
 later turns (OpenClaw's own usage report shows `cacheRead`), its housekeeping requests
 (pre-compaction memory flush, compaction summary) recorded as side turns. The tests of the
-session machinery pin temperature 0, so their answers repeat.
+compaction housekeeping pins temperature 0, so its answers repeat.
 
 No tool call here: the 135M embedded model never writes one inside OpenClaw's ~2,000-token
 system prompt, whatever it is asked (the exact `<tool_call>` block to copy, plain requests, a
@@ -67,25 +67,6 @@ def _agent(openclaw_bin, tmp_path, server, max_tokens=48, temperature: float | N
         return run_agent(openclaw_bin, home, session, message, timeout=limit(TURN_LIMIT), cwd=workspace)
 
     return say, workspace, config
-
-
-def test_a_three_turn_conversation_is_one_session_with_next_states(openclaw_bin, tmp_path, server):
-    say, _, _ = _agent(openclaw_bin, tmp_path, server)
-    messages = ["What is 2+2?", "And what is 3+3?", "Thanks! What is 4+4?"]
-    replies = [say("chat-1", m) for m in messages]
-    for reply in replies:
-        assert reply.text.strip(), f"no answer (stopReason={reply.stop_reason}): {reply.raw}"
-    assert replies[1].usage.get("cacheRead", 0) > 1000  # the prompt OpenClaw resent came from the cache
-    assert replies[2].usage.get("cacheRead", 0) > replies[1].usage["cacheRead"]
-
-    main = [t for t in _turns(server) if t.turn_type == "main" and "chat-1" in t.session_id]
-    assert len(main) == 3 and len({t.session_id for t in main}) == 1
-    assert main[0].session_id == "chat-1:0"  # OpenClaw's session affinity key
-    for turn, following in zip(main, messages[1:], strict=False):
-        assert following in json.dumps(turn.next_state)
-    assert main[2].next_state is None
-    health = server.health()
-    assert health["engine"]["extra"]["prefix_cache"]["hits"] >= 2
 
 
 def test_compaction_housekeeping_is_side_and_opens_a_new_session(openclaw_bin, tmp_path, server):
@@ -160,10 +141,12 @@ def test_the_loop_check_tells_a_loop_from_a_ramble():
     assert _degenerate("") == "empty"
 
 
-def test_a_session_at_openclaws_own_sampling_answers_right_and_does_not_degenerate(
+def test_a_three_turn_session_at_openclaws_own_sampling_is_one_session_and_answers_right(
     openclaw_bin, tmp_path, server
 ):
-    """Three everyday questions in one OpenClaw session, as the README's profile runs it (the lean
+    """Three everyday questions in one OpenClaw session: one clawrl session (OpenClaw's affinity
+    key), each turn's next state the following question, the resent prompt read from the prefix
+    cache; and, as the README's profile runs it (the lean
     profile, maxTokens 512, no temperature: the model's own defaults, 0.2 / top_p 0.9 and the
     repetition guard, presence 1.0 / frequency 0.3): each answer is right, ends on its own before
     the token limit, and is no loop.
@@ -187,9 +170,16 @@ def test_a_session_at_openclaws_own_sampling_answers_right_and_does_not_degenera
         ("What color is the sky on a clear day?", ["blue"]),
     ]
     replies = [say("everyday-1", question) for question, _ in questions]
+    assert replies[1].usage.get("cacheRead", 0) > 1000  # the prompt OpenClaw resent came from the cache
+    assert replies[2].usage.get("cacheRead", 0) > replies[1].usage["cacheRead"]
     # What the model wrote, as recorded (OpenClaw's own text folds repeated paragraphs).
     main = [t for t in _turns(server) if t.turn_type == "main" and "everyday-1" in t.session_id]
     assert len(main) == 3 and len({t.session_id for t in main}) == 1
+    assert main[0].session_id == "everyday-1:0"  # OpenClaw's session affinity key
+    for turn, (following, _) in zip(main, questions[1:], strict=False):
+        assert following in json.dumps(turn.next_state)
+    assert main[2].next_state is None
+    assert server.health()["engine"]["extra"]["prefix_cache"]["hits"] >= 2
     seen = [(t.finish_reason, len(t.response_ids), t.response_text[:300]) for t in main]
     for (question, keys), reply, turn in zip(questions, replies, main, strict=True):
         assert _names(reply.text, keys), (question, seen)

@@ -113,9 +113,29 @@ def add_batch(config: Config, batch: int) -> None:
         store.insert_samples(fresh)
 
 
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, tiny_model_dir):
+    """`one_process(weights, step)`: (run folder, weights, manifest) of one process's version `step`,
+    trained once for the module (each `clawrl train` start imports torch and loads the model): the
+    baseline both the DDP and the FSDP tests compare against."""
+    runs: dict[str, tuple[Config, list[tuple[dict, dict]]]] = {}
+
+    def get(weights: str, step: int) -> tuple[Config, dict[str, torch.Tensor], dict]:
+        if weights not in runs:
+            runs[weights] = (run_folder(tmp_path_factory.mktemp(weights), "one", tiny_model_dir, weights), [])
+        config, versions = runs[weights]
+        while len(versions) < step:
+            if versions:
+                add_batch(config, len(versions))
+            versions.append(train_one_step(config, 1, len(versions) + 1))
+        return config, *versions[step - 1]
+
+    return get
+
+
 @pytest.mark.parametrize("weights", ["lora", "full"])
-def test_two_ranks_publish_the_same_version_as_one_process(tmp_path, tiny_model_dir, weights):
-    one, one_manifest = train_one_step(run_folder(tmp_path, "one", tiny_model_dir, weights), 1)
+def test_two_ranks_publish_the_same_version_as_one_process(tmp_path, tiny_model_dir, weights, one_process):
+    _, one, one_manifest = one_process(weights, 1)
     two, two_manifest = train_one_step(run_folder(tmp_path, "two", tiny_model_dir, weights), 2)
     base = load_file(tiny_model_dir / "model.safetensors") if weights == "full" else {}
     assert one.keys() == two.keys()
@@ -138,19 +158,17 @@ def test_two_ranks_publish_the_same_version_as_one_process(tmp_path, tiny_model_
 
 
 @pytest.mark.parametrize("weights,steps", [("lora", 2), ("full", 1)])
-def test_two_fsdp_ranks_train_versions_as_one_process(tmp_path, tiny_model_dir, weights, steps):
+def test_two_fsdp_ranks_train_versions_as_one_process(tmp_path, tiny_model_dir, weights, steps, one_process):
     """FSDP (torch's fully_shard, here under gloo): each rank holds half of every weight, gradient
     and optimizer state. The canary runs on both ranks together; v1 is gathered to rank 0 and
     written as one process writes it. With LoRA a second run loads v1 (weights and optimizer
     state) into the shards, each rank cutting its own, and trains v2 (the same loader cuts the
     full weights' shards: the base, at v0, in the first run). Every version matches one process's."""
-    one = run_folder(tmp_path, "one", tiny_model_dir, weights)
     two = run_folder(tmp_path, "two", tiny_model_dir, weights, strategy="fsdp")
     for step in range(1, steps + 1):
         if step > 1:
-            add_batch(one, step - 1)
             add_batch(two, step - 1)
-        w1, m1 = train_one_step(one, 1, step)
+        one, w1, m1 = one_process(weights, step)
         w2, m2 = train_one_step(two, 2, step)
         assert w1.keys() == w2.keys()
         for key, value in w1.items():
