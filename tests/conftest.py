@@ -15,9 +15,11 @@ skip only when the package registry cannot be reached to install vLLM.
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,19 +32,25 @@ CONTEXT = 512  # the tiny model's window; the session's vLLM server serves the s
 BOTH_ENGINES = pytest.mark.parametrize("engine", ["local", "vllm"], scope="module")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Work units for `pytest -n 2 --dist loadgroup` (scripts/test): a test file's tests stay on one
-    worker, so its module-scoped server starts once; every test on the session's vLLM server (any
-    file) goes to one worker, so vLLM starts once (25-60 s, 3 GB). Without xdist, nothing changes."""
-    for item in items:
-        uses_vllm = "vllm_gateway" in getattr(item, "fixturenames", ()) or _on_vllm(item)
-        group = "vllm" if uses_vllm else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+VLLM_PARAM = re.compile(r"\[(?:[^\]]*-)?vllm(?:-[^\]]*)?\]")  # an id like [vllm] or [vllm-2]
 
 
-def _on_vllm(item: pytest.Item) -> bool:
-    callspec = getattr(item, "callspec", None)
-    return callspec is not None and callspec.params.get("engine") == "vllm"
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Work units for `pytest -n 2` (scripts/test): a test file's tests stay on one worker, so its
+    module-scoped server starts once; every test on the session's vLLM server (the `engine=vllm`
+    half of a BOTH_ENGINES module, and tests/service/test_vllm.py) goes to one worker, so vLLM
+    starts once (25-60 s, 3 GB). (xdist's own `loadgroup` cannot do it on pytest 9.2, whose node
+    ids it can no longer suffix.) Without xdist this hook is never called."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesWithVllmTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            if VLLM_PARAM.search(nodeid) or path == "tests/service/test_vllm.py":
+                return "vllm"
+            return path
+
+    return FilesWithVllmTogether(config, log)
 
 
 class RemoteServer(ServerProcess):

@@ -33,7 +33,8 @@ Choices and deviations:
   and low-variance. Its gradient, (1 - exp(d_t)) per token w.r.t. logp_t,
   pulls logp toward ref_logp; as in GRPO it is the estimate's gradient, not an
   exact KL gradient. Our tokens come from the behaviour policy, which is
-  pi_theta up to staleness; no importance weight is applied to this term.
+  pi_theta up to staleness and the sampler; the importance weight is not applied to
+  this term (it is a regulariser on the tokens trained, not an estimate under mu).
 - Dual-clip (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL"): with
   A_t < 0 the PPO min is unbounded as rho_t grows (min(rho*A, clip*A) = rho*A), so one token
   whose behaviour logprob is far below the trainer's (a stale sample, an engine-vs-trainer

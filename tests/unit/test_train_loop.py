@@ -225,6 +225,21 @@ def test_a_starting_trainer_hands_back_what_a_dead_one_claimed(run):
     assert loop.run_once() and store.count_samples("trained") == 4
 
 
+def test_a_backlog_trains_newest_first_and_the_older_samples_after(run):
+    config, store = run
+    loop = loop_for(config, store)
+    older, newer = add(store, 4), add(store, 4, start=4)
+    assert loop.run_once()
+    assert (
+        json.loads((config.run_dir / "checkpoints" / "v1" / "manifest.json").read_text())["samples"] == newer
+    )
+    assert loop.run_once()  # the older ones are still inside the staleness bound: none lost
+    assert (
+        json.loads((config.run_dir / "checkpoints" / "v2" / "manifest.json").read_text())["samples"] == older
+    )
+    assert store.count_samples("trained") == 8 and store.count_samples("stale") == 0
+
+
 def test_a_new_trainer_resumes_from_the_last_version_with_its_optimizer(run):
     config, store = run
     loop = loop_for(config, store)

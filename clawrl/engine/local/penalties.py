@@ -7,9 +7,9 @@ For the logits l of the next token, with P the prompt's tokens and O the tokens 
     frequency f (OpenAI):      l_v - f * c_v                                         (0: off)
     presence p (OpenAI):       l_v - p * [c_v > 0]                                   (0: off)
 
-They shape which token is drawn, not the logprob recorded for it: like the top-k and top-p
-cuts, the recorded logprob stays log softmax(l / T), which the trainer can recompute from the
-model's logits alone (clawrl/engine/local/sampling.py).
+They shape which token is drawn, and so the logprob recorded for it: like the top-k and top-p
+cuts, the recorded logprob is of the penalised distribution the token was drawn from (the
+behaviour mu of the trainer's importance weight; clawrl/engine/local/sampling.py).
 """
 
 from __future__ import annotations
