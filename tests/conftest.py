@@ -32,6 +32,32 @@ CONTEXT = 512  # the tiny model's window; the session's vLLM server serves the s
 BOTH_ENGINES = pytest.mark.parametrize("engine", ["local", "vllm"], scope="module")
 
 
+# The slowest work units first (measured with --durations), so that two workers finish together
+# rather than one running the longest file alone at the end; the rest keep their order.
+HEAVY_FIRST = (
+    "tests/client/",
+    "tests/service/test_vllm.py",
+    "tests/unit/test_train_group.py",
+    "tests/slow/test_envs.py",
+    "tests/service/test_trainer.py",
+    "tests/service/test_trainer_group.py",
+    "tests/service/test_guard.py",
+    "tests/slow/",
+    "tests/browser/",
+    "tests/sandbox/",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Collect the heavy files first (HEAVY_FIRST): xdist hands out work units in this order."""
+
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return next((i for i, prefix in enumerate(HEAVY_FIRST) if path.startswith(prefix)), len(HEAVY_FIRST))
+
+    items.sort(key=rank)  # stable: a file's tests keep their order
+
+
 VLLM_PARAM = re.compile(r"\[(?:[^\]]*-)?vllm(?:-[^\]]*)?\]")  # an id like [vllm] or [vllm-2]
 
 

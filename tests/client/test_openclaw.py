@@ -120,7 +120,8 @@ def _degenerate(text: str) -> str | None:
     line, times = max(runs, key=lambda r: r[1])
     if times >= 3:
         return f"{line!r} {times} times in a row"
-    words = re.findall(r"\w+", text.lower())
+    # Words of two letters or more: an escaped newline ("\\n" written out in code) is a word "n".
+    words = re.findall(r"\w\w+", text.lower())
     word, times = Counter(words).most_common(1)[0] if words else ("", 0)
     if len(words) >= 20 and times > len(words) / 4:
         return f"{word!r} is {times} of {len(words)} words"
@@ -139,6 +140,8 @@ def test_the_loop_check_tells_a_loop_from_a_ramble():
     assert _degenerate(ramble) is None  # one line 7 times of 24, never twice in a row
     assert _degenerate("a\nb\nb\nb\nc\nd\ne\nf\ng\nh") == "'b' 3 times in a row"
     assert _degenerate("") == "empty"
+    code = 'int a = 2 + 3;\nprintf("%d\\n", a);\nprintf("%d\\n", a + 1);\nputs("\\n");\nreturn 0;'
+    assert _degenerate(code) is None  # escaped newlines written out are not a word repeated
 
 
 def test_a_three_turn_session_at_openclaws_own_sampling_is_one_session_and_answers_right(

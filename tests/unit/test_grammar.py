@@ -348,8 +348,9 @@ def test_a_response_the_grammar_refuses_is_scored_unmasked_from_there(tiny_model
 
 
 def test_a_training_step_compares_a_constrained_sample_like_with_like(tiny_model, tiny_model_dir):
-    """At the policy that decoded them, the PPO ratio of constrained samples is 1 (nothing clipped)
-    and the KL to the reference is 0, since policy, reference and behaviour share the mask."""
+    """At the policy that decoded them, the importance weight of constrained samples is 1 (no
+    mismatch, nothing clipped) and the KL to the reference is 0, since policy, reference and
+    behaviour share the mask."""
     required = grammar_for(TOOLS, "required", None)
     jobs = [(PROMPT, _params(required, seed, max_tokens=60)) for seed in range(4)]
     outs = asyncio.run(_generate(tiny_model, jobs))
@@ -368,7 +369,9 @@ def test_a_training_step_compares_a_constrained_sample_like_with_like(tiny_model
 
     metrics = step(required)
     assert metrics["clip_frac"] == 0.0 and abs(metrics["kl"]) < 1e-6 and math.isfinite(metrics["loss"])
-    assert step(None)["clip_frac"] > 0.1  # scored without the mask, the forced tokens look off-policy
+    assert metrics["mismatch"] < 1e-4 and metrics["is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    unmasked = step(None)  # scored without the mask, the forced tokens look off-policy
+    assert unmasked["mismatch"] > 0.1 and unmasked["is_weight_mean"] < 0.9
 
 
 def _masked_reference(logits, targets, temps, allowed):
