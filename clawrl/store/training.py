@@ -152,11 +152,10 @@ class TrainingStore:
         with self._write() as conn:
             return conn.execute(_SUPERSEDE, (turn_id, keep_judgment_id)).rowcount
 
-    def ready_samples(self, limit: int | None = None, newest_first: bool = False) -> list[Sample]:
-        """Samples with status `ready`, oldest (first inserted) first, or newest first, at most `limit`."""
-        order = "DESC" if newest_first else "ASC"
+    def ready_samples(self, limit: int | None = None) -> list[Sample]:
+        """Samples with status `ready`, oldest (first inserted) first, at most `limit`."""
         rows = self._read(
-            f"SELECT {SAMPLE_COLUMNS} FROM samples WHERE status = 'ready' ORDER BY id {order} LIMIT ?",
+            f"SELECT {SAMPLE_COLUMNS} FROM samples WHERE status = 'ready' ORDER BY id LIMIT ?",
             (-1 if limit is None else limit,),
         )
         return [sample_from_row(row) for row in rows]

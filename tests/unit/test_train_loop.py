@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -225,18 +226,15 @@ def test_a_starting_trainer_hands_back_what_a_dead_one_claimed(run):
     assert loop.run_once() and store.count_samples("trained") == 4
 
 
-def test_a_backlog_trains_newest_first_and_the_older_samples_after(run):
+def test_a_backlog_trains_oldest_first_and_the_newer_samples_after(run):
     config, store = run
     loop = loop_for(config, store)
     older, newer = add(store, 4), add(store, 4, start=4)
+    manifest = config.run_dir / "checkpoints" / "{}" / "manifest.json"
     assert loop.run_once()
-    assert (
-        json.loads((config.run_dir / "checkpoints" / "v1" / "manifest.json").read_text())["samples"] == newer
-    )
-    assert loop.run_once()  # the older ones are still inside the staleness bound: none lost
-    assert (
-        json.loads((config.run_dir / "checkpoints" / "v2" / "manifest.json").read_text())["samples"] == older
-    )
+    assert json.loads(Path(str(manifest).format("v1")).read_text())["samples"] == older
+    assert loop.run_once()
+    assert json.loads(Path(str(manifest).format("v2")).read_text())["samples"] == newer
     assert store.count_samples("trained") == 8 and store.count_samples("stale") == 0
 
 
