@@ -82,8 +82,8 @@ def sampling_record(params: SamplingParams, processed_logprobs: bool) -> dict[st
 
     "tempered": log_softmax(logits / T) over the full vocabulary (or a grammar's tokens), which
     the trainer recomputes. "processed": the engine's logprobs after a nucleus, a top-k cut or a
-    penalty changed the distribution (vLLM's `processed_logprobs`): no forward pass of the
-    trainer reproduces them, so it trains such a turn on-policy (clawrl/train/trainer.py).
+    penalty changed the distribution (vLLM's `processed_logprobs`, and the local engine's): the
+    behaviour mu the trainer's importance weight divides by (clawrl/train/importance.py).
     Greedy decoding ignores top-p and top-k, not penalties.
     """
     truncated = params.temperature > 0 and (params.top_p < 1 or params.top_k > 0)
@@ -104,10 +104,11 @@ def sampling_record(params: SamplingParams, processed_logprobs: bool) -> dict[st
 class TokenEvent:
     """One sampled token.
 
-    `logprob` is log p(token) under softmax(logits / temperature) (temperature 1
-    for greedy requests), over the full vocabulary: top-p truncation is not
-    applied to it, so the trainer can reproduce it from logits alone. Under a
-    grammar (`SamplingParams.grammar`) the softmax is over the tokens it allows.
+    `logprob` is log p(token) under the distribution the sampler drew it from:
+    softmax(logits / temperature) (temperature 1 for greedy requests) after the
+    penalties and the top-k/top-p cuts, renormalised: the behaviour mu of the
+    trainer's importance weight (clawrl/train/importance.py). Under a grammar
+    (`SamplingParams.grammar`) the softmax is over the tokens it allows.
     `finish_reason` is set on the last token of the completion. `cached_tokens`, on the first
     token only, counts the prompt tokens whose KV came from the prefix cache instead of a prefill.
     """
@@ -152,7 +153,7 @@ class Engine(Protocol):
     # forces a tool call's first characters into the prompt instead, as before grammars.
     constrained_decoding: bool
     # Whether a token's logprob is of the sampler's processed distribution (after top-p, top-k and
-    # penalties: vLLM's) rather than log_softmax(logits / T) (the local engine's); see `sampling_record`.
+    # penalties: both shipped engines) rather than log_softmax(logits / T); see `sampling_record`.
     processed_logprobs: bool
 
     async def start(self) -> None: ...

@@ -103,7 +103,7 @@ def test_a_turn_records_what_its_sampler_did_and_what_its_logprobs_are_of():
 
     nucleus = SamplingParams(max_tokens=8, temperature=0.7, top_p=0.9)
     assert sampling_record(nucleus, processed_logprobs=True)["logprobs"] == "processed"  # vLLM
-    assert sampling_record(nucleus, processed_logprobs=False)["logprobs"] == "tempered"  # local engine
+    assert sampling_record(nucleus, processed_logprobs=False)["logprobs"] == "tempered"  # the model's own
     full = SamplingParams(max_tokens=8, temperature=0.7)
     assert sampling_record(full, processed_logprobs=True) == {
         "top_p": 1.0,

@@ -101,7 +101,7 @@ class LocalEngine:
         self.version = version
         self.sampling_defaults = sampling_defaults
         self.constrained_decoding = constrained_decoding
-        self.processed_logprobs = False  # log_softmax(logits / T), whatever top_p, top_k, penalties
+        self.processed_logprobs = True  # of what it drew from: truncated, penalised (sampling.py)
         self.device = next(model.parameters()).device
         self.prefix_cache = prefix_cache
         self._queue = Scheduler(
