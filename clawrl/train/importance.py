@@ -42,11 +42,9 @@ class WeightSums:
     tokens: float = 0.0
 
     def add(self, other: WeightSums) -> None:
-        for name in ("weight_sum", "truncated_tokens", "truncated_samples", "unweighted_samples"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.mismatch_sum += other.mismatch_sum
-        self.tokens += other.tokens
-        self.weight_min = min(self.weight_min, other.weight_min)
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            setattr(self, f.name, min(mine, theirs) if f.name == "weight_min" else mine + theirs)
 
     def reduced(
         self, total: Callable[[dict[str, float]], dict[str, float]], lowest: Callable[[float], float]

@@ -207,7 +207,7 @@ class TrainLoop:
         self._state("training")
         if self._main:
             log.info("step %d: training %s on %d samples", self.step + 1, self.version, len(batch))
-        metrics = self.policy.trainer.step(batch, self.version)
+        metrics = self.policy.trainer.step(batch)
         if not self._main and not self.group.lockstep:
             return False
         status, figures = UNCHECKED, None

@@ -154,10 +154,8 @@ class Trainer:
         """The reference model pi_ref (the base), without gradient: for the canary and replay."""
         return self._scorer(reference=True)
 
-    def step(self, samples: list[Sample], version: str | None = None) -> dict[str, Any]:
-        """One optimizer step over `samples` (this rank's share of them), in micro-batches; the metrics.
-
-        `version`: the version being trained (the weights before this step), for the log."""
+    def step(self, samples: list[Sample]) -> dict[str, Any]:
+        """One optimizer step over `samples` (this rank's share of them), in micro-batches; the metrics."""
         start = time.perf_counter()
         group = self.group
         self.model.train()
@@ -191,11 +189,8 @@ class Trainer:
         self.optimizer.step()
         self.model.eval()
         release_free_memory()  # the step's freed activations go back to the OS, not kept until the next
-        lowest = group.min(weights.weight_min)
-        summed = group.sum(dict(sums) | {f"is_{k}": v for k, v in vars(weights).items() if k != "weight_min"})
-        weights = WeightSums(
-            **{k[3:]: v for k, v in summed.items() if k.startswith("is_")}, weight_min=lowest
-        )
+        summed = group.sum(dict(sums))
+        weights = weights.reduced(group.sum, group.min)  # over the ranks
         took = time.perf_counter() - start
         metrics = self._metrics(samples, summed, total, grad_norm_value(grad_norm), took)
         return metrics | weights.metrics() | gaps.metrics() | replayed

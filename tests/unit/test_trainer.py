@@ -129,7 +129,7 @@ def test_every_token_is_weighted_by_its_truncated_importance_weight(tiny_model_d
             s.logprobs = [] if shift is None else [x + shift for x in s.logprobs]
             s.logprobs_exact = False  # processed (vLLM's top-p): no longer trained "on-policy"
             s.reward = 1.0  # pg_loss = -mean(w_t * A_t): the weights' mean, with every A = 1
-        return trainer.step(samples, version="v0")
+        return trainer.step(samples)
 
     exact, high, low, none = run(0.0), run(0.5), run(-1.0), run(None)
     assert exact["is_weight_mean"] == pytest.approx(1.0, abs=2e-3) and exact["mismatch"] < 2e-3
@@ -158,10 +158,10 @@ def test_opd_gap_quantiles_and_clipped_share_are_reported(tiny_model_dir):
     samples = _samples(model, 4093, n=4)
     for s in samples:  # a different prompt: the gap is anything but 0, and mostly past 0.01 nats
         s.kind, s.reward, s.teacher_prompt_ids = "opd", 0.0, PROMPT[:5] + [4093, 198]
-    metrics = trainer.step(samples, version="v0")
+    metrics = trainer.step(samples)
     assert metrics["samples_opd"] == 4 and metrics["opd_gap_clipped"] > 0.5
     assert metrics["opd_gap_p05"] <= metrics["opd_gap_p50"] <= metrics["opd_gap_p95"]
-    assert trainer.step(_samples(model, 4093), version="v0")["opd_gap_p50"] is None  # no opd: no gap
+    assert trainer.step(_samples(model, 4093))["opd_gap_p50"] is None  # no opd: no gap
 
 
 def test_micro_batches_give_the_same_step_as_one_batch(tiny_model_dir):
