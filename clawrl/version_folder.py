@@ -8,6 +8,8 @@
         optimizer.pt                                     the AdamW state dict
         manifest.json                                    {"version", "step", "samples", "metrics",
                                                           "created_at", "base_model", "parent"}
+        pruned.json                                      once pruned: {"files": [...], "at"}, the
+                                                         files the trainer removed (below)
 
 v0 is the base model and has no folder. The trainer writes a folder (`clawrl/train/checkpoints.py`:
 atomically, under the publish lock, never over an existing one) and then the version's
@@ -18,6 +20,15 @@ on: a `vN` folder with a `manifest.json` is complete (a crash leaves only hidden
 LoRA math is
 
     W = W_base + scale * B @ A     A: [r, in], B: [out, r], scale = alpha / r (alpha / sqrt(r): rsLoRA)
+
+Pruning (`clawrl/train/prune.py`, `train.keep_versions`) removes files from a published folder,
+never the folder: the trainer, under the publish lock, removes `optimizer.pt` past the newest
+versions, and a full-weight version's `*.safetensors` (and their index) once it is neither served,
+newest, held nor a rollback's source. `pruned.json` names what went, and is written before anything
+goes. A pruned folder keeps its manifest (and `config.json`), so its row, history and records still
+name it; a LoRA adapter is never pruned. A reader loads a folder without `optimizer.pt` with a fresh
+optimizer, and refuses a full-weight folder whose weights were pruned (`weights_pruned`): export and
+rollback of one fail with an error naming the versions whose weights are kept.
 
 See docs/design.md, "The version folder".
 
@@ -42,6 +53,7 @@ if TYPE_CHECKING:  # torch and safetensors load with the first tensor read: nami
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
 OPTIMIZER = "optimizer.pt"
+PRUNED = "pruned.json"
 VERSION_NAME = re.compile(r"^v(\d+)$")
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -90,6 +102,39 @@ def is_adapter(folder: Path) -> bool:
 
 def read_manifest(folder: Path) -> dict:
     return json.loads((Path(folder) / MANIFEST).read_text())
+
+
+def pruned_files(folder: Path) -> list[str]:
+    """The files pruning removed from a version folder (`pruned.json`); [] for one never pruned."""
+    marker = Path(folder) / PRUNED
+    return list(json.loads(marker.read_text())["files"]) if marker.is_file() else []
+
+
+def weights_pruned(folder: Path) -> bool:
+    """True for a full-weight version whose model weights were pruned: it cannot be loaded any more."""
+    return any(name != OPTIMIZER for name in pruned_files(folder))
+
+
+def full_weight_files(folder: Path) -> list[Path]:
+    """A full version's model weights: its `*.safetensors` shards and their index (never an adapter)."""
+    return sorted(
+        p
+        for p in Path(folder).iterdir()
+        if (p.suffix == ".safetensors" and p.name != ADAPTER_WEIGHTS)
+        or p.name.endswith(".safetensors.index.json")
+    )
+
+
+def folder_bytes(run_dir: Path) -> dict[str, int]:
+    """Bytes of each complete version's folder, v1 first (what `/healthz` shows under `disk`)."""
+    return {f.name: sum(_size(p) for p in f.iterdir()) for f in complete_versions(run_dir)}
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size if path.is_file() else 0
+    except FileNotFoundError:  # pruned by the trainer while the server counts
+        return 0
 
 
 def complete_versions(run_dir: Path) -> list[Path]:
@@ -160,7 +205,8 @@ def read_full_weights(folder: Path) -> dict[str, torch.Tensor]:
     """A full version's state dict, read from its `*.safetensors` files (one or several shards)."""
     files = sorted(p for p in Path(folder).glob("*.safetensors") if p.name != ADAPTER_WEIGHTS)
     if not files:
-        raise AdapterError(f"{folder} holds no model weights (*.safetensors)")
+        pruned = " (pruned: train.keep_versions)" if weights_pruned(folder) else ""
+        raise AdapterError(f"{folder} holds no model weights (*.safetensors){pruned}")
     state: dict[str, torch.Tensor] = {}
     for path in files:
         state.update(read_tensors(path))

@@ -149,6 +149,15 @@ class TrainConfig(Section):
         "the backward pass: the same gradients, about a third more compute, and a fraction of the "
         "activation memory (bench/train.py --parts memory).",
     )
+    keep_versions: int = Field(
+        2,
+        gt=0,
+        description="Disk: after each publish the trainer keeps the optimizer state of the newest "
+        "keep_versions versions and of the served one (it resumes from it) and removes older ones; with "
+        "full weights it also removes the weights of versions neither served, among the newest "
+        "keep_versions, held by the canary gate nor named by a rollback. LoRA adapters and every "
+        "version's manifest are kept (docs/training.md, 'Disk').",
+    )
     poll_s: float = Field(2.0, gt=0, description="How often the trainer looks for ready samples.")
     nice: int = Field(
         10,

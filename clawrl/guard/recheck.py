@@ -22,6 +22,8 @@ from clawrl.guard.gate import Canary
 from clawrl.model.load import model_folder, served_context
 from clawrl.store.db import Store
 from clawrl.train.policy import build_policy
+from clawrl.train.publish import require_weights
+from clawrl.version_folder import weights_pruned
 
 
 def recheck(config: Config, store: Store, names: list[str] | None = None) -> Iterator[dict[str, Any]]:
@@ -32,7 +34,9 @@ def recheck(config: Config, store: Store, names: list[str] | None = None) -> Ite
         unknown = [n for n in names if n not in known]
         if unknown:
             raise ValueError(f"no version {', '.join(unknown)} in {config.run_dir}")
-        versions = [v for v in versions if v.name in names]
+        versions = [require_weights(store, v) for v in versions if v.name in names]
+    else:  # every version whose weights are still on disk (`train.keep_versions` prunes full weights)
+        versions = [v for v in versions if v.path is None or not weights_pruned(Path(v.path))]
     m = config.model
     base = model_folder(m.path, config.cache_dir())
     context = served_context(m.path, m.max_context)

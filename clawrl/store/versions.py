@@ -86,6 +86,12 @@ class VersionStore:
         )
         return _version(rows[0])
 
+    def served_version(self) -> str | None:
+        """The version the server answered with last: the newest recorded turn's last one (None: no turn)."""
+        rows = self._read("SELECT versions FROM turns ORDER BY created_at DESC LIMIT 1")
+        versions = json.loads(rows[0]["versions"]) if rows else []
+        return versions[-1] if versions else None
+
 
 _TRAIN = "UPDATE samples SET status = 'trained' WHERE id = ? AND status IN ('training', 'ready')"
 # Ready samples of the same turn and kind as the trained sample ?2, from a newer judgment.

@@ -26,6 +26,9 @@ Each pass:
    back to the last servable version (step 1); with `guard.on_hold =
    "rollback"` a copy of that version is published first, as `clawrl
    rollback` does.
+5. Still under the publish lock, after the publish: prune what `train.keep_versions` does not
+   keep (old optimizer state; old full weights neither served, newest, held nor a rollback's
+   source; `train/prune.py`).
 
 Why oldest first: a replayed backlog (bench/backlog.py, five seeds) left 412 samples stale
 newest first against 419 oldest first (2% fewer) and trained samples 1.46 versions behind
@@ -75,6 +78,7 @@ from clawrl.train.checkpoints import CheckpointError, claim_next, publish_lock, 
 from clawrl.train.group import Group
 from clawrl.train.loggers import StepLoggers
 from clawrl.train.policy import Policy
+from clawrl.train.prune import choose, prune
 from clawrl.train.ranks import RankStatus
 from clawrl.train.trainer import triage
 from clawrl.types import UNCHECKED, Sample, Version
@@ -297,6 +301,7 @@ class TrainLoop:
                 name, self.step + 1, str(path), metrics, self.version, status=status, canary=canary
             )
             self.store.publish_version(version, trained=ids)
+            self._prune()
         self.version, self.step, self._current = name, version.step, version
         self._seen = name
         log.log(logging.WARNING if version.held else logging.INFO, progress_line(version))
@@ -304,6 +309,25 @@ class TrainLoop:
         if version.held and self.on_hold is not None:
             self.on_hold(self._target())
         return True
+
+    def _prune(self) -> None:
+        """Under the publish lock, after a publish: remove what `train.keep_versions` does not keep."""
+        assert self.store is not None
+        served = {self._target().name, self.store.served_version() or "v0"}
+        pruning = choose(
+            self.store.versions(), served, self.cfg.keep_versions, self.cfg.weights == "full", self._broken
+        )
+        try:
+            freed = prune(self.run_dir, pruning)
+        except OSError as exc:  # the version is published; pruning again after the next one is enough
+            log.error("could not prune old versions: %s", exc)
+            return
+        if freed:
+            log.info(
+                "pruned old versions (train.keep_versions = %d): %.1f MB freed",
+                self.cfg.keep_versions,
+                freed / 1e6,
+            )
 
 
 def progress_line(v: Version) -> str:

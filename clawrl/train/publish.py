@@ -7,6 +7,12 @@ version; the trainer, seeing a version it did not publish, loads it and goes
 on training from there. Going back to v0 publishes the base model again: no
 folder with LoRA (the adapter off), a copy of the base weights with full
 fine-tuning (so the server needs no copy of the base in memory).
+
+A full-weight version whose weights were pruned (`train.keep_versions`, `train/prune.py`) can be
+neither rolled back to nor exported: both fail with an error naming the versions whose weights
+are kept. Both hold the publish lock while they read the version, so the trainer, which prunes
+under it, waits for them. A version whose optimizer state was pruned rolls back with a fresh
+optimizer.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from clawrl.store.db import Store
 from clawrl.train.checkpoints import claim_next, copy_version, publish_lock
 from clawrl.train.weights import export_merged
 from clawrl.types import Version
-from clawrl.version_folder import MANIFEST, version_number
+from clawrl.version_folder import MANIFEST, PRUNED, version_number, weights_pruned
 
 
 def find_version(store: Store, name: str | None) -> Version:
@@ -35,8 +41,8 @@ def find_version(store: Store, name: str | None) -> Version:
 
 def rollback(store: Store, config: Config, target: str) -> Version:
     """Publish the next version as a copy of `target`; returns it."""
-    source = find_version(store, target)
-    with publish_lock(config.run_dir):
+    with publish_lock(config.run_dir):  # taken first: pruning, under it too, cannot race the copy
+        source = require_weights(store, find_version(store, target))
         name = claim_next(config.run_dir, store.latest_version().number)
         manifest = {
             "step": source.step,
@@ -56,7 +62,7 @@ def rollback(store: Store, config: Config, target: str) -> Version:
 
 def _files_of(source: Version, config: Config) -> list[Path] | None:
     if source.path is not None:
-        return [p for p in Path(source.path).iterdir() if p.is_file() and p.name != MANIFEST]
+        return [p for p in Path(source.path).iterdir() if p.is_file() and p.name not in (MANIFEST, PRUNED)]
     if config.train.weights == "lora":
         return None  # v0 with LoRA: the adapter off
     base = model_folder(config.model.path, config.cache_dir())
@@ -65,8 +71,21 @@ def _files_of(source: Version, config: Config) -> list[Path] | None:
 
 def export(store: Store, config: Config, name: str | None, out: Path) -> Path:
     """Write version `name` (default: the latest) as a standalone Hugging Face model folder."""
-    version = find_version(store, name)
     base = model_folder(config.model.path, config.cache_dir())
     m = config.model
     context = served_context(m.path, m.max_context)
-    return export_merged(base, Path(version.path) if version.path else None, out, context, m.rope_scaling)
+    with publish_lock(config.run_dir):  # the trainer prunes under it: not this version while it is read
+        version = require_weights(store, find_version(store, name))
+        folder = Path(version.path) if version.path else None
+        return export_merged(base, folder, out, context, m.rope_scaling)
+
+
+def require_weights(store: Store, version: Version) -> Version:
+    """`version`, unless its full weights were pruned: then a ValueError naming those that are kept."""
+    if version.path is None or not weights_pruned(Path(version.path)):
+        return version
+    kept = [v.name for v in store.versions() if v.path is None or not weights_pruned(Path(v.path))]
+    raise ValueError(
+        f"the weights of {version.name} were pruned (train.keep_versions); "
+        f"versions whose weights are kept: {', '.join(kept)}"
+    )
