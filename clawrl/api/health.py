@@ -4,12 +4,15 @@
 A service that is off (no judge, no trainer, no canary gate) shows `{"status": "off"}`;
 no store shows `"store": null`. Each service reports a typed object (`EngineStats`,
 `WriterHealth`, `JudgeHealth`, `TrainerHealth`, `GuardHealth`); the body is made
-of them here, by `to_json`, NaN and infinities as null.
+of them here, by `to_json`, NaN and infinities as null. `disk` is what the version folders
+hold: bytes per folder and in all (`train.keep_versions` prunes them, `clawrl/train/prune.py`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from clawrl.api.state import OFF, PipelineState, to_json
@@ -19,6 +22,7 @@ from clawrl.engine.base import Engine
 from clawrl.engine.watcher import VersionWatcher
 from clawrl.judge.worker import JudgeLoop
 from clawrl.train.supervisor import TrainerSupervisor
+from clawrl.version_folder import folder_bytes
 
 
 @dataclass
@@ -31,6 +35,7 @@ class HealthReport:
     watcher: VersionWatcher | None = None
     guard: GuardConfig | None = None
     pipeline: PipelineState | None = None  # the store's counters (samples by status and skip reason)
+    run_dir: Path | None = None  # whose checkpoints/ `disk` measures
 
     async def body(self) -> tuple[dict[str, Any], int]:
         """The /healthz body and its status code."""
@@ -50,6 +55,7 @@ class HealthReport:
             "trainer": self.trainer.health() if self.trainer is not None else OFF,
             "guard": self._guard(),
             "samples": await self._samples(),
+            "disk": await self._disk(),
         }
         return to_json(body), 200 if engine.status == "ok" else 503
 
@@ -59,6 +65,13 @@ class HealthReport:
         if c is None:
             return None
         return dict(c.samples) | {"skipped_by_reason": c.skipped, "error": c.samples_error()}
+
+    async def _disk(self) -> dict[str, Any] | None:
+        """Bytes of each version folder (v1 first) and their total; stat calls, off the event loop."""
+        if self.run_dir is None:
+            return None
+        versions = await asyncio.to_thread(folder_bytes, self.run_dir)
+        return {"total_bytes": sum(versions.values()), "versions": versions}
 
     def _guard(self) -> dict[str, Any]:
         """The canary gate (run by the trainer): its limits, the held versions, the newest check."""

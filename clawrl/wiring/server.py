@@ -123,7 +123,15 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
         pipeline=pipeline,
         metrics=metrics,
         health=HealthReport(
-            engine, s.served_model_name, collector, judge, trainer, watcher, config.guard, pipeline
+            engine,
+            s.served_model_name,
+            collector,
+            judge,
+            trainer,
+            watcher,
+            config.guard,
+            pipeline,
+            config.run_dir,
         ),
         affinity_keys=config.collect.affinity_keys,
         api_key=s.api_key.get_secret_value() if s.api_key else None,

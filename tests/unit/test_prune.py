@@ -3,13 +3,17 @@ trainer (a tiny model, full weights and LoRA), their export and rollback, and wh
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 from pydantic import ValidationError
 from transformers import AutoModelForCausalLM
 
+from clawrl.api.health import HealthReport
 from clawrl.cli import main
 from clawrl.config import Config, load_config, parse_overrides
+from clawrl.engine.base import EngineStats
 from clawrl.guard.recheck import recheck
 from clawrl.store.db import Store
 from clawrl.testing import make_turn
@@ -193,3 +197,17 @@ def test_served_held_and_rollback_named_versions_keep_their_weights(run):
         assert ("model.safetensors" in files(config, name)) == (name in kept), name
     assert [n for n in ("v1", "v2", "v3", "v4", "v5") if "optimizer.pt" in files(config, n)] == ["v2", "v5"]
     assert store.versions()[3].held and store.versions()[4].parent == "v2"
+
+    body, code = asyncio.run(HealthReport(IdleEngine(), "clawrl", run_dir=config.run_dir).body())
+    sizes = folder_bytes(config.run_dir)
+    assert code == 200 and body["disk"] == {"total_bytes": sum(sizes.values()), "versions": sizes}
+    assert list(sizes) == ["v1", "v2", "v3", "v4", "v5"] and sizes["v4"] < 10_000 < sizes["v1"]
+
+
+class IdleEngine:
+    """What /healthz reads of an engine."""
+
+    version = "v5"
+
+    def stats(self) -> EngineStats:
+        return EngineStats()
