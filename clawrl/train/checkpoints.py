@@ -6,6 +6,7 @@ What a folder holds, and what a reader may rely on, is the version-folder format
 leaves a `vN` that looks complete; a leftover `.vN-*.tmp` folder is ignored. Names are
 claimed, and folders and store rows written, under the publish lock (`publish_lock`).
 Loading a version into the trainer's model (`load_version`, `load_folder`) is here too.
+Pruning (`train/prune.py`) later removes files from old folders, never a folder or its manifest.
 """
 
 from __future__ import annotations
