@@ -319,7 +319,8 @@ class TrainLoop:
         )
         try:
             freed = prune(self.run_dir, pruning)
-        except OSError as exc:  # the version is published; pruning again after the next one is enough
+        except (OSError, ValueError) as exc:  # ValueError: a garbled pruned.json
+            # The version is published; pruning again after the next one is enough.
             log.error("could not prune old versions: %s", exc)
             return
         if freed:

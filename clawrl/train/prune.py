@@ -42,6 +42,7 @@ from clawrl.version_folder import (
     full_weight_files,
     pruned_files,
     version_dir,
+    version_number,
 )
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ def prune(run_dir: Path, pruning: Pruning) -> int:
     returns the bytes freed. `pruned.json` is written before any file goes, so a crash in between
     leaves a folder that says so; the next pruning removes the rest."""
     freed = 0
-    for name in sorted({*pruning.optimizer, *pruning.weights}, key=lambda n: int(n[1:])):
+    for name in sorted({*pruning.optimizer, *pruning.weights}, key=version_number):
         folder = version_dir(run_dir, name)
         files = [folder / OPTIMIZER] if name in pruning.optimizer else []
         files += full_weight_files(folder) if name in pruning.weights else []
