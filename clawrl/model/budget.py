@@ -282,11 +282,15 @@ def _trainer_gpu(trainer: Trainer, server_gpu: int, count: int, params: int) -> 
 
 
 def _problems(b: Budget) -> list[str]:
+    shared = b.trainer_gpu == b.server_gpu and b.trainer_share is not None
+    if shared and b.trainer_share is not None and b.trainer_share > 1 - SLACK:
+        return [f"the trainer alone asks {b.trainer_share:.2f} of the GPU"]
     problems = []
     if b.server_floor > b.server_bytes:
+        leaves = f" (what the trainer's {b.trainer_share:.2f} leaves)" if shared else ""
         problems.append(
             f"the server needs at least {_gib(b.server_floor)} GiB, its share "
-            f"{b.server_share:.2f} is {_gib(b.server_bytes)} GiB"
+            f"{b.server_share:.2f}{leaves} is {_gib(b.server_bytes)} GiB"
         )
     if b.trainer_gpu is not None and b.trainer_share is not None and b.trainer_bytes is not None:
         has = b.trainer_share * b.gpu_bytes[b.trainer_gpu]
@@ -295,9 +299,8 @@ def _problems(b: Budget) -> list[str]:
                 f"the trainer needs about {_gib(b.trainer_bytes + PROCESS_OVERHEAD)} GiB, its "
                 f"share {b.trainer_share:.2f} is {_gib(has)} GiB"
             )
-        together = b.server_share + b.trainer_share
-        if b.trainer_gpu == b.server_gpu and (together > 1 + 1e-9 or b.trainer_share > 1 - SLACK):
-            problems.append(f"the two shares add up to {together:.2f} of one GPU")
+        if shared and b.server_share + b.trainer_share > 1 + 1e-9:
+            problems.append(f"the two shares add up to {b.server_share + b.trainer_share:.2f} of one GPU")
     return problems
 
 
@@ -323,17 +326,17 @@ def _refusal(b: Budget, params: int, trainer: Trainer | None, problems: list[str
         f"{b.kv_per_token // 1024} KiB a token ({_gib(b.window_kv_bytes)} GiB for one window)"
     )
     if trainer is not None and b.trainer_bytes is not None:
+        kind = "LoRA" if trainer.weights == "lora" else "full fine-tuning"
         text += (
-            f", a {trainer.weights} trainer on {trainer.tokens:,}-token passes: about "
-            f"{_gib(b.trainer_bytes)} GiB (its share asks {TRAINER_MARGIN:g}x that, plus its CUDA context)"
+            f", a {kind} trainer on {trainer.tokens:,}-token passes: about {_gib(b.trainer_bytes)} GiB "
+            f"(its share asks {TRAINER_MARGIN:g}x that, plus its CUDA context)"
         )
     fixes = ["a shorter --model.max-context", "other --engine.gpu-share / --train.gpu-share"]
     if trainer is not None:
-        fixes += [
-            "--train.max-seq-len 16384",
-            "the trainer on a GPU of its own (--train.device cuda:1)",
-            "LoRA, or FSDP over several GPUs with --train.enabled false (docs/scale.md)",
-        ]
+        fixes += ["--train.max-seq-len 16384", "the trainer on a GPU of its own (--train.device cuda:1)"]
+        if trainer.weights == "full":
+            fixes += ["--train.weights lora"]
+        fixes += ["FSDP over several GPUs with --train.enabled false here (docs/scale.md)"]
     return f"{text}; {'; '.join(problems)}. What can fit: {', '.join(fixes)}."
 
 

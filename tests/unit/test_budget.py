@@ -81,7 +81,8 @@ def test_a_layout_that_cannot_fit_is_refused_with_the_numbers():
     text = str(full.value)
     for figure in ("8.19B parameters", "weights 15.3 GiB", "KV 144 KiB a token", "5.6 GiB for one window"):
         assert figure in text
-    assert "a full trainer on 16,384-token passes: about 166.9 GiB" in text and "What can fit" in text
+    assert "a full fine-tuning trainer on 16,384-token passes: about 166.9 GiB" in text
+    assert "the trainer alone asks 2.43 of the GPU" in text and "--train.weights lora" in text
     with pytest.raises(BudgetRefused, match=r"the two shares add up to 1.10 of one GPU"):
         _plan_shares(0.6, 0.5)
     with pytest.raises(
