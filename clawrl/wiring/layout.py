@@ -56,7 +56,8 @@ def trainer_beside(config: Config, window: int, params: int, model_type: str | N
     t = config.train
     if not (config.collect.enabled and t.enabled):
         return None
-    if t.device is not None and cuda_index(t.device, True) is None:
+    device = _asked_device(config)
+    if device is not None and cuda_index(device, True) is None:
         return None  # a CPU trainer
     rule = rule_for(params, model_type) or CONSERVATIVE
     tokens = max(t.micro_batch_tokens or rule.gpu_micro_batch_tokens, t.max_seq_len or window)
@@ -65,7 +66,12 @@ def trainer_beside(config: Config, window: int, params: int, model_type: str | N
         config.guard.enabled or t.kl_coef > 0 or t.opd_teacher == "reference" or t.replay_fraction > 0
     )
     shards = t.distributed.num_processes if t.distributed.strategy == "fsdp" else 1
-    return budget.Trainer(t.weights, tokens, t.lora.rank, reference, shards, t.device, t.gpu_share)
+    return budget.Trainer(t.weights, tokens, t.lora.rank, reference, shards, device, t.gpu_share)
+
+
+def _asked_device(config: Config) -> str | None:
+    """train.device as asked; None (and "auto"): the budget decides."""
+    return None if config.train.device in (None, "auto") else config.train.device
 
 
 def plan_budget(config: Config, folder: Path, gpu: int, gpus: tuple[int, ...]) -> budget.Budget:
@@ -94,7 +100,7 @@ def with_budget(config: Config, b: budget.Budget) -> Config:
         engine["batch_kv_mb"] = e.batch_kv_mb or b.batch_kv_bytes >> 20
     train: dict[str, object] = {}
     if b.trainer_gpu is not None:
-        train = {"device": t.device or f"cuda:{b.trainer_gpu}", "gpu_share": b.trainer_share}
+        train = {"device": _asked_device(config) or f"cuda:{b.trainer_gpu}", "gpu_share": b.trainer_share}
         if t.distributed.num_processes > 1:
             train["device"] = t.device  # a group's ranks take a GPU each, by rank
     return config.model_copy(

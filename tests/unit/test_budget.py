@@ -119,3 +119,7 @@ def test_the_budget_goes_into_the_config_both_processes_read(tiny_model_dir):
     assert planned.engine.batch_kv_mb == b.batch_kv_bytes >> 20 > 0
     with pytest.raises(BudgetRefused, match="the server needs at least"):
         plan_budget(config, tiny_model_dir, 0, (2 * GIB,))  # its workspace and context alone are 3 GiB
+    asked = config.model_copy(update={"train": config.train.model_copy(update={"device": "cuda:1"})})
+    assert with_budget(asked, plan_budget(asked, tiny_model_dir, 0, (H100, H100))).train.device == "cuda:1"
+    auto = config.model_copy(update={"train": config.train.model_copy(update={"device": "auto"})})
+    assert with_budget(auto, plan_budget(auto, tiny_model_dir, 0, (H100, H100))).train.device == "cuda:0"
