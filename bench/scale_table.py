@@ -35,6 +35,9 @@ on a built model and checks its parameter, LoRA and KV cache sizes against `Shap
   default step adds a reference forward (the KL term) and, for the opd half of the samples
   under `combine`, a teacher forward.
 - KV cache per token: 2 (keys, values) * layers * kv_heads * head_dim * 2 bytes (bf16).
+- The memory budget: what `clawrl serve` decides at start, computed by the code that decides it
+  (`clawrl/model/budget.py`) on each model's shape and an 80 GB GPU: the server's and the
+  trainer's GPU and share, the KV the server's share leaves, or the refusal.
 - Decoding one stream reads every weight once a token: its ceiling is the memory bandwidth over
   the bf16 weights' bytes (batching more streams shares that read).
 """
@@ -47,6 +50,8 @@ import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from clawrl.model import budget
 
 MODELS = Path(__file__).resolve().parent / "models"
 ORDER = ("qwen2.5-0.5b", "qwen3-4b", "qwen3-8b", "qwen3-32b")
@@ -162,7 +167,6 @@ class Assumptions:
     reference_per_param: int = assumed(2, "bytes: full fine-tuning's frozen reference, a bf16 copy on a GPU")
     compute_copy_per_param: int = assumed(2, "bytes: autocast's cached bf16 copy of a float32 weight")
     session_tokens: int = assumed(13000, "an OpenClaw session's prompt with its default profile")
-    prefix_cache_share: float = assumed(0.25, "the prefix cache's GPU default: this share of free memory")
 
     @property
     def usable(self) -> int:
@@ -344,25 +348,37 @@ def time_table(shapes: list[Shape], a: Assumptions) -> list[str]:
     return table(header, rows)
 
 
-def serving_table(shapes: list[Shape], a: Assumptions) -> list[str]:
+BUDGET_SETUPS = [("lora", 1), ("lora", 2), ("full", 1)]
+
+
+def budget_table(shapes: list[Shape], a: Assumptions) -> list[str]:
+    """What `clawrl serve` decides at start (clawrl/model/budget.py, the same code): each process's
+    GPU and share, the server's KV room, or the refusal; a.seq is the trainer's longest pass."""
     header = [
         "model",
-        "prefix cache GiB",
-        "sessions it holds",
-        "serving alone: free for KV GiB",
-        "sessions",
-        "beside a LoRA trainer: free GiB",
-        "sessions",
+        "trainer",
+        "GPUs",
+        "server: GPU, share",
+        f"KV GiB ({a.session_tokens:,}-token sessions)",
     ]
+    header += ["trainer: GPU, share", "trainer needs GiB"]
     rows = []
     for s in shapes:
-        free = a.usable - 2 * s.params()
-        cache = max(1 << 30, int(free * a.prefix_cache_share))  # engine/local/build.py: prefix_cache_budget
-        alone = free - cache
-        beside = alone - train_bytes(s, a, "lora")
-        held = cache // (a.session_tokens * s.kv_bytes_per_token())
-        cols = [gib(cache), str(held), gib(max(alone, 0)), sessions(alone, s, a)]
-        rows.append([s.name, *cols, gib(max(beside, 0)), sessions(beside, s, a)])
+        cfg = load_config(s.name)
+        shape, window = budget.Shape.from_config(cfg), cfg["max_position_embeddings"]
+        for method, gpus in BUDGET_SETUPS:
+            adapter = shape.lora_params(a.lora_rank) if method == "lora" else 0
+            server = budget.Server(0, window, adapter_params=adapter)
+            trainer = budget.Trainer(method, a.seq, a.lora_rank)  # type: ignore[arg-type]
+            try:
+                b = budget.plan(shape, shape.params(), (a.gpu_bytes,) * gpus, server, trainer)
+            except budget.BudgetRefused as exc:
+                why = str(exc).split("; ", 1)[1].split(". What", 1)[0]
+                rows.append([s.name, method, gpus, f"**refused**: {why}", "", "", ""])
+                continue
+            kv = f"{gib(b.kv_bytes)} ({sessions(b.kv_bytes, s, a)})"
+            row = [s.name, method, gpus, f"{b.server_gpu}, {b.server_share:.2f}", kv]
+            rows.append([*row, f"{b.trainer_gpu}, {b.trainer_share:.2f}", gib(b.trainer_bytes or 0)])
     return table(header, rows)
 
 
@@ -382,7 +398,7 @@ def markdown(shapes: list[Shape], a: Assumptions) -> str:
         (f"Logits of one {a.seq:,}-token sample with a {a.response}-token response", logits_table),
         (f"Training step memory per GPU, one {a.seq:,}-token sample per micro-batch", memory_table),
         (f"Training step time, {a.samples} samples of {a.seq:,} tokens", time_table),
-        (f"Serving on one GPU: {a.session_tokens:,}-token sessions beside the weights", serving_table),
+        (f"The memory budget at start, {a.seq:,}-token training passes", budget_table),
     ]
     parts = ["Assumptions (`Assumptions` in bench/scale_table.py):", "", *assumptions_lines(a)]
     for title, table in sections:

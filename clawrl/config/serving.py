@@ -93,7 +93,8 @@ class VLLMConfig(Section):
     port: int = Field(0, ge=0, le=65535, description="Port of the vLLM server clawrl starts (0: a free one).")
     args: list[str] = Field(
         default_factory=list,
-        description="Extra arguments for vLLM's api_server, e.g. ['--gpu-memory-utilization', '0.5'].",
+        description="Extra arguments for vLLM's api_server, e.g. ['--enforce-eager']. Not "
+        "--gpu-memory-utilization: clawrl sets it from engine.gpu_share.",
     )
     kv_cache_gib: float = Field(
         1.0, gt=0, description="CPU build only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."
@@ -117,14 +118,30 @@ class VLLMConfig(Section):
     def _one_server(self) -> VLLMConfig:
         if self.start and self.url:
             raise ValueError("engine.vllm: give either start = true or url, not both")
+        if any(a.split("=")[0] == "--gpu-memory-utilization" for a in self.args):
+            raise ValueError(
+                "engine.vllm.args: clawrl sets --gpu-memory-utilization from the memory budget; "
+                "give the server's share as --engine.gpu-share instead (docs/scale.md)"
+            )
         return self
 
 
 class EngineConfig(Section):
-    kind: Literal["local", "vllm"] = Field(
-        "local",
+    kind: Literal["auto", "local", "vllm"] = Field(
+        "auto",
         description="'local': clawrl's own PyTorch engine in this process; 'vllm': a vLLM server "
-        "(engine.vllm), started by clawrl or already running.",
+        "(engine.vllm), started by clawrl or already running. 'auto', decided at start: vLLM on a GPU "
+        "where scripts/setup-vllm installed it (clawrl starts it), else the local engine (on a GPU, "
+        "with one log line saying how to get vLLM); vLLM too where engine.vllm.start or url is set.",
+    )
+    gpu_share: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="On a GPU: the share of its memory the server may take, everything included (vLLM's "
+        "--gpu-memory-utilization; the local engine caps its process and sizes its KV to it). None: "
+        "from the memory budget at start (clawrl/model/budget.py, docs/scale.md): 0.9 alone on its "
+        "GPU, what the trainer leaves when they share one.",
     )
     max_batch_size: int = Field(16, gt=0, description="Most sequences decoded together in one step.")
     max_prefill_tokens: int = Field(
@@ -133,11 +150,13 @@ class EngineConfig(Section):
         description="Most (padded) prompt tokens prefilled together between two decoding steps; "
         "a longer prompt is prefilled alone.",
     )
-    prefill_chunk: int = Field(
-        256,
+    prefill_chunk: int | None = Field(
+        None,
         gt=0,
         description="Prompts longer than this are prefilled in chunks of this many tokens, "
-        "one chunk between two decoding steps, so a long prompt never stalls the streams already running.",
+        "one chunk between two decoding steps, so a long prompt never stalls the streams already running. "
+        "None: by device, 256 on a CPU and 2048 on a GPU (where a chunk of a few hundred tokens would "
+        "leave it mostly idle).",
     )
     max_background_rows: int = Field(
         8, ge=1, description="Most background sequences (local judge calls) decoded at once, while idle."
@@ -157,8 +176,17 @@ class EngineConfig(Section):
         description="Memory budget (MiB) of the prefix cache: the KV cache of recent long prompts, reused "
         "when a new prompt starts the same way (an agent resending its history), so only the new suffix is "
         "prefilled. Least recently used entries are evicted past it; 0 turns the cache off. None: 1024 on "
-        "a CPU; on a GPU a quarter of the memory free once the model is loaded (a 13k-token OpenClaw "
-        "session's KV is 1.8 GiB at 4B-8B, docs/scale.md).",
+        "a CPU; on a GPU a quarter of the KV memory the server's share leaves after the weights, the rest "
+        "being the running batch's (a 13k-token OpenClaw session's KV is 1.8 GiB at 4B-8B, docs/scale.md).",
+    )
+    batch_kv_mb: int | None = Field(
+        None,
+        gt=0,
+        description="The local engine: the KV cache (MiB) its running batch may hold, padded rows and "
+        "prompts being prefilled included; a request waits until its prompt plus max_tokens fits beside "
+        "the others (one alone is always admitted). None: no bound on a CPU (max_batch_size bounds the "
+        "rows); on a GPU what the server's share leaves once the weights and the prefix cache are in "
+        "(the memory budget, docs/scale.md).",
     )
     prefix_cache_across_versions: bool = Field(
         False,

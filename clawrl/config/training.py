@@ -185,6 +185,21 @@ class TrainConfig(Section):
         description="Where each step's metrics also go: 'jsonl' (<run_dir>/metrics.jsonl), "
         "'tensorboard' (<run_dir>/tensorboard/, needs the tensorboard package).",
     )
+    device: str | None = Field(
+        None,
+        description="The trainer's device ('cpu', 'cuda', 'cuda:1'); a group of ranks takes one GPU each "
+        "instead. None: from the memory budget at start: a GPU of its own when two or more are visible "
+        "and the model has 4B parameters or more, else the server's (model.device).",
+    )
+    gpu_share: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="On a GPU: the share of its memory the trainer caps its process at "
+        "(torch.cuda.set_per_process_memory_fraction, less its CUDA context). None: from the memory "
+        "budget at start (docs/scale.md): its need by the arithmetic with a margin beside the server, "
+        "0.9 alone on its GPU.",
+    )
     lora: LoraConfig = Field(default_factory=LoraConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
 

@@ -6,16 +6,21 @@ engine never loads vLLM's client code and the other way round. A builder that ca
 build its engine raises `EngineUnavailable` (`clawrl serve` exits 2 with the reason).
 Adding an engine is one package under `clawrl/engine/`, one line here and one config
 section (docs/design.md, "Adding an engine"); `engine.kind`'s choices in the config
-are checked against this table by the tests.
+are checked against this table by the tests. `engine.kind = "auto"` is decided here too,
+once, at start (`resolve_kind`, by `clawrl/engine/choice.py`'s table).
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
 
 from clawrl.config import Config
 from clawrl.engine.base import Engine
+from clawrl.engine.choice import choose, resolved, vllm_python_path
+
+log = logging.getLogger(__name__)
 
 ENGINES: dict[str, str] = {
     "local": "clawrl.engine.local.build:build_local_engine",
@@ -23,8 +28,24 @@ ENGINES: dict[str, str] = {
 }
 
 
+def resolve_kind(config: Config, cuda: bool) -> Config:
+    """`config` with `engine.kind` decided for this machine (`cuda`: the server's device is a GPU);
+    a choice worth knowing (the local engine on a GPU) is said once here."""
+    choice = choose(config, cuda, vllm_python_path(config, cuda).is_file())
+    if choice.note is not None:
+        log.warning("%s", choice.note)
+    return resolved(config, choice, cuda)
+
+
 def build_engine(config: Config) -> tuple[Engine, Any]:
-    """The engine `engine.kind` names, and the tokenizer the gateway renders prompts with."""
+    """The engine `engine.kind` names, and the tokenizer the gateway renders prompts with. A kind
+    still "auto" (a caller that did not plan the start, `clawrl/wiring/layout.py`) is decided here."""
+    if config.engine.kind == "auto":
+        import torch
+
+        from clawrl.model.gpu import cuda_index
+
+        config = resolve_kind(config, cuda_index(config.model.device, torch.cuda.is_available()) is not None)
     try:
         module, _, name = ENGINES[config.engine.kind].partition(":")
     except KeyError:

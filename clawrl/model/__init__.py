@@ -6,7 +6,10 @@
 - `rope.py`: RoPE scaled only for sequences that pass the trained window;
 - `constrain.py`: grammar masks (llguidance) for constrained decoding, and the packed masks the
   trainer re-applies;
-- `heap.py`: giving freed heap memory back to the system (idle engine, long trainer steps).
+- `heap.py`: giving freed heap memory back to the system (idle engine, long trainer steps);
+- `budget.py`: the GPU memory budget decided at start (which GPU and what share the server and
+  the trainer take), pure arithmetic; `gpu.py`: its facts and the calls that keep a process to
+  its share.
 
 Nothing here serves or trains; `clawrl.engine` and `clawrl.train` import it, never the reverse.
 """

@@ -73,6 +73,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from clawrl.model.gpu import release_cached
 from clawrl.store.db import Store
 from clawrl.train.checkpoints import CheckpointError, claim_next, publish_lock, save_version, set_aside
 from clawrl.train.group import Group
@@ -218,6 +219,7 @@ class TrainLoop:
         if self.canary is not None:  # rank 0's; every rank's in a lockstep group, which runs it together
             self._state("checking")
             status, figures = self.canary(self.policy)
+            release_cached(self.policy.trainer.device)  # the canary's passes: free for the server again
         self._state("publishing")
         state = self.group.full_state(self.policy.model, self.policy.optimizer)  # FSDP: gathered to rank 0
         if not self._main:

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from clawrl.config import TrainConfig
+from clawrl.model.gpu import release_cached
 from clawrl.model.heap import mapped_large_allocations, release_free_memory
 from clawrl.train.advantages import GapStats, batch_advantages
 from clawrl.train.batch import left_pad, pack, pad_rows, score
@@ -189,6 +190,7 @@ class Trainer:
         self.optimizer.step()
         self.model.eval()
         release_free_memory()  # the step's freed activations go back to the OS, not kept until the next
+        release_cached(self.device)  # and on a GPU to the driver, for the server beside it
         summed = group.sum(dict(sums))
         weights = weights.reduced(group.sum, group.min)  # over the ranks
         took = time.perf_counter() - start

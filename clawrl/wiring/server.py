@@ -42,13 +42,21 @@ from clawrl.sessions.turn_type import SidePatterns
 from clawrl.store.db import Store, StoreError
 from clawrl.store.writer import StoreWriter
 from clawrl.train.supervisor import TrainerSupervisor
+from clawrl.wiring.layout import StartRefused, plan_start
 
 log = logging.getLogger(__name__)
 KEEP_ALIVE_S = 75  # seconds an idle client connection is kept (as nginx's default)
 
 
 def run_server(config: Config) -> int:
-    """`clawrl serve`: 0 after a clean shutdown, 2 when the store or the engine cannot be had."""
+    """`clawrl serve`: 0 after a clean shutdown, 2 when the engine kind or the memory budget cannot
+    work (`clawrl/wiring/layout.py`), or the store or the engine cannot be had."""
+    try:
+        config = plan_start(config)
+    except (StartRefused, ModelNotFound) as exc:
+        log.error("%s", exc)
+        return 2
+    config.write()  # the decisions, for the trainer this server starts
     try:
         store = open_store(config)
     except StoreError as exc:

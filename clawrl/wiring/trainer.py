@@ -8,6 +8,9 @@ against a run folder. Either way:
 - one trainer per run folder: an exclusive `flock` on `<run_dir>/trainer.lock`
   (held for the process's life, released by the OS even on SIGKILL); a second
   trainer exits with code 3 and says who holds it;
+- on a GPU it keeps to its share of the memory budget `clawrl serve` decided at start
+  (`train.device`, `train.gpu_share`: clawrl/model/budget.py): its allocator is capped at it,
+  and each step hands its cached memory back;
 - it runs at `train.nice` niceness (serving keeps the CPU first) with
   `train.threads` torch threads, by default half the cores: two OpenMP teams
   each spinning on every core slow both down many times over;
@@ -38,6 +41,7 @@ import transformers
 
 from clawrl.config import Config, launched_world_size
 from clawrl.guard import trainer_hooks
+from clawrl.model.gpu import cap_process, cuda_index
 from clawrl.model.load import ModelNotFound, model_folder, served_context
 from clawrl.store.db import Store, StoreError
 from clawrl.train.group import Group, open_group, strategy_refusal
@@ -145,7 +149,9 @@ def _train(config: Config, group: Group, parent_pid: int | None, steps: int | No
     try:
         m = config.model
         context = served_context(m.path, m.max_context)
-        device = group.device if group.world > 1 else m.device
+        device = group.device if group.world > 1 else (config.train.device or m.device)
+        if (gpu := cuda_index(device, torch.cuda.is_available())) is not None:
+            cap_process(f"cuda:{gpu}", config.train.gpu_share)  # its share of the memory budget
         # Rank 0 checks and publishes; under FSDP every rank runs the canary's passes with it.
         guarded = config.guard.enabled and (group.is_main or group.lockstep)
         policy = build_policy(

@@ -174,3 +174,29 @@ def test_a_failed_iteration_ends_the_running_rows_and_what_it_admitted_and_no_on
     assert running.done and admitted.done and s.rows == []
     assert s.chunking == [long] and list(s.waiting) == [waiting] and not long.done
     assert s.fail(long) == [long] and s.chunking == []
+
+
+def test_with_a_kv_budget_a_request_waits_until_the_padded_kv_of_the_batch_fits():
+    """Admitted by KV bytes, not rows: rows pad to the longest prompt + max_tokens (8 here)."""
+    s = _scheduler(max_batch=16, prefill_budget=10_000, kv_tokens=100)
+    a, b, c = _req(22), _req(22), _req(32)  # at most 30, 30 and 40 positions
+    s.waiting.extend([a, b, c])
+    group = s.plan()
+    assert group == [a, b]  # with c: 3 rows x 40 = 120 > 100
+    _prefilled(s, group)
+    assert s.plan() is None and s.plan() is None  # steps: c still does not fit
+    assert list(s.waiting) == [c]
+    a.done = True
+    s.rows = [b]  # the engine retires a
+    assert s.plan() == [c]  # 2 x 40 = 80
+
+
+def test_a_request_alone_is_admitted_whatever_the_kv_budget_and_without_one_rows_bound_the_batch():
+    s = _scheduler(kv_tokens=10)
+    a = _req(22)
+    s.waiting.append(a)
+    assert s.plan() == [a]
+    unbounded = _scheduler(max_batch=16, prefill_budget=10_000)
+    reqs = [_req(30) for _ in range(5)]
+    unbounded.waiting.extend(reqs)
+    assert unbounded.plan() == reqs

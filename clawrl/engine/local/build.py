@@ -1,6 +1,12 @@
 """Building the local engine from the config: load the model (the embedded one by default) in
 this process, with its RoPE scaled to `model.max_context`, and its prefix cache.
 
+On a GPU the memory budget decided at start (clawrl/model/budget.py, written into the config by
+`clawrl/wiring/layout.py`) sets what this process may hold: it caps its allocator at
+`engine.gpu_share` before loading, sizes the prefix cache (`engine.prefix_cache_mb`) and admits
+requests by the KV bytes of `engine.batch_kv_mb`, and prefills long prompts in chunks of
+thousands of tokens (`engine.prefill_chunk`).
+
 The local engine merges published LoRA versions into its live weights; a server that
 trains LoRA copies the base weights it merges over at start (`merge_eagerly`), so the
 first swap does not pay for the copy.
@@ -16,23 +22,35 @@ import torch
 from clawrl.config import Config
 from clawrl.engine.local.engine import LocalEngine
 from clawrl.engine.local.prefix_cache import PrefixCache
+from clawrl.model.gpu import cap_process, cuda_index
 from clawrl.model.load import generation_defaults, load_model, model_folder, served_context
 
 log = logging.getLogger(__name__)
+CPU_PREFILL_CHUNK = 256  # a 2-core CPU: a chunk is ~0.1 s, so the streams running wait little
+GPU_PREFILL_CHUNK = 2048  # a GPU: a few hundred tokens leave it idle; vLLM's chunks are 2-8k
+
+
+def prefill_chunk(configured: int | None, on_gpu: bool) -> int:
+    """engine.prefill_chunk, else by device."""
+    return configured or (GPU_PREFILL_CHUNK if on_gpu else CPU_PREFILL_CHUNK)
 
 
 def prefix_cache_budget(configured_mb: int | None, model: Any) -> int:
-    """The prefix cache's budget in bytes: the configured MiB, else 1 GiB on a CPU and a quarter
-    of the free memory of the model's GPU (the KV stays on the model's device)."""
-    if configured_mb is not None:
-        return configured_mb << 20
-    device = next(model.parameters()).device
-    if device.type != "cuda":
-        return 1024 << 20
-    free, _ = torch.cuda.mem_get_info(device)
-    budget = max(1024 << 20, free // 4)
-    log.info("prefix cache: %.1f GiB on %s (a quarter of its free memory)", budget / (1 << 30), device)
-    return budget
+    """The prefix cache's budget in bytes: the configured MiB (on a GPU the memory budget's, set at
+    start), else 1 GiB."""
+    return 1024 << 20 if configured_mb is None else configured_mb << 20
+
+
+def kv_tokens(batch_kv_mb: int | None, model: Any) -> int | None:
+    """How many KV positions (every layer's keys and values, in the model's dtype) `batch_kv_mb`
+    holds; None: no bound."""
+    if batch_kv_mb is None:
+        return None
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    per_token = 2 * c.num_hidden_layers * kv_heads * head_dim * next(model.parameters()).element_size()
+    return (batch_kv_mb << 20) // per_token
 
 
 def build_local_engine(config: Config) -> tuple[LocalEngine, Any]:
@@ -42,6 +60,9 @@ def build_local_engine(config: Config) -> tuple[LocalEngine, Any]:
         torch.set_num_threads(e.threads)
     folder = model_folder(m.path, config.cache_dir())
     context = served_context(m.path, m.max_context)
+    gpu = cuda_index(m.device, torch.cuda.is_available())
+    if gpu is not None:
+        cap_process(f"cuda:{gpu}", e.gpu_share)  # before the weights: all this process holds counts
     loaded = load_model(folder, m.device, m.dtype, context, m.rope_scaling, m.scale_rope)
     log.info("loaded %s on %s (context %d)", folder, loaded.model.device, loaded.max_context)
     budget = prefix_cache_budget(e.prefix_cache_mb, loaded.model)
@@ -55,11 +76,12 @@ def build_local_engine(config: Config) -> tuple[LocalEngine, Any]:
         max_prefill_tokens=e.max_prefill_tokens,
         max_background_rows=e.max_background_rows,
         background_share=e.background_share,
-        prefill_chunk=e.prefill_chunk,
+        prefill_chunk=prefill_chunk(e.prefill_chunk, gpu is not None),
         prefix_cache=cache,
         lora_targets=t.lora.targets,
         merge_eagerly=config.collect.enabled and t.enabled and t.weights == "lora",
         sampling_defaults=generation_defaults(folder, config.model.repetition_guard),
         constrained_decoding=e.constrained_decoding,
+        kv_tokens=kv_tokens(e.batch_kv_mb, loaded.model),
     )
     return engine, loaded.tokenizer

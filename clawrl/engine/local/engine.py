@@ -93,6 +93,7 @@ class LocalEngine:
         merge_eagerly: bool = False,
         sampling_defaults: SamplingDefaults = CLAWRL_SAMPLING,
         constrained_decoding: bool = True,
+        kv_tokens: int | None = None,
     ) -> None:
         self.model = model.eval()
         self.model_name = model_name
@@ -105,7 +106,12 @@ class LocalEngine:
         self.device = next(model.parameters()).device
         self.prefix_cache = prefix_cache
         self._queue = Scheduler(
-            max_batch_size, max_prefill_tokens, max_background_rows, prefill_chunk, background_share
+            max_batch_size,
+            max_prefill_tokens,
+            max_background_rows,
+            prefill_chunk,
+            background_share,
+            kv_tokens,
         )
         self._batch = DecodeBatch(model, self.device)
         self._wake = asyncio.Event()

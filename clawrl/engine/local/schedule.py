@@ -14,6 +14,11 @@ The rules:
 - after any prefill work the running rows get a step, so arrivals never starve decoding;
 - admission takes waiting requests in order while the batch has room and their padded
   prompts fit `prefill_budget`; a longer prompt is prefilled alone, chunk by chunk;
+- with a KV budget (`kv_tokens`, on a GPU: the memory budget's, clawrl/model/budget.py) a request
+  is admitted only if the KV everything admitted may grow to still fits it: the decoding batch
+  pads its rows to the longest, so that is (requests held + 1) x the longest prompt + max_tokens
+  among them, prompts being prefilled and parked rows counted as rows. A request alone is always
+  admitted (the budget holds one window: the server refuses to start otherwise);
 - background requests (judge decoding) are admitted, prefilled and decoded only while no
   served request is active, at most `max_background` at once (parked ones included); when a
   served request arrives, the background rows are parked (their long prompts would otherwise
@@ -108,6 +113,7 @@ class Scheduler:
         max_background: int,
         chunk: int,
         background_share: float = 0.15,
+        kv_tokens: int | None = None,
     ) -> None:
         if not 0 < background_share <= 1:
             raise ValueError(f"background_share must be in (0, 1], not {background_share}")
@@ -116,6 +122,7 @@ class Scheduler:
         self.max_background = max_background
         self.chunk = chunk
         self.background_share = background_share
+        self.kv_tokens = kv_tokens  # most padded KV positions the requests held may grow to; None: no bound
         self._background_due = 0.0  # while serving, the next background job waits until then
         self.waiting: deque[Request] = deque()
         self.chunking: list[Request] = []
@@ -209,6 +216,8 @@ class Scheduler:
             grown = max(width, len(req.prompt_ids))
             if not long and admitted and grown * (len(admitted) + 1) > self.prefill_budget:
                 break
+            if not req.cancelled and not self._kv_fits(admitted, req):
+                break
             self.waiting.remove(req)
             if req.cancelled:
                 continue
@@ -220,6 +229,18 @@ class Scheduler:
                 admitted.append(req)
                 width = grown
         return admitted
+
+    def _kv_fits(self, admitted: list[Request], req: Request) -> bool:
+        """Whether the KV of every request held, `req` added, fits `kv_tokens` at its largest: the
+        rows padded to the longest prompt + max_tokens (the gateway keeps that within the window)."""
+        if self.kv_tokens is None:
+            return True
+        parked = self.parked.rows if self.parked else []
+        held = [*self.rows, *self.chunking, *parked, *admitted]
+        if not held:
+            return True
+        longest = max(len(r.prompt_ids) + r.params.max_tokens for r in [*held, req])
+        return longest * (len(held) + 1) <= self.kv_tokens
 
     def _next_waiting(self, background: int, served: bool) -> Request | None:
         """The first served (or cancelled) waiting request; else a background one, if allowed."""

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 from typing import Any
 
 from clawrl.config import Config
+from clawrl.engine.choice import vllm_python_path
 from clawrl.engine.vllm.engine import VLLMEngine
-from clawrl.engine.vllm.server import VENV, VLLMServer, VLLMUnavailable, vllm_command
+from clawrl.engine.vllm.server import VLLMServer, VLLMUnavailable, vllm_command
 from clawrl.model.load import (
     generation_defaults,
     load_tokenizer,
@@ -38,13 +38,14 @@ log = logging.getLogger(__name__)
 
 
 def vllm_python(config: Config) -> str:
-    """engine.vllm.python, else the venv scripts/setup-vllm creates in the cache folder."""
-    configured = config.engine.vllm.python
-    python = Path(configured).expanduser() if configured else config.cache_dir() / VENV / "bin" / "python"
+    """engine.vllm.python (set at start to the CUDA build's venv on a GPU, `engine/choice.py`), else
+    the venv scripts/setup-vllm creates in the cache folder for its CPU build."""
+    python = vllm_python_path(config, cuda=False)
     if not python.is_file():
         raise VLLMUnavailable(
-            f"no vLLM python at {python}: run scripts/setup-vllm (CPU), or `pip install vllm` in a venv "
-            "(GPU) and set engine.vllm.python to its python"
+            f"engine.kind 'vllm', but there is no vLLM python at {python}: run scripts/setup-vllm (it "
+            "installs vLLM's CUDA build where nvidia-smi finds a GPU, its CPU build elsewhere), or set "
+            "engine.vllm.python to the python of a venv vLLM is installed in"
         )
     return str(python)
 
@@ -63,13 +64,17 @@ def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
     if v.start:
         port = v.port or free_port()
         lora = config.train.weights == "lora"
-        command = vllm_command(vllm_python(config), folder, port, v, loaded.max_context, lora, rope)
+        share = config.engine.gpu_share  # set at start on a GPU (the memory budget); None on a CPU
+        command = vllm_command(vllm_python(config), folder, port, v, loaded.max_context, lora, rope, share)
         log_path = config.run_dir / "logs" / "vllm.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         server = VLLMServer(v, f"http://127.0.0.1:{port}", command, log_path)
         log.info("starting vLLM on %s (up to %.0f s): %s", folder, v.startup_timeout_s, " ".join(command))
     else:
         assert v.url is not None  # checked by the config
+        if config.engine.gpu_share is not None:
+            log.info("attached: start that vLLM with --gpu-memory-utilization %.2f, the server's share of "
+                     "the memory budget", config.engine.gpu_share)  # fmt: skip
         server = VLLMServer(v, v.url)
     server.connect()
     engine = VLLMEngine(

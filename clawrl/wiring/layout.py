@@ -1,0 +1,108 @@
+"""What `clawrl serve` decides at start, before it loads anything: which engine serves
+(`engine.kind = "auto"`, `clawrl/engine/choice.py`) and, on a GPU, the memory budget
+(`clawrl/model/budget.py`): the server's and the trainer's GPUs and shares, the local engine's
+prefix cache and batch KV. The decisions go into the config, which is written again to
+`<run_dir>/config.json`, so the trainer `clawrl serve` starts reads the same ones.
+
+A start that cannot work is refused here (`StartRefused`, exit status 2) with the numbers,
+never left to an out-of-memory restart loop. On a CPU nothing changes but the engine kind
+("auto" is the local engine there).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from pydantic import ValidationError
+
+from clawrl.config import Config
+from clawrl.engine.registry import resolve_kind
+from clawrl.model import budget
+from clawrl.model.gpu import cuda_index, gpu_totals, model_facts
+from clawrl.model.load import model_folder, served_context
+from clawrl.train.sizing import CONSERVATIVE, rule_for
+
+log = logging.getLogger(__name__)
+DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "float32": 4}  # "auto" is bfloat16 on CUDA
+
+
+class StartRefused(ValueError):
+    """A configuration that cannot work on this machine; the message says why and what would."""
+
+
+def plan_start(config: Config) -> Config:
+    """`config` with the engine kind and (on a GPU) the memory budget decided; StartRefused."""
+    gpu = cuda_index(config.model.device, torch.cuda.is_available())
+    try:
+        config = resolve_kind(config, cuda=gpu is not None)
+    except ValidationError as exc:  # "auto" chose vLLM and a vLLM rule refuses the rest
+        reasons = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        raise StartRefused(f"engine.kind 'auto' chose vLLM, but {reasons}") from exc
+    if gpu is None:
+        return config
+    folder = model_folder(config.model.path, config.cache_dir())
+    try:
+        b = plan_budget(config, folder, gpu, gpu_totals())
+    except budget.BudgetRefused as exc:
+        raise StartRefused(str(exc)) from exc
+    log.info("memory budget: %s", b.summary())
+    return with_budget(config, b)
+
+
+def trainer_beside(config: Config, window: int, params: int, model_type: str | None) -> budget.Trainer | None:
+    """What the trainer `clawrl serve` starts will hold, or None: none, or not on a GPU."""
+    t = config.train
+    if not (config.collect.enabled and t.enabled):
+        return None
+    device = _asked_device(config)
+    if device is not None and cuda_index(device, True) is None:
+        return None  # a CPU trainer
+    rule = rule_for(params, model_type) or CONSERVATIVE
+    tokens = max(t.micro_batch_tokens or rule.gpu_micro_batch_tokens, t.max_seq_len or window)
+    full = t.weights == "full"
+    reference = full and (
+        config.guard.enabled or t.kl_coef > 0 or t.opd_teacher == "reference" or t.replay_fraction > 0
+    )
+    shards = t.distributed.num_processes if t.distributed.strategy == "fsdp" else 1
+    return budget.Trainer(t.weights, tokens, t.lora.rank, reference, shards, device, t.gpu_share)
+
+
+def _asked_device(config: Config) -> str | None:
+    """train.device as asked; None (and "auto"): the budget decides."""
+    return None if config.train.device in (None, "auto") else config.train.device
+
+
+def plan_budget(config: Config, folder: Path, gpu: int, gpus: tuple[int, ...]) -> budget.Budget:
+    """The budget for this config and model folder on `gpus` (each one's total bytes)."""
+    shape, params, model_config = model_facts(folder)
+    window = served_context(config.model.path, config.model.max_context)
+    window = window or int(model_config.get("max_position_embeddings") or 4096)
+    lora = config.train.weights == "lora"
+    adapter = shape.lora_params(config.train.lora.rank, tuple(config.train.lora.targets)) if lora else 0
+    mb = config.engine.prefix_cache_mb
+    server = budget.Server(
+        gpu, window, config.engine.gpu_share, None if mb is None else mb << 20, adapter_params=adapter
+    )
+    trainer = trainer_beside(config, window, params, model_config.get("model_type"))
+    return budget.plan(shape, params, gpus, server, trainer, DTYPE_BYTES[config.model.dtype])
+
+
+def with_budget(config: Config, b: budget.Budget) -> Config:
+    """`config` with the budget's decisions in the fields that carry them to the processes."""
+    e, t = config.engine, config.train
+    engine = {"gpu_share": b.server_share}
+    if e.kind == "local":
+        engine["prefix_cache_mb"] = (
+            b.prefix_cache_bytes >> 20 if e.prefix_cache_mb is None else e.prefix_cache_mb
+        )
+        engine["batch_kv_mb"] = e.batch_kv_mb or b.batch_kv_bytes >> 20
+    train: dict[str, object] = {}
+    if b.trainer_gpu is not None:
+        train = {"device": _asked_device(config) or f"cuda:{b.trainer_gpu}", "gpu_share": b.trainer_share}
+        if t.distributed.num_processes > 1:
+            train["device"] = t.device  # a group's ranks take a GPU each, by rank
+    return config.model_copy(
+        update={"engine": e.model_copy(update=engine), "train": t.model_copy(update=train)}
+    )

@@ -1,0 +1,125 @@
+"""The GPU memory budget decided at start (clawrl/model/budget.py, clawrl/wiring/layout.py): pure
+arithmetic on the model shapes kept in bench/models and fabricated GPUs; nothing here needs one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from clawrl.config import VLLMConfig, load_config
+from clawrl.engine.vllm.server import vllm_command
+from clawrl.model.budget import (
+    ALONE_SHARE,
+    GIB,
+    BudgetRefused,
+    Server,
+    Shape,
+    Trainer,
+    allocator_fraction,
+    plan,
+)
+from clawrl.model.gpu import cuda_index, model_facts
+from clawrl.wiring.layout import plan_budget, with_budget
+
+MODELS = Path(__file__).resolve().parents[2] / "bench" / "models"
+H100 = 81559 << 20  # an H100 80GB's total memory, as torch reports it
+
+
+def _model(name: str) -> tuple[Shape, int, int]:
+    cfg = json.loads((MODELS / f"{name}.json").read_text())
+    shape = Shape.from_config(cfg)
+    return shape, shape.params(), cfg["max_position_embeddings"]
+
+
+def _plan(name: str, gpus=(H100,), weights="lora", tokens=16384, **kw):
+    shape, params, window = _model(name)
+    trainer_kw = {k: kw.pop(k) for k in ("device", "share", "shards") if k in kw}
+    server = Server(0, window, adapter_params=shape.lora_params(16) if weights == "lora" else 0, **kw)
+    return plan(shape, params, gpus, server, Trainer(weights, tokens, **trainer_kw))
+
+
+def test_the_shapes_give_the_parameter_counts_docs_scale_lists():
+    assert [_model(n)[1] for n in ("qwen3-4b", "qwen3-8b")] == [4_022_468_096, 8_190_735_360]
+    assert _model("qwen3-8b")[0].kv_bytes_per_token() == 144 * 1024
+
+
+def test_on_one_gpu_the_trainer_gets_its_need_with_a_margin_and_the_server_the_rest():
+    """Defaults by model size: the larger the model, the larger the trainer's share."""
+    small, four, eight = _plan("qwen2.5-0.5b"), _plan("qwen3-4b"), _plan("qwen3-8b")
+    assert small.trainer_share < four.trainer_share < eight.trainer_share
+    assert (eight.server_share, eight.trainer_share) == (0.56, 0.42)  # 28.0 GiB x 1.15 + 1 GiB of 79.6
+    assert eight.trainer_gpu == eight.server_gpu == 0
+    assert eight.server_share + eight.trainer_share <= 0.98
+    assert 27.5 * GIB < eight.trainer_bytes < 28.5 * GIB  # docs/scale.md's 8B LoRA row: 28.0 GiB
+    # The local engine: a quarter of the KV room for the prefix cache, the batch holds a window at least.
+    assert eight.prefix_cache_bytes == eight.kv_bytes // 4
+    assert eight.batch_kv_bytes >= eight.window_kv_bytes
+
+
+def test_with_two_gpus_server_and_trainer_take_one_each_from_4b():
+    two = (H100, H100)
+    eight = _plan("qwen3-8b", two)
+    assert (eight.server_gpu, eight.trainer_gpu) == (0, 1)
+    assert eight.server_share == eight.trainer_share == ALONE_SHARE
+    assert _plan("qwen3-4b", two).trainer_gpu == 1
+    assert _plan("qwen2.5-0.5b", two).trainer_gpu == 0  # small: they share GPU 0 as on one GPU
+    assert _plan("qwen3-8b", two, shards=2).trainer_gpu == 0  # a group of ranks: rank 0 beside the server
+
+
+def test_vllm_is_started_with_the_servers_share_as_its_memory_utilization():
+    share = _plan("qwen3-8b").server_share
+    cmd = vllm_command("py", Path("/m"), 1, VLLMConfig(), 40960, lora=True, gpu_share=share)
+    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.56"
+    assert "--gpu-memory-utilization" not in vllm_command("py", Path("/m"), 1, VLLMConfig(), 512, lora=True)
+
+
+def test_a_layout_that_cannot_fit_is_refused_with_the_numbers():
+    with pytest.raises(BudgetRefused) as full:
+        _plan("qwen3-8b", weights="full")
+    text = str(full.value)
+    for figure in ("8.19B parameters", "weights 15.3 GiB", "KV 144 KiB a token", "5.6 GiB for one window"):
+        assert figure in text
+    assert "a full fine-tuning trainer on 16,384-token passes: about 166.9 GiB" in text
+    assert "the trainer alone asks 2.43 of the GPU" in text and "--train.weights lora" in text
+    with pytest.raises(BudgetRefused, match=r"the two shares add up to 1.10 of one GPU"):
+        _plan_shares(0.6, 0.5)
+    with pytest.raises(
+        BudgetRefused, match=r"the server needs at least 75.0 GiB, its share 0.90 is 71.7 GiB"
+    ):
+        _plan("qwen3-32b", (H100, H100))  # 61 GiB of weights and a 40,960-token window
+    with pytest.raises(BudgetRefused, match="'cuda:1', but 1 GPUs are visible"):
+        _plan("qwen3-4b", device="cuda:1")
+
+
+def _plan_shares(server: float, trainer: float):
+    shape, params, window = _model("qwen3-4b")
+    return plan(
+        shape, params, (H100,), Server(0, window, share=server), Trainer("lora", 16384, share=trainer)
+    )
+
+
+def test_a_process_caps_its_allocator_at_its_share_less_its_cuda_context():
+    assert allocator_fraction(0.5, 80 * GIB) == pytest.approx(0.5 - 1 / 80)
+    assert cuda_index("auto", False) is None and cuda_index("auto", True) == 0
+    assert (cuda_index("cuda", True), cuda_index("cuda:1", True), cuda_index("cpu", True)) == (0, 1, None)
+
+
+def test_the_budget_goes_into_the_config_both_processes_read(tiny_model_dir):
+    """plan_budget reads the folder's shape and parameter count (safetensors headers, no weights)."""
+    shape, params, _ = model_facts(tiny_model_dir)
+    assert params == shape.params()
+    config = load_config(None, {"model": {"path": str(tiny_model_dir)}, "engine": {"kind": "local"}})
+    b = plan_budget(config, tiny_model_dir, 0, (H100, H100))  # a tiny model: one GPU for both
+    planned = with_budget(config, b)
+    assert planned.engine.gpu_share == b.server_share and planned.train.gpu_share == b.trainer_share
+    assert planned.train.device == "cuda:0"
+    assert planned.engine.prefix_cache_mb == b.prefix_cache_bytes >> 20 > 0
+    assert planned.engine.batch_kv_mb == b.batch_kv_bytes >> 20 > 0
+    with pytest.raises(BudgetRefused, match="the server needs at least"):
+        plan_budget(config, tiny_model_dir, 0, (2 * GIB,))  # its workspace and context alone are 3 GiB
+    asked = config.model_copy(update={"train": config.train.model_copy(update={"device": "cuda:1"})})
+    assert with_budget(asked, plan_budget(asked, tiny_model_dir, 0, (H100, H100))).train.device == "cuda:1"
+    auto = config.model_copy(update={"train": config.train.model_copy(update={"device": "auto"})})
+    assert with_budget(auto, plan_budget(auto, tiny_model_dir, 0, (H100, H100))).train.device == "cuda:0"
