@@ -193,6 +193,7 @@ class Budget:
     trainer_bytes: int | None = None  # the trainer's need by the arithmetic, before the margin
     kv_bytes: int = 0  # what the server's share leaves for KV (the local engine: prefix cache and batch)
     prefix_cache_bytes: int = 0  # the local engine: of kv_bytes, the prefix cache's part
+    train_seq_len: int | None = None  # the trainer's longest sample, where the served window did not fit
 
     @property
     def batch_kv_bytes(self) -> int:

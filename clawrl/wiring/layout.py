@@ -12,6 +12,7 @@ never left to an out-of-memory restart loop. On a CPU nothing changes but the en
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -51,8 +52,11 @@ def plan_start(config: Config) -> Config:
     return with_budget(config, b)
 
 
-def trainer_beside(config: Config, window: int, params: int, model_type: str | None) -> budget.Trainer | None:
-    """What the trainer `clawrl serve` starts will hold, or None: none, or not on a GPU."""
+def trainer_beside(
+    config: Config, window: int, params: int, model_type: str | None, seq_len: int | None = None
+) -> budget.Trainer | None:
+    """What the trainer `clawrl serve` starts will hold, or None: none, or not on a GPU.
+    `seq_len`: its longest sample, when not `train.max_seq_len` (else the served window)."""
     t = config.train
     if not (config.collect.enabled and t.enabled):
         return None
@@ -60,7 +64,7 @@ def trainer_beside(config: Config, window: int, params: int, model_type: str | N
     if device is not None and cuda_index(device, True) is None:
         return None  # a CPU trainer
     rule = rule_for(params, model_type) or CONSERVATIVE
-    tokens = max(t.micro_batch_tokens or rule.gpu_micro_batch_tokens, t.max_seq_len or window)
+    tokens = max(t.micro_batch_tokens or rule.gpu_micro_batch_tokens, seq_len or t.max_seq_len or window)
     full = t.weights == "full"
     reference = full and (
         config.guard.enabled or t.kl_coef > 0 or t.opd_teacher == "reference" or t.replay_fraction > 0
@@ -74,19 +78,52 @@ def _asked_device(config: Config) -> str | None:
     return None if config.train.device in (None, "auto") else config.train.device
 
 
+SHORTEST_FIT = 8192  # the shortest trainer sample length tried before a layout is refused
+
+
 def plan_budget(config: Config, folder: Path, gpu: int, gpus: tuple[int, ...]) -> budget.Budget:
-    """The budget for this config and model folder on `gpus` (each one's total bytes)."""
-    shape, params, model_config = model_facts(folder)
+    """The budget for this config and model folder on `gpus` (each one's total bytes).
+
+    With `train.max_seq_len` unset the trainer would train samples as long as the served window;
+    where that does not fit beside the server (an 8B model's 40,960-token window on one 80 GB GPU),
+    the longest power of two down to SHORTEST_FIT that fits is taken instead (`Budget.train_seq_len`,
+    logged at start: longer samples are skipped and counted, as any over `train.max_seq_len`).
+    A length the user set is never changed: it fits or is refused."""
+    try:
+        return _plan_budget(config, folder, gpu, gpus)
+    except budget.BudgetRefused:
+        window = _window(config, folder)
+        if config.train.max_seq_len is not None or window <= SHORTEST_FIT:
+            raise
+        length = 1 << (window - 1).bit_length() - 1  # the power of two below the window
+        while length >= SHORTEST_FIT:
+            try:
+                return _plan_budget(config, folder, gpu, gpus, seq_len=length)
+            except budget.BudgetRefused:
+                length //= 2
+        raise
+
+
+def _window(config: Config, folder: Path) -> int:
+    _, _, model_config = model_facts(folder)
     window = served_context(config.model.path, config.model.max_context)
-    window = window or int(model_config.get("max_position_embeddings") or 4096)
+    return window or int(model_config.get("max_position_embeddings") or 4096)
+
+
+def _plan_budget(
+    config: Config, folder: Path, gpu: int, gpus: tuple[int, ...], seq_len: int | None = None
+) -> budget.Budget:
+    shape, params, model_config = model_facts(folder)
+    window = _window(config, folder)
     lora = config.train.weights == "lora"
     adapter = shape.lora_params(config.train.lora.rank, tuple(config.train.lora.targets)) if lora else 0
     mb = config.engine.prefix_cache_mb
     server = budget.Server(
         gpu, window, config.engine.gpu_share, None if mb is None else mb << 20, adapter_params=adapter
     )
-    trainer = trainer_beside(config, window, params, model_config.get("model_type"))
-    return budget.plan(shape, params, gpus, server, trainer, DTYPE_BYTES[config.model.dtype])
+    trainer = trainer_beside(config, window, params, model_config.get("model_type"), seq_len)
+    b = budget.plan(shape, params, gpus, server, trainer, DTYPE_BYTES[config.model.dtype])
+    return replace(b, train_seq_len=seq_len)
 
 
 def with_budget(config: Config, b: budget.Budget) -> Config:
@@ -99,8 +136,16 @@ def with_budget(config: Config, b: budget.Budget) -> Config:
         )
         engine["batch_kv_mb"] = e.batch_kv_mb or b.batch_kv_bytes >> 20
     train: dict[str, object] = {}
+    if b.train_seq_len is not None:
+        log.warning(
+            "the trainer trains samples up to %d tokens: at the served window it does not fit beside "
+            "the server (longer samples are skipped and counted; set train.max_seq_len, or give the "
+            "trainer a GPU of its own with train.device)",
+            b.train_seq_len,
+        )
+        train["max_seq_len"] = b.train_seq_len
     if b.trainer_gpu is not None:
-        train = {"device": _asked_device(config) or f"cuda:{b.trainer_gpu}", "gpu_share": b.trainer_share}
+        train |= {"device": _asked_device(config) or f"cuda:{b.trainer_gpu}", "gpu_share": b.trainer_share}
         if t.distributed.num_processes > 1:
             train["device"] = t.device  # a group's ranks take a GPU each, by rank
     return config.model_copy(

@@ -123,3 +123,20 @@ def test_the_budget_goes_into_the_config_both_processes_read(tiny_model_dir):
     assert with_budget(asked, plan_budget(asked, tiny_model_dir, 0, (H100, H100))).train.device == "cuda:1"
     auto = config.model_copy(update={"train": config.train.model_copy(update={"device": "auto"})})
     assert with_budget(auto, plan_budget(auto, tiny_model_dir, 0, (H100, H100))).train.device == "cuda:0"
+
+
+def test_an_unset_trainer_length_shrinks_to_fit_one_gpu_and_a_set_one_is_refused(tmp_path):
+    """`clawrl serve --model Qwen3-8B` on one 80 GB GPU: at the 40,960-token window the trainer does
+    not fit beside the server, so with train.max_seq_len unset it trains samples up to the longest
+    power of two that fits (and says so); a length the user set is never changed."""
+    folder = tmp_path / "qwen3-8b"
+    folder.mkdir()
+    (folder / "config.json").write_text((MODELS / "qwen3-8b.json").read_text())
+    config = load_config(None, {"model": {"path": str(folder)}, "engine": {"kind": "local"}})
+    b = plan_budget(config, folder, 0, (H100,))
+    assert b.train_seq_len == 32768 and b.trainer_gpu == 0  # 40,960 needs 45 GiB: the pair overflows
+    assert with_budget(config, b).train.max_seq_len == 32768
+    assert plan_budget(config, folder, 0, (H100, H100)).train_seq_len is None  # a GPU each: the window fits
+    asked = config.model_copy(update={"train": config.train.model_copy(update={"max_seq_len": 40960})})
+    with pytest.raises(BudgetRefused):
+        plan_budget(asked, folder, 0, (H100,))
