@@ -2,6 +2,10 @@
 
 Run: .venv/bin/python bench/judge.py [--judges likelihood-base,likelihood-policy,generate]
                                      [--policy ADAPTER_DIR] [--generate-limit 24] [--votes 3]
+                                     [--cases clawrl/judge/heldout.jsonl]
+
+`--cases FILE` reads another set of the same format instead of cases.jsonl; the held-out set
+(clawrl/judge/heldout.jsonl) checks the judge on phrasings it was never tuned on.
 
 One local engine on the embedded model (or --model), in this process; each case becomes the
 turn a judge reads, and each judge casts `--votes` votes on it as the server would:
@@ -14,7 +18,9 @@ turn a judge reads, and each judge casts `--votes` votes on it as the server wou
                      `--generate-limit` cases taken round-robin by category (it takes minutes
                      a vote on a CPU)
 
-Printed per judge: right sign overall and per category, the confusion matrix (label x the
+Printed per judge: right sign overall and per category, the four classes that matter most
+(corrections and complaints must read -1, thanks +1, a neutral follow-up 0; for neutral also how
+many were not read -1, i.e. made no wrong hint), the confusion matrix (label x the
 majority, a turn whose every vote failed counted apart), failed votes, and the mean latency of
 one vote. Ratios are against the labels, measured in the same run; `--out FILE.json` keeps all.
 """
@@ -45,6 +51,7 @@ from clawrl.judge.votes import majority, prm_vote  # noqa: E402
 from clawrl.types import Version, Vote  # noqa: E402
 
 JUDGES = ("likelihood-base", "likelihood-policy", "generate")
+CLASSES = ("correction", "complaint", "thanks", "neutral")
 
 
 def spread(cases: list[Case], limit: int) -> list[Case]:
@@ -99,6 +106,7 @@ def summary(name: str, rows: list[dict]) -> dict:
     confusion = Counter((r["label"], "failed" if r["all_failed"] else r["predicted"]) for r in rows)
     votes = [v for r in rows for v in r["votes"]]
     signed = [r for r in rows if r["label"] != 0 and r["category"] in ("correction", "complaint", "thanks")]
+    neutral = [r for r in rows if r["category"] == "neutral"]
     return {
         "judge": name,
         "cases": len(rows),
@@ -106,6 +114,8 @@ def summary(name: str, rows: list[dict]) -> dict:
         "accuracy": len(right) / len(rows) if rows else None,
         "corrections_and_thanks": (sum(r["predicted"] == r["label"] for r in signed), len(signed)),
         "per_category": {c: tuple(per[c]) for c in CATEGORIES if c in per},
+        "per_class": {c: tuple(per[c]) for c in CLASSES if c in per},
+        "neutral_not_bad": (sum(r["predicted"] != -1 for r in neutral), len(neutral)),
         "confusion": {f"{label}->{pred}": n for (label, pred), n in sorted(confusion.items(), key=str)},
         "votes": len(votes),
         "failed_votes": sum(v["value"] is None for v in votes),
@@ -121,6 +131,9 @@ def show(s: dict) -> None:
         f"failed votes {s['failed_votes']}/{s['votes']}; {s['vote_latency_s']:.2f} s a vote"
     )
     print("per category: " + ", ".join(f"{c} {r}/{n}" for c, (r, n) in s["per_category"].items()))
+    print("per class: " + ", ".join(f"{c} {r}/{n} ({r / n:.0%})" for c, (r, n) in s["per_class"].items()))
+    if s["neutral_not_bad"][1]:
+        print("neutral not read -1: {}/{}".format(*s["neutral_not_bad"]))
     print("label -> majority: " + ", ".join(f"{k} {n}" for k, n in s["confusion"].items()))
 
 
@@ -135,7 +148,7 @@ async def run(args: argparse.Namespace) -> list[dict]:
     )
     engine, tokenizer = build_local_engine(config)
     await engine.start()
-    cases = load_cases()
+    cases = load_cases(args.cases)
     if args.limit:
         cases = spread(cases, args.limit)
     results = []
@@ -183,6 +196,7 @@ def main() -> None:
     p.add_argument("--judges", default="likelihood-base,generate", help=f"comma list of {', '.join(JUDGES)}")
     p.add_argument("--policy", type=Path, default=None, help="a LoRA version folder: the policy judged with")
     p.add_argument("--votes", type=int, default=3)
+    p.add_argument("--cases", type=Path, default=None, help="a set in cases.jsonl's format (default: it)")
     p.add_argument("--limit", type=int, default=0, help="only this many cases, round-robin by category")
     p.add_argument("--generate-limit", type=int, default=24)
     p.add_argument(

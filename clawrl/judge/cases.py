@@ -8,8 +8,13 @@
     next_state     the user / tool messages that came right after the answer
     label          -1, 0 or +1: what the next state says of the answer
 
-`bench/judge.py signs` measures judges on it; tests hold the likelihood judge to it. None of its
-replies is among the likelihood prompt's own examples (`judge/likelihood.py: EXAMPLES`).
+`bench/judge.py` measures judges on it; tests hold the likelihood judge to it. None of its
+replies is among the likelihood prompt's own examples (`judge/likelihood.py: USER_EXAMPLES`).
+
+`heldout.jsonl`, same format: complaints about an answer's form, corrections of facts, thanks and
+neutral follow-ups in phrasings written before the judge was last tuned and never tuned on
+(`bench/judge.py --cases clawrl/judge/heldout.jsonl`); it checks that the judge reads users it
+was not shown, where cases.jsonl is what it is tuned on.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 from clawrl.types import Message, Turn
@@ -68,16 +74,24 @@ class Case:
         )
 
 
-def load_cases() -> list[Case]:
-    """Every case of the shipped set, checked as it is read (a bad row raises ValueError naming it)."""
-    text = (files("clawrl.judge") / "cases.jsonl").read_text(encoding="utf-8")
-    cases = [_case(line, n) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+def load_cases(path: Path | None = None) -> list[Case]:
+    """Every case of the shipped set (or of `path`, same format), checked as it is read (a bad row
+    raises ValueError naming it)."""
+    source = files("clawrl.judge") / "cases.jsonl" if path is None else path
+    name = "cases.jsonl" if path is None else str(path)
+    text = source.read_text(encoding="utf-8")
+    cases = [_case(line, n, name) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if len({c.id for c in cases}) != len(cases):
-        raise ValueError("cases.jsonl: two cases share an id")
+        raise ValueError(f"{name}: two cases share an id")
     return cases
 
 
-def _case(line: str, n: int) -> Case:
+def load_heldout() -> list[Case]:
+    """The held-out set (`heldout.jsonl` beside this file): replies no prompt shows and no tuning saw."""
+    return load_cases(Path(str(files("clawrl.judge") / "heldout.jsonl")))
+
+
+def _case(line: str, n: int, name: str = "cases.jsonl") -> Case:
     try:
         row = json.loads(line)
         case = Case(
@@ -90,7 +104,7 @@ def _case(line: str, n: int) -> Case:
             label=int(row["label"]),
         )
     except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"cases.jsonl line {n}: {exc}") from exc
+        raise ValueError(f"{name} line {n}: {exc}") from exc
     if case.category not in CATEGORIES or case.label not in (-1, 0, 1) or not case.next_state:
-        raise ValueError(f"cases.jsonl line {n} ({case.id}): bad category, label or empty next state")
+        raise ValueError(f"{name} line {n} ({case.id}): bad category, label or empty next state")
     return case
