@@ -75,7 +75,8 @@ async def likelihood_votes(judge: LikelihoodJudge, case: Case, m: int) -> list[V
         start = time.perf_counter()
         try:
             read = await judge.read(reply, variant)
-            votes.append(Vote("prm", read.value, raw=read.text(), latency_s=time.perf_counter() - start))
+            raw = json.dumps({"q_bad": read.calibrated[-1], "cue": read.cue, "plain": read.plain})
+            votes.append(Vote("prm", read.value, raw=raw, latency_s=time.perf_counter() - start))
         except JudgeCallFailed as exc:
             votes.append(prm_vote(None, time.perf_counter() - start, str(exc)))
     return votes
@@ -95,6 +96,13 @@ async def generate_votes(
         return prm_vote(raw, time.perf_counter() - start)
 
     return list(await asyncio.gather(*(one() for _ in range(m))))  # the server casts them at once
+
+
+def without_cues(row: dict) -> dict:
+    """The row as the likelihood alone voted, each vote's dissatisfaction cue left out."""
+    plain = [Vote("prm", json.loads(v["raw"])["plain"] if v["raw"] else None) for v in row["votes"]]
+    votes = [{**v, "value": p.value} for v, p in zip(row["votes"], plain, strict=True)]
+    return {**row, "predicted": majority(plain), "votes": votes}
 
 
 def summary(name: str, rows: list[dict]) -> dict:
@@ -184,6 +192,10 @@ async def run(args: argparse.Namespace) -> list[dict]:
             s = summary(name, rows)
             show(s)
             results.append({**s, "rows": rows})
+            if name != "generate":  # the same readings without the cue layer (judge/cues.py)
+                alone = summary(f"{name}, likelihood alone (no cues)", [without_cues(r) for r in rows])
+                show(alone)
+                results.append(alone)
     finally:
         await engine.stop()
         engine.close()

@@ -19,6 +19,17 @@ label "neutral" with 2 examples each 39 of 66 (the 135M model read most correcti
 and a task header before the examples 58 of 66. A 0 comes from a reading too close to call
 (MARGIN), or from votes that split; the small judge rarely finds a neutral next state neutral.
 
+A cue layer leans the reading where the user's words say the answer failed (`judge/cues.py`):
+a small English lexicon of dissatisfaction (too long, padded, off the point, badly formatted,
+wrong tone, wrong, not what I asked, ...). With a cue in the reply the calibrated odds of bad
+are multiplied by CUE_ODDS (8) before the vote: q'(bad) = 8 q(bad) / (8 q(bad) + q(good)). The
+likelihood alone read complaints about an answer's form as 0 or +1 (issue 35: on persona
+`brief` never -1), so the policy was rewarded for what the user complained about. Measured on
+the embedded model, 3 votes a case, `bench/judge.py` (the likelihood alone is printed beside):
+on cases.jsonl, which the lexicon was tuned on, corrections 24 -> 26 of 29, complaints 23 -> 28
+of 28, thanks 23 of 23 and neutral follow-ups 4 of 18 unchanged; on heldout.jsonl, phrasings
+never tuned on (`--cases clawrl/judge/heldout.jsonl`), see docs/recording-and-judging.md.
+
 Votes differ by their prompt (`variant`): vote i shows 3 examples of each label, chosen and
 ordered by seed i from the pool, so each vote has its own bias and the m votes are m
 differently-prompted readings of the same reply. Majority voting over them then means
@@ -38,6 +49,7 @@ import math
 import random
 from dataclasses import dataclass
 
+from clawrl.judge.cues import CUE_ODDS, dissatisfaction
 from clawrl.judge.prompts import clip, content_text
 from clawrl.types import Message
 
@@ -84,12 +96,15 @@ class Reading:
     variant: int
     raw: dict[int, float]  # label -> p(label | prompt), renormalised over the labels
     calibrated: dict[int, float]  # label -> q(label), sums to 1
-    value: int  # the label past 0.5 + MARGIN, else 0
+    value: int  # the label past 0.5 + MARGIN once a cue has leaned it, else 0
+    cue: str | None = None  # the dissatisfaction cue in the reply (judge/cues.py), if any
+    plain: int = 0  # the vote of the likelihood alone, without the cue
 
     def text(self) -> str:
         """What the vote records as its raw text."""
         shown = " ".join(f"{word.strip()} {self.calibrated[label]:.2f}" for label, word in LABELS)
-        return f"likelihood vote, prompt variant {self.variant}: {shown} (calibrated)"
+        cue = f"; cue ({self.cue}): bad x{CUE_ODDS:g}, vote {self.value}" if self.cue else ""
+        return f"likelihood vote, prompt variant {self.variant}: {shown} (calibrated){cue}"
 
 
 def examples(variant: int, tool: bool) -> list[tuple[str, int]]:
@@ -129,13 +144,25 @@ def reply_text(next_state: list[Message], names: dict[str, str]) -> str:
     return clip(" ".join(parts), REPLY_CHARS) if parts else "(empty)"
 
 
-def reading(variant: int, logprobs: dict[int, float], content_free: dict[int, float]) -> Reading:
-    """The vote from each label's log-probability after the prompt and after the content-free one."""
+def reading(
+    variant: int, logprobs: dict[int, float], content_free: dict[int, float], cue: str | None = None
+) -> Reading:
+    """The vote from each label's log-probability after the prompt and after the content-free one;
+    a dissatisfaction `cue` in the reply multiplies the calibrated odds of "bad" by CUE_ODDS."""
     raw = _normalised({label: math.exp(lp) for label, lp in logprobs.items()})
     bias = _normalised({label: math.exp(lp) for label, lp in content_free.items()})
     calibrated = _normalised({label: raw[label] / max(bias[label], 1e-12) for label in raw})
-    value = next((label for label, q in calibrated.items() if q > 0.5 + MARGIN), 0)
-    return Reading(variant, raw, calibrated, value)
+    leaned = _normalised({label: q * (CUE_ODDS if label == -1 else 1.0) for label, q in calibrated.items()})
+    return Reading(variant, raw, calibrated, _vote(leaned if cue else calibrated), cue, _vote(calibrated))
+
+
+def cue_of(reply: str) -> str | None:
+    """The dissatisfaction cue in a user's reply; a reply that starts with a tool result has none."""
+    return None if reply.startswith(TOOL_MARK) else dissatisfaction(reply)
+
+
+def _vote(q: dict[int, float]) -> int:
+    return next((label for label, p in q.items() if p > 0.5 + MARGIN), 0)
 
 
 HINT_INTRO = {

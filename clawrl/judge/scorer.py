@@ -19,7 +19,7 @@ from typing import Any
 
 from clawrl.engine.base import Engine, EngineError
 from clawrl.judge.backends import JudgeCallFailed
-from clawrl.judge.likelihood import LABELS, Reading, content_free, prompt, reading
+from clawrl.judge.likelihood import LABELS, Reading, content_free, cue_of, prompt, reading
 
 
 class LikelihoodJudge:
@@ -35,7 +35,7 @@ class LikelihoodJudge:
         key = (variant, neutral, "v0" if self.base else self.engine.version)
         if key not in self._content_free:
             self._content_free[key] = await self._scores(prompt(variant, neutral))
-        return reading(variant, scores, self._content_free[key])
+        return reading(variant, scores, self._content_free[key], cue_of(reply))
 
     async def _scores(self, text: str) -> dict[int, float]:
         ids = self.tokenizer.encode(text, add_special_tokens=False)

@@ -8,12 +8,14 @@ import pytest
 from pydantic import ValidationError
 
 from clawrl.config import JudgeConfig
-from clawrl.judge.cases import CATEGORIES, load_cases
+from clawrl.judge.cases import CATEGORIES, load_cases, load_heldout
+from clawrl.judge.cues import dissatisfaction
 from clawrl.judge.likelihood import (
     REPLY_CHARS,
     TOOL_EXAMPLES,
     USER_EXAMPLES,
     content_free,
+    cue_of,
     examples,
     next_state_hint,
     prompt,
@@ -53,6 +55,49 @@ def test_calibration_divides_out_what_the_prompt_says_of_a_content_free_reply():
     assert "variant 2" in read.text() and "bad" in read.text()
     close = {1: math.log(0.52), -1: math.log(0.48)}
     assert reading(0, close, {1: math.log(0.5), -1: math.log(0.5)}).value == 0  # too close to call
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "Too long. Just the number.",
+        "can you get to the point",
+        "the table formatting is all broken",
+        "Not what I asked: I wanted the command.",
+        "Way too formal for a text message.",
+        "No, that's wrong.",
+        "nope",
+    ],
+)
+def test_complaints_about_form_and_corrections_carry_a_cue(reply):
+    assert dissatisfaction(reply) is not None
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "Thanks, short and clear.",
+        "No problem, that works",
+        "Write me a one-paragraph summary of Hamlet.",
+        "Why is the sky blue?",
+        "ok",
+        "Perfect, thank you!",
+    ],
+)
+def test_thanks_and_new_questions_carry_none(reply):
+    assert dissatisfaction(reply) is None
+
+
+def test_a_cue_leans_the_vote_to_bad_but_a_sure_good_reading_still_wins():
+    even = {1: math.log(0.5), -1: math.log(0.5)}
+    lean_good = {1: math.log(0.7), -1: math.log(0.3)}  # the likelihood alone says +1
+    read = reading(0, lean_good, even, cue="length: too long")
+    assert (read.plain, read.value) == (1, -1)
+    assert "cue (length: too long)" in read.text() and read.calibrated[1] == pytest.approx(0.7)
+    sure = {1: math.log(0.95), -1: math.log(0.05)}
+    assert reading(0, sure, even, cue="length: too long").value == 1
+    assert reading(0, lean_good, even).value == 1  # no cue, no lean
+    assert cue_of("[tool sql] wrong syntax") is None and cue_of("wrong") is not None
 
 
 def test_the_reply_names_tools_and_is_clipped():
@@ -112,3 +157,12 @@ def test_the_labelled_set_has_every_kind_of_next_state():
     assert {case.label for case in cases} == {-1, 0, 1}
     shown = {text for text, _ in USER_EXAMPLES + TOOL_EXAMPLES}
     assert not shown & {reply_text(c.next_state, {}) for c in cases}  # the prompt's examples are not graded
+
+
+def test_the_held_out_set_is_apart_from_the_labelled_set_and_the_prompt():
+    heldout = load_heldout()
+    counts = {c: sum(case.category == c for case in heldout) for c in ("complaint", "correction", "thanks")}
+    assert counts["complaint"] >= 20 and counts["correction"] >= 15 and counts["thanks"] >= 12
+    replies = {reply_text(c.next_state, {}) for c in heldout}
+    tuned = {reply_text(c.next_state, {}) for c in load_cases()} | {t for t, _ in USER_EXAMPLES}
+    assert not replies & tuned
