@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import re
 
-CUE_ODDS = 8.0  # a cue multiplies the calibrated odds of "bad" by this (log-odds + 2.1)
+# A cue multiplies the calibrated odds of "bad" by this (log-odds + 2.1): the smallest of 1, 2, 4, 6,
+# 8, 12, 16 that read every complaint of cases.jsonl -1 (from one bench run's recorded readings);
+# a "good" reading above 0.91 still wins.
+CUE_ODDS = 8.0
 
 # kind -> patterns; matched case-insensitively on the user's words
 CUES: dict[str, tuple[str, ...]] = {
@@ -69,6 +72,10 @@ CUES: dict[str, tuple[str, ...]] = {
         r"\b(doesn't|does not|didn't|won't) (work|compile|run)\b",
         r"\byou (forgot|missed|ignored|misread|misspelled|repeated)\b",
         r"\b(useless|pointless|unhelpful|not helpful|thanks for nothing)\b",
+    ),
+    "give_up": (  # the user stops asking: `clawrl eval` personas' "Never mind, I'll sort it out myself."
+        r"\b(never ?mind|forget it)\b",
+        r"\b(do|sort|figure|work) (it|this) out myself\b",
     ),
 }
 _COMPILED = [(kind, re.compile(p, re.IGNORECASE)) for kind, ps in CUES.items() for p in ps]

@@ -67,6 +67,7 @@ def test_calibration_divides_out_what_the_prompt_says_of_a_content_free_reply():
         "Way too formal for a text message.",
         "No, that's wrong.",
         "nope",
+        "Never mind, I'll sort it out myself.",  # the eval personas' give-up
     ],
 )
 def test_complaints_about_form_and_corrections_carry_a_cue(reply):
