@@ -28,7 +28,8 @@ likelihood alone read complaints about an answer's form as 0 or +1 (issue 35: on
 the embedded model, 3 votes a case, `bench/judge.py` (the likelihood alone is printed beside):
 on cases.jsonl, which the lexicon was tuned on, corrections 24 -> 26 of 29, complaints 23 -> 28
 of 28, thanks 23 of 23 and neutral follow-ups 4 of 18 unchanged; on heldout.jsonl, phrasings
-never tuned on (`--cases clawrl/judge/heldout.jsonl`), see docs/recording-and-judging.md.
+never tuned on (`--cases clawrl/judge/heldout.jsonl`), complaints 17 -> 22 of 22, corrections 16
+of 16, thanks 12 of 12, neutral 4 of 12 unchanged (docs/recording-and-judging.md).
 
 Votes differ by their prompt (`variant`): vote i shows 3 examples of each label, chosen and
 ordered by seed i from the pool, so each vote has its own bias and the m votes are m
