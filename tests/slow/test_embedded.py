@@ -134,6 +134,8 @@ REPLIES = [  # (question, the user's next message, the sign it gives the answer)
     ("What is 2+2?", "No, that's wrong. It is 4, please fix your answer.", -1),
     ("What is the capital of Australia?", "Wrong, it's Canberra, not Sydney. Try again.", -1),
     ("Write a haiku about rain.", "That's not a haiku at all, you ignored what I asked.", -1),
+    ("Explain what a CPU does.", "Way too long. One sentence, no preamble.", -1),  # complaints about form
+    ("List three fruits.", "The formatting is a mess, I can't read this.", -1),
     ("What is the capital of France?", "Thanks a lot, that's exactly right!", 1),
     ("Name a primary colour.", "Perfect, thank you!", 1),
     ("How many days are in a week?", "Great, that's what I needed. Thanks!", 1),
@@ -141,11 +143,12 @@ REPLIES = [  # (question, the user's next message, the sign it gives the answer)
 
 
 def test_the_default_judge_reads_corrections_and_thanks_on_the_embedded_model(tmp_path):
-    """The default judge (label likelihoods on the frozen base, m = 3 prompt variants) on the
-    embedded model, end to end through the server: every vote is cast (none fails), corrections
-    score -1 and thanks +1 on at least 5 of 6 turns (bench/judge.py: 91% on the labelled set's
-    corrections, complaints and thanks, so one miss in six is within what it does), and a turn
-    judged -1 takes its next state as the OPD hint."""
+    """The default judge (label likelihoods on the frozen base, m = 3 prompt variants, leaned by
+    dissatisfaction cues) on the embedded model, end to end through the server: every vote is cast
+    (none fails), corrections and complaints about an answer's form score -1 and thanks +1 on at
+    least 7 of 8 turns (bench/judge.py: 96% on the labelled set's corrections, complaints and
+    thanks, so one miss in eight is within what it does), and a turn judged -1 takes its next
+    state as the OPD hint."""
     from tests.service.test_judge import converse, judged
 
     server = RemoteServer(tmp_path / "run", ["--method", "combine", "--train.enabled", "false"])
@@ -163,9 +166,9 @@ def test_the_default_judge_reads_corrections_and_thanks_on_the_embedded_model(tm
                 assert [(s.kind, s.reward) for s in samples] == [("opd", -1.0)]  # combine: one, carrying r
             else:
                 assert j.hint is None
-        assert right >= 5, f"{right} of 6 signs right"
+        assert right >= 7, f"{right} of 8 signs right"
         judge = server.health()["judge"]
-        assert judge["failed_votes"] == 0 and judge["judged"] >= 6
+        assert judge["failed_votes"] == 0 and judge["judged"] >= 8
     finally:
         server.stop()
 
