@@ -49,16 +49,20 @@ def _turns(server) -> list:
         return list(store.turns())
 
 
-def _agent(openclaw_bin, tmp_path, server, max_tokens=48, temperature: float | None = 0, **overrides):
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """One OpenClaw workspace for the module: its path is in OpenClaw's system prompt, so the tests'
+    first turns share ~2,300 prompt tokens and the later one reads them from the prefix cache."""
+    return tmp_path_factory.mktemp("openclaw-workspace")
+
+
+def _agent(openclaw_bin, tmp_path, server, workspace, max_tokens=48, temperature: float | None = 0):
     """`say(session, message)` through `openclaw agent --local`; `temperature` None: none pinned."""
-    workspace = tmp_path / "workspace"
-    workspace.mkdir(exist_ok=True)
     config = openclaw_config(
         server.url + "/v1",
         max_tokens=max_tokens,
         workspace=str(workspace),
         temperature=temperature,
-        **overrides,
     )
     home = tmp_path / "home"
     write_home(home, config)
@@ -67,33 +71,6 @@ def _agent(openclaw_bin, tmp_path, server, max_tokens=48, temperature: float | N
         return run_agent(openclaw_bin, home, session, message, timeout=limit(TURN_LIMIT), cwd=workspace)
 
     return say, workspace, config
-
-
-def test_compaction_housekeeping_is_side_and_opens_a_new_session(openclaw_bin, tmp_path, server):
-    say, _, config = _agent(openclaw_bin, tmp_path, server)
-    # Compact as soon as the transcript passes a few hundred bytes, so OpenClaw's pre-compaction
-    # memory flush and compaction summary requests happen within a short test.
-    config["agents"]["defaults"]["compaction"] = {
-        "maxActiveTranscriptBytes": 300,
-        "memoryFlush": {"enabled": True, "forceFlushTranscriptBytes": 200},
-    }
-    write_home(tmp_path / "home", config)
-    first = say("compact-1", "What is the capital of France?")
-    second = say("compact-1", "And the capital of Italy?")
-    assert first.text.strip() and second.text.strip()
-
-    turns = [t for t in _turns(server) if "compact-1" in t.session_id]
-    side = [t for t in turns if t.turn_type == "side"]
-    texts = [json.dumps(t.messages) for t in side]
-    assert any("Pre-compaction memory flush" in s for s in texts), texts
-    assert any("summarization assistant" in s for s in texts), texts
-    assert all(t.next_state is None for t in side)
-    main = [t for t in turns if t.turn_type == "main"]
-    # After compaction OpenClaw's history restarts from a summary under the next epoch of its key:
-    # a new clawrl session, whose first turn answers the new question.
-    assert [t.session_id for t in main] == ["compact-1:0", "compact-1:1"]
-    assert "compacted" in json.dumps(main[1].messages)
-    assert "capital of Italy" in json.dumps(main[1].messages[-1])
 
 
 def _names(text: str, keys: list[str]) -> bool:
@@ -145,7 +122,7 @@ def test_the_loop_check_tells_a_loop_from_a_ramble():
 
 
 def test_a_three_turn_session_at_openclaws_own_sampling_is_one_session_and_answers_right(
-    openclaw_bin, tmp_path, server
+    openclaw_bin, tmp_path, server, workspace
 ):
     """Three everyday questions in one OpenClaw session: one clawrl session (OpenClaw's affinity
     key), each turn's next state the following question, the resent prompt read from the prefix
@@ -166,7 +143,9 @@ def test_a_three_turn_session_at_openclaws_own_sampling_is_one_session_and_answe
     line, an 86-token explanation, or a copy of the first answer's rambling list after the right
     answer ("The answer is 5." then "1. The user asked for a response to their query."), each
     ending on its own. Seeds are not pinned: OpenClaw sends none."""
-    say, _, _ = _agent(openclaw_bin, tmp_path, server, max_tokens=README_MAX_TOKENS, temperature=None)
+    say, _, _ = _agent(
+        openclaw_bin, tmp_path, server, workspace, max_tokens=README_MAX_TOKENS, temperature=None
+    )
     questions = [
         ("What is the capital of France?", ["Paris"]),
         ("What is 2 + 3?", ["5", "five"]),
@@ -189,3 +168,33 @@ def test_a_three_turn_session_at_openclaws_own_sampling_is_one_session_and_answe
         assert turn.finish_reason == "stop" and reply.stop_reason != "length", (question, seen)
         assert len(turn.response_ids) < README_MAX_TOKENS, (question, seen)
         assert _degenerate(turn.response_text) is None, (question, _degenerate(turn.response_text), seen)
+
+
+def test_compaction_housekeeping_is_side_and_opens_a_new_session(openclaw_bin, tmp_path, server, workspace):
+    """After the three-turn session (module order): its first prompt, ~2,300 tokens of OpenClaw's
+    system prompt, is in the prefix cache, so this session's first turn reads it from there; the
+    memory flush carries another tool list, hence another system prompt, and is prefilled whole."""
+    say, _, config = _agent(openclaw_bin, tmp_path, server, workspace, max_tokens=16)
+    # Compact as soon as the transcript passes a few hundred bytes, so OpenClaw's pre-compaction
+    # memory flush and compaction summary requests happen within a short test.
+    config["agents"]["defaults"]["compaction"] = {
+        "maxActiveTranscriptBytes": 300,
+        "memoryFlush": {"enabled": True, "forceFlushTranscriptBytes": 200},
+    }
+    write_home(tmp_path / "home", config)
+    first = say("compact-1", "What is the capital of France?")
+    second = say("compact-1", "And the capital of Italy?")
+    assert first.text.strip() and second.text.strip()
+
+    turns = [t for t in _turns(server) if "compact-1" in t.session_id]
+    side = [t for t in turns if t.turn_type == "side"]
+    texts = [json.dumps(t.messages) for t in side]
+    assert any("Pre-compaction memory flush" in s for s in texts), texts
+    assert any("summarization assistant" in s for s in texts), texts
+    assert all(t.next_state is None for t in side)
+    main = [t for t in turns if t.turn_type == "main"]
+    # After compaction OpenClaw's history restarts from a summary under the next epoch of its key:
+    # a new clawrl session, whose first turn answers the new question.
+    assert [t.session_id for t in main] == ["compact-1:0", "compact-1:1"]
+    assert "compacted" in json.dumps(main[1].messages)
+    assert "capital of Italy" in json.dumps(main[1].messages[-1])
