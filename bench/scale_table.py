@@ -17,12 +17,12 @@ on a built model and checks its parameter, LoRA and KV cache sizes against `Shap
   weights, gradients and AdamW's m and v take 16 bytes a parameter.
 - Full fine-tuning, as `clawrl/train/policy.py` does it on a GPU: float32 master weights,
   float32 gradients, AdamW m and v (16 bytes a parameter); the frozen reference for the KL
-  term and the canary, a bf16 copy (2); autocast's bf16 copies of the weights,
+  term and the canary, a bf16 copy (2); the bf16 weights it computes with (train/master.py),
   cached through a micro-batch's forward (2): 20 bytes a parameter, all of it divided by the
   ranks under FSDP (ZeRO-3; its per-layer gathers are not counted).
 - Activations of a step with activation checkpointing (`train.activation_checkpointing`): each
-  layer's input is kept (seq * hidden * layers; bf16 under LoRA, float32 in full fine-tuning,
-  whose float32 weights keep the residual stream in float32 under autocast), plus one layer's
+  layer's input is kept (seq * hidden * layers; bf16 under LoRA; counted in float32 in full
+  fine-tuning, an upper bound since it computes in bf16 on float32 masters), plus one layer's
   recompute: its saved tensors (`layer_elements` per token, bf16) and as much again for their
   gradients; under LoRA also PEFT's float32 copies of each adapted projection's input.
 - Logits: clawrl keeps the last R + 1 positions' logits only (R = response tokens) and takes
@@ -165,7 +165,7 @@ class Assumptions:
     lora_rank: int = assumed(16, "train.lora.rank, on every attention and MLP projection")
     full_state_per_param: int = assumed(16, "bytes: float32 master weight, gradient, AdamW m and v")
     reference_per_param: int = assumed(2, "bytes: full fine-tuning's frozen reference, a bf16 copy on a GPU")
-    compute_copy_per_param: int = assumed(2, "bytes: autocast's cached bf16 copy of a float32 weight")
+    compute_copy_per_param: int = assumed(2, "bytes: the bf16 weights computed with (train/master.py)")
     session_tokens: int = assumed(13000, "an OpenClaw session's prompt with its default profile")
 
     @property
@@ -194,7 +194,7 @@ def lora_state_bytes(s: Shape, a: Assumptions) -> int:
 
 
 def activation_bytes(s: Shape, a: Assumptions, lora: bool) -> int:
-    residual = 2 if lora else 4  # float32 weights under autocast keep a float32 residual stream
+    residual = 2 if lora else 4  # full: counted in float32, an upper bound (its forward is bf16 now)
     kept = a.seq * s.hidden * residual * s.layers
     recompute = 2 * a.seq * s.layer_elements() * 2
     peft = a.seq * s.lora_input_elements() * 4 if lora else 0

@@ -56,6 +56,13 @@ class TrainConfig(Section):
         "'full': train every weight (a frozen reference copy is kept only if kl_coef > 0 or "
         "opd_teacher = 'reference'). Fixed for a run folder.",
     )
+    precision: Literal["auto", "float32", "bf16"] = Field(
+        "auto",
+        description="Full fine-tuning's numerics. 'bf16': the model computes in bf16, as it is served, "
+        "and AdamW updates float32 master copies of its weights (train/master.py); 'float32': "
+        "float32 weights and compute. 'auto': bf16 on a GPU, float32 on a CPU. LoRA keeps its "
+        "float32 adapter on the served base's dtype either way.",
+    )
     batch_size: int = Field(
         8,
         gt=0,

@@ -127,7 +127,7 @@ class Shape:
         backward, and PEFT's float32 copies of each adapted projection's input."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         layer = 4 * self.hidden + 3 * q + 3 * kv + 4 * self.intermediate
-        kept = tokens * self.hidden * (2 if lora else 4) * self.layers  # full: a float32 residual stream
+        kept = tokens * self.hidden * (2 if lora else 4) * self.layers  # full: float32, an upper bound
         peft = tokens * sum(a for a, _ in self.projections().values()) * 4 if lora else 0
         return kept + 2 * tokens * layer * 2 + peft
 

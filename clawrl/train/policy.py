@@ -28,6 +28,7 @@ from clawrl.config import TrainConfig
 from clawrl.model.load import load_model
 from clawrl.train.checkpoints import load_folder
 from clawrl.train.group import Group
+from clawrl.train.master import MasterWeights
 from clawrl.train.sizing import resolve
 from clawrl.train.trainer import Trainer
 from clawrl.train.weights import LoraSettings, attach_lora
@@ -50,7 +51,10 @@ class Policy:
         """Become the version in `folder` (None: the base model, fresh optimizer); returns its manifest."""
         self.optimizer.state.clear()
         if folder is not None:
-            return load_folder(folder, self.model, self.optimizer)
+            manifest = load_folder(folder, self.model, self.optimizer)
+            if self.trainer.master is not None:
+                self.trainer.master.from_model()
+            return manifest
         with torch.no_grad():
             if self.cfg.weights == "lora":
                 for name, param in self.model.named_parameters():
@@ -58,6 +62,8 @@ class Policy:
                         param.zero_()  # B = 0: the adapter adds nothing, the policy is the base
             else:
                 load_full_weights(self.model, read_full_weights(self.base_dir))
+            if self.trainer.master is not None:
+                self.trainer.master.from_model()
         return {}
 
 
@@ -80,8 +86,9 @@ def build_policy(
     for full fine-tuning even without KL or a reference teacher (the canary compares every version with it).
     """
     # Train in float32 on a CPU. On a GPU, LoRA: the frozen base in bf16, the adapter in float32
-    # (PEFT casts it); full: float32 master weights (AdamW's state follows them), each forward
-    # autocast to bf16 (Trainer._autocast), so small updates are not rounded away.
+    # (PEFT casts it); full: the model in bf16, as served, AdamW on float32 masters of its weights
+    # (train/master.py), so small updates are not rounded away; FSDP keeps float32 shards as the
+    # masters and computes in bf16 itself (train/shards.py).
     dtype = "float32" if cfg.weights == "full" else "auto"
     loaded = load_model(Path(base_dir), device, dtype, max_context, rope_scaling, scale_rope)
     base = loaded.model
@@ -109,7 +116,18 @@ def build_policy(
     if reference is not None:
         reference = group.shard(reference)
     model.eval()
-    params = [p for p in model.parameters() if p.requires_grad]
+    master = None
+    if cfg.weights == "full" and _bf16_masters(cfg.precision, on_gpu, group):
+        model.to(torch.bfloat16)
+        master = MasterWeights(model)
+    params = master.params if master else [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    trainer = Trainer(model, optimizer, cfg, reference, group)
+    trainer = Trainer(model, optimizer, cfg, reference, group, master)
     return Policy(model, optimizer, trainer, base_dir, cfg)
+
+
+def _bf16_masters(precision: str, on_gpu: bool, group: Group) -> bool:
+    """Whether full fine-tuning computes in bf16 on float32 masters here (`train.precision`)."""
+    if group.lockstep:  # FSDP: its mixed precision keeps float32 shards as the masters already
+        return False
+    return precision == "bf16" or (precision == "auto" and on_gpu)

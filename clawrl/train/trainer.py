@@ -53,6 +53,7 @@ from clawrl.train.batch import left_pad, pack, pad_rows, score
 from clawrl.train.group import Group, split_by_tokens
 from clawrl.train.importance import WeightSums, truncated_weights
 from clawrl.train.loss import policy_loss
+from clawrl.train.master import MasterWeights
 from clawrl.train.shards import grad_norm_value
 from clawrl.train.sizing import CPU_MICRO_BATCH_TOKENS
 from clawrl.types import Sample
@@ -125,8 +126,10 @@ class Trainer:
         cfg: TrainConfig,
         reference: torch.nn.Module | None = None,
         group: Group | None = None,
+        master: MasterWeights | None = None,
     ) -> None:
         self.model = model
+        self.master = master  # bf16 weights, AdamW on their float32 masters (train/master.py)
         self.optimizer = optimizer
         self.cfg = cfg
         self.frozen = reference
@@ -161,6 +164,7 @@ class Trainer:
         group = self.group
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=True)  # with masters: none left by a failed step
         total = sum(_tokens(s) for s in samples)  # the step's tokens, on every rank: the mean's denominator
         plans = self._micro_batches(samples)  # every rank's, so a lockstep group can match them
         mine, groups = plans[group.rank]
@@ -184,10 +188,13 @@ class Trainer:
                     weights.add(drift)
                 del terms
         replayed = self.replay.backward(self, total) if self.replay is not None else {}
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            [p for p in self.model.parameters() if p.requires_grad], self.cfg.grad_clip
-        )
+        if self.master is not None:
+            self.master.to_masters()
+        trained = self.optimizer.param_groups[0]["params"]  # the masters, or the trained weights
+        grad_norm = torch.nn.utils.clip_grad_norm_(trained, self.cfg.grad_clip)
         self.optimizer.step()
+        if self.master is not None:
+            self.master.to_model()
         self.model.eval()
         release_free_memory()  # the step's freed activations go back to the OS, not kept until the next
         release_cached(self.device)  # and on a GPU to the driver, for the server beside it

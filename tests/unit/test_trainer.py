@@ -190,3 +190,47 @@ def test_micro_batches_give_the_same_step_as_one_batch(tiny_model_dir):
     # noise in a near-zero gradient shows up as ~1e-6 in the weights: compare to 0.1% of a step.
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(lora_one, lora_many, strict=True))
     assert one["grad_norm"] > 0
+
+
+def test_full_fine_tuning_in_bf16_keeps_float32_masters_that_hold_what_bf16_rounds_away(
+    tiny_model_dir, tmp_path
+):
+    """train.precision "bf16" (full fine-tuning's default on a GPU, asked for here on a CPU): the
+    model computes in bf16, as vLLM serves it; AdamW updates float32 masters, each bf16 weight is
+    its master rounded once, so an update below bf16's resolution is kept in the master and not
+    lost; the version folder holds the bf16 weights, and loading one sets the masters from it."""
+    from clawrl.train.checkpoints import save_version
+    from clawrl.train.policy import build_policy
+
+    cfg = TrainConfig(weights="full", precision="bf16", lr=1e-4, kl_coef=0.0, opd_teacher="policy")
+    policy = build_policy(tiny_model_dir, cfg, "cpu")
+    master = policy.trainer.master
+    assert master is not None and {p.dtype for p in policy.model.parameters()} == {torch.bfloat16}
+    assert all(m.dtype == torch.float32 for m in policy.optimizer.param_groups[0]["params"])
+    before = [m.detach().clone() for m in master.params]
+    metrics = policy.trainer.step(_samples(policy.model, target=4093))
+    assert math.isfinite(metrics["loss"])
+    moved = kept = 0
+    for (weight, m), old in zip(master.pairs, before, strict=True):
+        assert torch.equal(weight, m.to(torch.bfloat16))  # the bf16 weight is its master, rounded once
+        changed = m != old
+        moved += int(changed.sum())
+        kept += int((changed & (m.to(torch.bfloat16).float() == old.to(torch.bfloat16).float())).sum())
+    assert moved > 0 and kept > 0  # updates bf16 would have rounded away live on in the masters
+    folder = save_version(
+        tmp_path, "v1", policy.model, policy.optimizer, {"step": 1, "samples": 8, "metrics": {}}
+    )
+    policy.load(None)  # the base again: masters from its weights
+    assert all(torch.equal(m, w.float()) for w, m in master.pairs)
+    policy.load(folder)
+    assert all(torch.equal(m, w.float()) for w, m in master.pairs)
+    assert any(not torch.equal(w.float(), old) for (w, _), old in zip(master.pairs, before, strict=True))
+
+
+def test_float32_is_full_fine_tunings_default_on_a_cpu_and_lora_never_has_masters(tiny_model_dir):
+    from clawrl.train.policy import build_policy
+
+    full = build_policy(tiny_model_dir, TrainConfig(weights="full", kl_coef=0.0), "cpu")
+    assert full.trainer.master is None and {p.dtype for p in full.model.parameters()} == {torch.float32}
+    lora = build_policy(tiny_model_dir, TrainConfig(precision="bf16"), "cpu")
+    assert lora.trainer.master is None
