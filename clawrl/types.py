@@ -47,6 +47,9 @@ class Turn:
     # tokens: what the trainer scores) or "processed" (vLLM's, after a nucleus, top-k or penalty:
     # not reproducible by the trainer). None: recorded before this was (tempered).
     sampling: dict[str, Any] | None = None
+    # The memory block its prompt carried (clawrl/memory): {"ids": experience ids, "block": text}, or
+    # {"ids": [], "dropped": why} when one was picked but left out; None: no memory was used.
+    memory: dict[str, Any] | None = None
 
     @property
     def logprobs_exact(self) -> bool:
@@ -134,8 +137,34 @@ class Sample:
     grammar: dict[str, Any] | None = None  # as its turn was decoded: the trainer scores under the same mask
     # False: `logprobs` are not of the distribution the trainer scores (Turn.sampling); trained on-policy.
     logprobs_exact: bool = True
+    experience_id: int | None = None  # memory distillation: the experience it teaches (None: not one)
     status: str = "ready"  # ready | training (claimed by a step) | trained | stale | skipped | superseded
     created_at: float = field(default_factory=time.time)
+    id: int | None = None
+
+
+EXPERIENCE_ACTIVE, EXPERIENCE_DISTILLED, EXPERIENCE_RETIRED = "active", "distilled", "retired"
+DEFAULT_OWNER = "default"  # whose experiences: one owner on a single-user server
+
+
+@dataclass
+class Experience:
+    """One lesson about a user's wishes (clawrl/memory): a short sentence and where it was learnt.
+
+    `state`: `active` (added to the system prompts of that owner's requests), `distilled` (trained
+    into the weights; not injected) or `retired` (erased by its user, or retired: never injected
+    again, and a similar lesson learnt later merges into it and stays retired).
+    """
+
+    text: str
+    turn_ids: list[str]  # provenance: the turns whose hint or comment held it
+    session_ids: list[str]  # ... and their sessions
+    owner: str = DEFAULT_OWNER
+    state: str = EXPERIENCE_ACTIVE
+    seen: int = 1  # distinct turns that taught it
+    created_at: float = field(default_factory=time.time)
+    last_seen: float = field(default_factory=time.time)
+    retired_at: float | None = None
     id: int | None = None
 
 

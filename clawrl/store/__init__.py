@@ -3,6 +3,7 @@
 db.py          Store: sessions, turns, feedback over one WAL-mode SQLite file
 training.py    judgments and training samples (mixed into Store)
 episodes.py    Track 2's episodes and GRPO groups (mixed into Store)
+memory.py      memory's experiences: learnt, merged, recalled, retired (mixed into Store)
 errors.py      StoreError and its subclasses
 writer.py      StoreWriter: the server's store thread; refused writes kept in order and retried
 migrations.py  append-only, named schema migrations

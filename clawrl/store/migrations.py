@@ -316,6 +316,46 @@ SELECT 'skipped:' || CASE
 FROM samples WHERE status = 'skipped' GROUP BY category;
 """
 
+# The memory block a turn's prompt carried (clawrl/memory, `Turn.memory`), as JSON: the experience
+# ids and the block, or why a picked block was dropped; NULL: no memory was used.
+M012_TURN_MEMORY = """
+ALTER TABLE turns ADD COLUMN memory TEXT NULL;
+"""
+
+# Memory (clawrl/memory, docs/memory.md): experiences, one short sentence each about what a user
+# wants, with their provenance (turn and session ids, JSON lists), per owner; a full-text index
+# (FTS5, kept by triggers) finds the ones a new lesson may merge into. Counters: turns whose
+# prompt carried a memory block, and blocks dropped to keep the prompt in the window.
+M013_EXPERIENCES = """
+CREATE TABLE experiences (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    owner TEXT NOT NULL,
+    text TEXT NOT NULL,
+    state TEXT NOT NULL,            -- active | distilled | retired
+    turn_ids TEXT NOT NULL,         -- JSON list: the turns that taught it
+    session_ids TEXT NOT NULL,      -- JSON list: their sessions
+    seen INTEGER NOT NULL DEFAULT 1,
+    created_at REAL NOT NULL,
+    last_seen REAL NOT NULL,
+    retired_at REAL NULL
+);
+CREATE INDEX experiences_owner ON experiences(owner, state, last_seen);
+CREATE VIRTUAL TABLE experiences_fts USING fts5(text, content='experiences', content_rowid='id');
+CREATE TRIGGER experiences_fts_insert AFTER INSERT ON experiences BEGIN
+    INSERT INTO experiences_fts (rowid, text) VALUES (NEW.id, NEW.text);
+END;
+CREATE TRIGGER experiences_fts_update AFTER UPDATE OF text ON experiences BEGIN
+    INSERT INTO experiences_fts (experiences_fts, rowid, text) VALUES ('delete', OLD.id, OLD.text);
+    INSERT INTO experiences_fts (rowid, text) VALUES (NEW.id, NEW.text);
+END;
+INSERT INTO counters (name) VALUES ('memory:injected'), ('memory:dropped');
+CREATE TRIGGER counters_memory AFTER INSERT ON turns WHEN NEW.memory IS NOT NULL BEGIN
+    UPDATE counters SET n = n + 1
+    WHERE name = CASE WHEN json_extract(NEW.memory, '$.dropped') IS NULL THEN 'memory:injected'
+        ELSE 'memory:dropped' END;
+END;
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_sample_judgment_session", M002_SAMPLE_JUDGMENT_SESSION),
@@ -328,6 +368,8 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m009_episodes", M009_EPISODES),
     ("m010_turn_sampling", M010_TURN_SAMPLING),
     ("m011_skip_reasons", M011_SKIP_REASONS),
+    ("m012_turn_memory", M012_TURN_MEMORY),
+    ("m013_experiences", M013_EXPERIENCES),
 ]
 
 _NAME = re.compile(r"m[0-9]{3}_[a-z0-9_]+")

@@ -34,6 +34,7 @@ _JSON_FIELDS = frozenset(
         "next_state",
         "grammar",
         "sampling",
+        "memory",
     }
 )
 TURN_COLUMNS = ", ".join(_COLUMN.get(name, name) for name in _TURN_FIELDS)

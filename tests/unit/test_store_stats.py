@@ -76,8 +76,8 @@ def test_recent_sessions_and_versions_are_newest_first(db):
 def test_m005_backfills_a_database_made_before_it(db, monkeypatch):
     with monkeypatch.context() as m:
         # Before m005, but with the columns today's Turn is written with (m007's rope_scaled, m008's
-        # grammar, m010's sampling).
-        keep = [*migrations.MIGRATIONS[:4], *migrations.MIGRATIONS[6:8], migrations.MIGRATIONS[9]]
+        # grammar, m010's sampling, m012's memory).
+        keep = [*migrations.MIGRATIONS[:4], *migrations.MIGRATIONS[6:8], *migrations.MIGRATIONS[9:12:2]]
         m.setattr(migrations, "MIGRATIONS", keep)
         with Store.open(db) as s:
             fill(s)

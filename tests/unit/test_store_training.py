@@ -44,6 +44,7 @@ def sample(turn_id: str = "t0", kind: str = "rl", **kw) -> Sample:
         rope_scaled=True,
         grammar={"kind": "tool_call", "lark": 'start: "{" "}"'},
         logprobs_exact=False,
+        experience_id=7,
         status="ready",
         created_at=1_700_000_002.25,
     )
@@ -220,8 +221,8 @@ def test_turns_awaiting_judgment_survive_a_restart(db):
 def test_m002_upgrades_a_database_made_by_m001(db, monkeypatch):
     with monkeypatch.context() as m:  # a store written by the first release
         # m001, plus the columns today's Turn is written with (m007's rope_scaled, m008's grammar,
-        # m010's sampling).
-        keep = [migrations.MIGRATIONS[0], *migrations.MIGRATIONS[6:8], migrations.MIGRATIONS[9]]
+        # m010's sampling, m012's memory).
+        keep = [migrations.MIGRATIONS[0], *migrations.MIGRATIONS[6:8], *migrations.MIGRATIONS[9:12:2]]
         m.setattr(migrations, "MIGRATIONS", keep)
         with Store.open(db) as old:
             old.upsert_session("s1", "header", 1.0)
@@ -236,6 +237,7 @@ def test_m002_upgrades_a_database_made_by_m001(db, monkeypatch):
             "m007_turn_rope",
             "m008_turn_grammar",
             "m010_turn_sampling",
+            "m012_turn_memory",
         ]
     with pytest.raises(StoreError, match="missing migrations: m002_sample_judgment_session"):
         Store.open(db, readonly=True)

@@ -1,0 +1,161 @@
+"""From a hint or a rating's comment to the lessons it holds about the user's wishes.
+
+An experience is one short sentence about how this user wants to be answered ("Keep answers
+short and to the point.", "Answer in French."), never a fact about one answer ("The capital is
+Canberra.", "Use 2024, not 2023."). `lessons(text)` finds them with no model call, by a pure rule:
+
+1. the framing the judge puts around a next-state hint ("After a first answer to this, the user
+   replied: ") and the teacher's "[Hindsight hint] " are cut; a tool's reply holds no wish;
+2. the text is split into sentences; a sentence that names something specific to one answer
+   (a digit, a quotation, code in backticks, a URL or an address, a question) is dropped;
+3. a complaint about the answer's form that the `CANONICAL` table knows becomes its standing
+   instruction ("way too long" -> "Keep answers short and to the point."), so the same wish said
+   in other words merges into one experience;
+4. otherwise a sentence that states a standing wish (an instruction from `WISH_VERBS`, "please
+   ...", "I prefer / want / would like ...", "always", "never", "from now on") is kept, in the
+   third person ("I prefer" -> "The user prefers", "me" -> "the user");
+5. each lesson is capped at `MAX_CHARS` (cut at a word, "…"), never kept whole past it.
+
+Corrections of facts ("No, it was 1969", "that's wrong") and requests to redo one answer ("try
+again") give no lesson: they are the judge's and the trainer's, not memory's.
+"""
+
+from __future__ import annotations
+
+import re
+
+MAX_CHARS = 160  # an experience is one short sentence: cut past this
+MAX_LESSONS = 3  # lessons taken from one hint or comment
+
+_FRAMING = (
+    re.compile(r"^\s*\[hindsight hint\]\s*", re.I),
+    re.compile(r"^\s*after a first answer to this, the user replied:\s*", re.I),
+)
+_TOOL_FRAMING = re.compile(r"^\s*a first attempt at this got from the tool:", re.I)
+
+# Something that belongs to one answer, not to the user's standing wishes.
+_SPECIFIC = re.compile(
+    r"\d"  # numbers, dates, versions, amounts
+    r"|[\"“”«»`]"  # quotations and code
+    r"|(^|\s)'[^']+'(\s|$|[.,;:!])"  # a single-quoted phrase
+    r"|https?://|www\.|\S+@\S+\.\w"  # URLs and addresses
+    r"|\[tool "  # a tool's result inside the reply
+    r"|\?"  # a question asks about this answer
+)
+
+# A known complaint about form -> the standing instruction it means (checked in order).
+CANONICAL: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern, re.I), instruction)
+    for pattern, instruction in (
+        (r"\b(no|skip the|without (the|a)?) ?(preamble|intro|filler|fluff|padding)\b", "Skip the preamble."),
+        (
+            r"\b(too (long|wordy|verbose)|way too much|shorter|shorten|briefer|more concise|be concise|"
+            r"tl;? ?dr|wall of text|rambl\w*|long-winded|get to the point|one (short )?(sentence|line))\b",
+            "Keep answers short and to the point.",
+        ),
+        (r"\b(too short|more detail|elaborate|explain more|too brief|too terse)\b", "Give more detail."),
+        (r"\b(too (formal|stiff|robotic))\b", "Use a relaxed, casual tone."),
+        (r"\b(too (casual|informal|cheesy|chatty))\b", "Use a plain, professional tone."),
+        (r"\btoo (technical|complicated)\b", "Explain in simple terms, without jargon."),
+        (
+            r"\b(formatting is|badly formatted|unformatted|unreadable|(is|'s) a mess)\b",
+            "Format answers cleanly.",
+        ),
+        (
+            r"\b(not what i (asked|wanted|meant)|off[- ]topic|off the point|beside the point)\b",
+            "Answer exactly what was asked.",
+        ),
+    )
+)
+
+WISH_VERBS = (
+    "answer", "reply", "respond", "write", "use", "keep", "give", "be", "avoid", "stop", "skip", "include",
+    "show", "explain", "list", "format", "speak", "talk", "call", "address", "start", "end", "put", "add",
+    "prefer", "remember", "mention", "cite", "quote", "number", "summarize", "summarise", "don't", "do",
+)  # fmt: skip
+_WISH = re.compile(
+    r"^(please\s+)?(always\s+|never\s+|just\s+)?(" + "|".join(re.escape(v) for v in WISH_VERBS) + r")\b"
+    r"|\b(i (would|'d) (like|rather|prefer)|i prefer|i want|i like it when|i hate|"
+    r"i (don't|do not) (like|want)|from now on|in (the )?future)\b",
+    re.I,
+)
+# A wish about this one answer: "do it again", "fix it" say nothing of the user's standing wishes.
+_ONE_ANSWER = re.compile(r"^(please\s+)?(try|redo|fix|check|recheck|recalculate|do (it|that|this))\b", re.I)
+
+_THIRD_PERSON = (
+    (re.compile(r"\bi (would|'d) (like|rather|prefer)\b", re.I), r"the user would \2"),
+    (re.compile(r"\bi (don't|do not) (like|want)\b", re.I), r"the user does not \2"),
+    (re.compile(r"\bi prefer\b", re.I), "the user prefers"),
+    (re.compile(r"\bi want\b", re.I), "the user wants"),
+    (re.compile(r"\bi like\b", re.I), "the user likes"),
+    (re.compile(r"\bi hate\b", re.I), "the user dislikes"),
+    (re.compile(r"\bi'm\b|\bi am\b", re.I), "the user is"),
+    (re.compile(r"\bmy\b", re.I), "the user's"),
+    (re.compile(r"\bme\b", re.I), "the user"),
+    (re.compile(r"\bi\b"), "the user"),
+    (re.compile(r"^please\s+", re.I), ""),
+)
+_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|\n+")
+
+
+def lessons(text: str | None, limit: int = MAX_LESSONS, max_chars: int = MAX_CHARS) -> list[str]:
+    """The lessons about the user's wishes in a hint or comment (none: nothing general in it)."""
+    body = _unframed(text or "")
+    if body is None:
+        return []
+    found: list[str] = []
+    for sentence in sentences(body):
+        lesson = lesson_of(sentence)
+        if lesson is not None:
+            lesson = cap(lesson, max_chars)
+            if lesson.lower() not in (f.lower() for f in found):
+                found.append(lesson)
+    return found[:limit]
+
+
+def lesson_of(sentence: str) -> str | None:
+    """One sentence's lesson: its standing instruction, its wish in the third person, or None."""
+    if _SPECIFIC.search(sentence):
+        return None
+    for pattern, instruction in CANONICAL:
+        if pattern.search(sentence):
+            return instruction
+    if _ONE_ANSWER.search(sentence) or not _WISH.search(sentence):
+        return None
+    return _finished(_third_person(sentence))
+
+
+def sentences(text: str) -> list[str]:
+    """The text's sentences, whitespace folded, empty ones left out."""
+    parts = (" ".join(part.split()) for part in _SENTENCE_END.split(text))
+    return [part for part in parts if part.strip(" .!;,-")]
+
+
+def cap(text: str, max_chars: int = MAX_CHARS) -> str:
+    """`text` whole if it fits in `max_chars`, else cut at the last word that fits, with "…"."""
+    text = " ".join(text.split())
+    if len(text) <= max_chars:
+        return text
+    cut = text[: max_chars - 1]
+    if " " in cut:
+        cut = cut.rsplit(" ", 1)[0]
+    return cut.rstrip(" ,;:-") + "…"
+
+
+def _unframed(text: str) -> str | None:
+    if _TOOL_FRAMING.match(text):
+        return None  # a tool's output says nothing of what the user wants
+    for framing in _FRAMING:
+        text = framing.sub("", text)
+    return text
+
+
+def _third_person(sentence: str) -> str:
+    for pattern, replacement in _THIRD_PERSON:
+        sentence = pattern.sub(replacement, sentence)
+    return sentence
+
+
+def _finished(sentence: str) -> str:
+    sentence = sentence.strip(" ,;:-!.")
+    return sentence[:1].upper() + sentence[1:] + "."

@@ -1,0 +1,161 @@
+"""Experiences: the memory half of the store (clawrl/memory, docs/memory.md).
+
+`MemoryStore` is mixed into `Store`. The rules it keeps:
+
+- `learn` writes one lesson of one turn in one transaction: the owner's experiences that share
+  a word with it (the FTS5 index, best first) are compared by normalised-token similarity
+  (`clawrl.memory.similar`); at `merge_at` or more the lesson merges into the most similar one
+  (its provenance gains the turn and session, `seen` counts distinct turns, `last_seen` moves),
+  else it is a new `active` experience. The text is capped (`clawrl.memory.lessons.cap`) here
+  too, so nothing longer than the cap is ever stored. A lesson merging into a `retired`
+  experience leaves it retired: what a user erased is not learnt back.
+- `forget` retires an experience (never deletes it: the store only appends and updates) and
+  marks its samples still `ready` `skipped` ("experience erased: ..."), in one transaction.
+- Only `active` experiences are ever offered to a request (`recall_candidates`).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from clawrl.memory.lessons import MAX_CHARS, cap
+from clawrl.memory.similar import MERGE_AT, best_match, fts_query
+from clawrl.types import DEFAULT_OWNER, EXPERIENCE_ACTIVE, EXPERIENCE_RETIRED, Experience
+
+EXPERIENCE_COLUMNS = "id, owner, text, state, turn_ids, session_ids, seen, created_at, last_seen, retired_at"
+MERGE_CANDIDATES = 20  # FTS hits compared with a new lesson
+_E = ", ".join(f"e.{c.strip()}" for c in EXPERIENCE_COLUMNS.split(","))
+_FTS_HITS = (
+    f"SELECT {_E} FROM experiences_fts f JOIN experiences e ON e.id = f.rowid "
+    "WHERE experiences_fts MATCH ? AND e.owner = ? {state} ORDER BY bm25(experiences_fts) LIMIT ?"
+)
+_INSERT = (
+    "INSERT INTO experiences (owner, text, state, turn_ids, session_ids, seen, created_at, last_seen) "
+    "VALUES (?, ?, ?, ?, ?, 1, ?, ?)"
+)
+_MERGE = "UPDATE experiences SET turn_ids = ?, session_ids = ?, seen = ?, last_seen = ? WHERE id = ?"
+_DROP_SAMPLES = (
+    "UPDATE samples SET status = 'skipped', status_reason = ? "
+    "WHERE status = 'ready' AND json_extract(payload, '$.experience_id') = ?"
+)
+
+
+def experience_from_row(row: sqlite3.Row) -> Experience:
+    return Experience(
+        id=row["id"],
+        owner=row["owner"],
+        text=row["text"],
+        state=row["state"],
+        turn_ids=json.loads(row["turn_ids"]),
+        session_ids=json.loads(row["session_ids"]),
+        seen=row["seen"],
+        created_at=row["created_at"],
+        last_seen=row["last_seen"],
+        retired_at=row["retired_at"],
+    )
+
+
+class MemoryStore:
+    """The experiences of one run (mixed into `Store`)."""
+
+    if TYPE_CHECKING:  # provided by Store
+
+        def _write(self) -> AbstractContextManager[sqlite3.Connection]: ...
+
+        def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]: ...
+
+    def learn(
+        self,
+        lesson: str,
+        turn_id: str,
+        session_id: str,
+        now: float,
+        owner: str = DEFAULT_OWNER,
+        merge_at: float = MERGE_AT,
+        max_chars: int = MAX_CHARS,
+    ) -> Experience:
+        """Merge `lesson` (taught by `turn_id`) into the owner's most similar experience, or add it."""
+        text = cap(lesson, max_chars)
+        with self._write() as conn:
+            found = _fts(
+                lambda sql, args: conn.execute(sql, args).fetchall(), text, owner, "", MERGE_CANDIDATES
+            )
+            key = best_match(text, ((e.id, e.text) for e in found), merge_at)
+            if key is None:
+                ids = (json.dumps([turn_id]), json.dumps([session_id]))
+                cur = conn.execute(_INSERT, (owner, text, EXPERIENCE_ACTIVE, *ids, now, now))
+                return Experience(text, [turn_id], [session_id], owner, created_at=now, last_seen=now,
+                                  id=int(cur.lastrowid or 0))  # fmt: skip
+            e = next(e for e in found if e.id == key)
+            if turn_id in e.turn_ids:
+                return e  # the same turn judged again (a rating after the votes) teaches nothing new
+            e.turn_ids.append(turn_id)
+            if session_id not in e.session_ids:
+                e.session_ids.append(session_id)
+            e.seen, e.last_seen = e.seen + 1, max(e.last_seen, now)
+            conn.execute(
+                _MERGE, (json.dumps(e.turn_ids), json.dumps(e.session_ids), e.seen, e.last_seen, e.id)
+            )
+            return e
+
+    def experiences(self, owner: str = DEFAULT_OWNER, state: str | None = None) -> list[Experience]:
+        """The owner's experiences (of one state, or all), last seen first."""
+        where, args = ("AND state = ?", (owner, state)) if state else ("", (owner,))
+        rows = self._read(
+            f"SELECT {EXPERIENCE_COLUMNS} FROM experiences WHERE owner = ? {where} "
+            "ORDER BY last_seen DESC, id DESC",
+            args,
+        )
+        return [experience_from_row(row) for row in rows]
+
+    def experience(self, experience_id: int, owner: str = DEFAULT_OWNER) -> Experience | None:
+        rows = self._read(
+            f"SELECT {EXPERIENCE_COLUMNS} FROM experiences WHERE id = ? AND owner = ?", (experience_id, owner)
+        )
+        return experience_from_row(rows[0]) if rows else None
+
+    def recall_candidates(self, text: str, owner: str = DEFAULT_OWNER, limit: int = 50) -> list[Experience]:
+        """Active experiences a request may get: those sharing a word with `text` (best first), then the
+        most often seen, at most `limit` of each."""
+        hits = _fts(self._read, text, owner, f"AND e.state = '{EXPERIENCE_ACTIVE}'", limit)
+        rows = self._read(
+            f"SELECT {EXPERIENCE_COLUMNS} FROM experiences WHERE owner = ? AND state = ? "
+            "ORDER BY seen DESC, last_seen DESC LIMIT ?",
+            (owner, EXPERIENCE_ACTIVE, limit),
+        )
+        known = {e.id for e in hits}
+        return hits + [e for e in map(experience_from_row, rows) if e.id not in known]
+
+    def forget(self, experience_id: int, now: float, owner: str = DEFAULT_OWNER) -> Experience | None:
+        """Retire an experience and skip its ready samples; None if the owner has no such experience."""
+        with self._write() as conn:
+            row = conn.execute(
+                f"SELECT {EXPERIENCE_COLUMNS} FROM experiences WHERE id = ? AND owner = ?",
+                (experience_id, owner),
+            ).fetchone()
+            if row is None:
+                return None
+            e = experience_from_row(row)
+            if e.state != EXPERIENCE_RETIRED:
+                e.state, e.retired_at = EXPERIENCE_RETIRED, now
+                conn.execute(
+                    "UPDATE experiences SET state = ?, retired_at = ? WHERE id = ?", (e.state, now, e.id)
+                )
+            conn.execute(_DROP_SAMPLES, (f"experience erased: {e.id} was retired by its user", e.id))
+        return e
+
+
+Rows = Callable[[str, tuple[Any, ...]], list[sqlite3.Row]]
+
+
+def _fts(read: Rows, text: str, owner: str, state: str, limit: int) -> list[Experience]:
+    """The owner's experiences sharing a word with `text`, best (bm25) first."""
+    query = fts_query(text)
+    if query is None:
+        return []
+    rows = read(_FTS_HITS.format(state=state), (query, owner, limit))
+    return [experience_from_row(row) for row in rows]
