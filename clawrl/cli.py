@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=cmd_serve)
     _train_parsers(sub)
     _records_parser(sub)
+    _memory_parser(sub)
     add_eval_parsers(sub)
     add_envs_parser(sub)
     return parser
@@ -125,6 +126,23 @@ def _records_parser(sub: Any) -> None:
     versions = sub.add_parser("versions", help="list the published policy versions, one line each")
     versions.add_argument("--run-dir", type=Path, default=Path("clawrl-run"), help="default ./clawrl-run")
     versions.set_defaults(direct=cmd_versions)
+
+
+def _memory_parser(sub: Any) -> None:
+    memory = sub.add_parser(
+        "memory",
+        help="list or forget the experiences memory learnt (docs/memory.md)",
+        description="The experiences learnt from hints and rating comments, with their provenance.",
+    )
+    actions = memory.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listed = actions.add_parser("list", help="one line per experience, last seen first (read-only)")
+    listed.add_argument("--state", choices=("active", "distilled", "retired"), help="only this state")
+    listed.add_argument("--json", action="store_true", help="one JSON object per experience")
+    forget = actions.add_parser("forget", help="erase an experience: never injected again (kept as retired)")
+    forget.add_argument("id", type=int, help="the experience's id (from `clawrl memory list`)")
+    for p in (listed, forget):
+        p.add_argument("--run-dir", type=Path, default=Path("clawrl-run"), help="default ./clawrl-run")
+        p.set_defaults(direct=cmd_memory)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,6 +333,29 @@ def cmd_records(args: argparse.Namespace) -> int:
         return 0
 
     return _with_store(args.run_dir, act)
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    """`clawrl memory list|forget`: the owner's experiences, or one retired now (the store is written)."""
+    import dataclasses
+    import time
+
+    def act(store: Any) -> int:
+        if args.action == "forget":
+            gone = store.forget(args.id, time.time())
+            if gone is None:
+                return fail(f"no experience {args.id} in {args.run_dir / 'clawrl.db'}")
+            print(f"#{gone.id} retired: {gone.text}")
+            return 0
+        for e in store.experiences(state=args.state):
+            if args.json:
+                print(json.dumps(dataclasses.asdict(e), ensure_ascii=False))
+            else:
+                turns = ", ".join(e.turn_ids[-3:]) + (" ..." if len(e.turn_ids) > 3 else "")
+                print(f"#{e.id:<4} {e.state:<9} seen {e.seen:<3} {e.text}  (from {turns})")
+        return 0
+
+    return _with_store(args.run_dir, act, readonly=args.action == "list")
 
 
 def cmd_versions(args: argparse.Namespace) -> int:

@@ -16,6 +16,9 @@ Placement:
   user message with just `HINT_PREFIX + hint` is appended at the end, so the
   hint still comes right before the assistant's generation prompt.
 
+A turn whose prompt carried a memory block (`Turn.memory`, clawrl/memory) gets the same block
+in its enhanced prompt, so the two prompts still differ only by the hint.
+
 Deviation from the original: the tool_choice of the request is not kept on a
 `Turn`, so the enhanced prompt is rendered with tool_choice None; a turn made
 under "none", "required" or a named function gets a teacher prompt with the
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 from clawrl.algo.base import TeacherPrompt
 from clawrl.chat.template import ChatRenderer
+from clawrl.memory import with_memory
 from clawrl.types import Message, Turn
 
 HINT_PREFIX = "[Hindsight hint] "
@@ -46,10 +50,16 @@ def enhanced_messages(messages: list[Message], hint: str) -> list[Message]:
     return enhanced
 
 
+def served_messages(turn: Turn) -> list[Message]:
+    """The messages the turn's prompt was rendered from: the client's, with its memory block if any."""
+    block = (turn.memory or {}).get("block")
+    return with_memory(turn.messages, block) if block else turn.messages
+
+
 def teacher_prompt(renderer: ChatRenderer) -> TeacherPrompt:
     """The function rendering a turn's enhanced prompt to IDs with the turn's tools."""
 
     def render(turn: Turn, hint: str) -> list[int]:
-        return renderer.render(enhanced_messages(turn.messages, hint), turn.tools).prompt_ids
+        return renderer.render(enhanced_messages(served_messages(turn), hint), turn.tools).prompt_ids
 
     return render

@@ -21,10 +21,12 @@ from clawrl.api.dashboard import dashboard_router
 from clawrl.api.episodes import episodes_router
 from clawrl.api.errors import install_error_handlers, without_422
 from clawrl.api.health import HealthReport
+from clawrl.api.memory import memory_router
 from clawrl.api.metrics import Metrics, MetricsMiddleware, metrics_router
 from clawrl.api.routes import health_router, v1_router
 from clawrl.api.state import PipelineState
 from clawrl.collect.episodes import EpisodeBook
+from clawrl.collect.memory import MemoryBook
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ class Routes:
     api_key: str | None
     max_body_bytes: int
     episodes: EpisodeBook | None = None  # Track 2's POST /v1/episodes (None: collection is off)
+    memory: MemoryBook | None = None  # GET and DELETE /v1/memory (None: collection is off)
 
 
 def create_app(
@@ -80,9 +83,11 @@ def create_app(
     app.state.pipeline, app.state.metrics = routes.pipeline, routes.metrics
     app.state.affinity_keys = routes.affinity_keys
     app.state.episodes = routes.episodes
+    app.state.memory = routes.memory
     install_error_handlers(app)
     app.include_router(v1_router(routes.api_key))
     app.include_router(episodes_router(routes.api_key))
+    app.include_router(memory_router(routes.api_key))
     app.include_router(health_router())
     app.include_router(metrics_router(routes.api_key))
     app.include_router(dashboard_router(routes.api_key))

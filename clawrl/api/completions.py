@@ -10,6 +10,12 @@ Forced tool calls and `response_format` are decoded under a grammar (`clawrl/cha
 when the engine applies them (`engine.constrained_decoding`): the grammar goes to the engine in
 `SamplingParams.grammar` and is recorded on the turn, so the trainer scores it under the same
 mask. Otherwise a forced call only gets its first characters appended to the prompt.
+
+With memory on (`memory.enabled`), `begin` adds the owner's experiences to a main turn's system
+prompt once its session is known (`_remember`, clawrl/memory/block.py): the prompt is rendered
+again with the block, and the block is dropped (recorded as dropped, and counted) when the prompt
+with it and the answer's `max_tokens` would pass the window. The turn records the client's
+messages as they came and the block beside them (`Turn.memory`).
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ from clawrl.chat.template import ChatRenderer, ChatRenderError, RenderedPrompt
 from clawrl.chat.text import IncrementalDetokenizer, StopStrings
 from clawrl.chat.tools import ContentDelta, ToolCallStream, parse_tool_calls
 from clawrl.collect.collector import Collector
+from clawrl.collect.memory import MemoryBook
 from clawrl.engine.base import Engine, EngineError, SamplingParams, TokenEvent, sampling_record
+from clawrl.memory import Recalled, with_memory
 from clawrl.sessions.tracker import Hints, Resolution
 from clawrl.types import Message, Turn
 
@@ -54,6 +62,7 @@ class Prepared:
     first_token_at: float | None = None
     resolution: Resolution | None = None
     recorded: bool = False
+    memory: dict | None = None  # what `Turn.memory` records: the block added, or why it was dropped
 
 
 @dataclass
@@ -71,9 +80,11 @@ class ChatService:
         served_model_name: str,
         default_max_tokens: int,
         collector: Collector | None = None,
+        memory: MemoryBook | None = None,
     ) -> None:
         self.engine = engine
         self.collector = collector
+        self.memory = memory  # None: memory is off (memory.enabled) or nothing is recorded
         self.tokenizer = tokenizer
         self.renderer = ChatRenderer(tokenizer)
         self.model_name = served_model_name
@@ -122,10 +133,30 @@ class ChatService:
         )
         return Prepared(req, messages, tools, prompt, params, completion)
 
-    async def begin(self, prep: Prepared, hints: Hints) -> None:
-        """Resolve the session (and record the previous turn's next state) before decoding."""
+    async def begin(self, prep: Prepared, hints: Hints, memory: bool = True) -> None:
+        """Resolve the session (and record the previous turn's next state) before decoding; then add
+        the memory block to a main turn's prompt, unless the request opted out (`memory` False)."""
         if self.collector is not None:
             prep.resolution = await self.collector.begin(prep.messages, hints)
+        r = prep.resolution
+        if memory and self.memory is not None and r is not None and r.turn_type == "main":
+            recalled = await self.memory.recall(prep.messages, r.session_id)
+            if recalled is not None:
+                self._remember(prep, recalled)
+
+    def _remember(self, prep: Prepared, recalled: Recalled) -> None:
+        """Render the prompt again with the block, unless that would pass the window (then drop it)."""
+        messages = with_memory(prep.messages, recalled.block)
+        try:
+            prompt = self._render(prep.request, messages, prep.tools, not self.engine.constrained_decoding)
+        except BadRequest as exc:  # the request rendered without the block: serve it so
+            prep.memory = {"ids": [], "dropped": f"render: {exc.message}", "picked": recalled.ids}
+            return
+        if len(prompt.prompt_ids) + prep.params.max_tokens > self.engine.max_context:
+            prep.memory = {"ids": [], "dropped": "window", "picked": recalled.ids}
+            return
+        prep.prompt, prep.completion.prompt_ids = prompt, prompt.prompt_ids
+        prep.memory = recalled.record()
 
     def _render(
         self,
@@ -288,6 +319,7 @@ class ChatService:
             finish_reason,
             prep.params.grammar,
             sampling_record(prep.params, self.engine.processed_logprobs),
+            prep.memory,
         )
 
 
@@ -313,6 +345,7 @@ def build_turn(
     finish_reason: str,
     grammar: dict | None = None,
     sampling: dict | None = None,
+    memory: dict | None = None,
 ) -> Turn:
     return Turn(
         id=c.id,
@@ -335,6 +368,7 @@ def build_turn(
         rope_scaled=c.tokens[0].rope_scaled if c.tokens else None,
         grammar=grammar,
         sampling=sampling,
+        memory=memory,
     )
 
 

@@ -13,6 +13,7 @@ from clawrl.api.auth import bearer_guard
 from clawrl.api.body import guarded_json_route
 from clawrl.api.completions import ChatService
 from clawrl.api.errors import NotFound, documented_errors
+from clawrl.api.memory import memory_wanted
 from clawrl.api.schemas import ChatCompletionRequest, FeedbackRequest
 from clawrl.api.session_hints import hints_from
 from clawrl.model.sampling import SamplingDefaults
@@ -37,7 +38,7 @@ def v1_router(api_key: str | None) -> APIRouter:
         hints = hints_from(request.headers, body, request.app.state.affinity_keys)
         prep = chat.prepare(body)
         request.state.chat = prep  # read by the metrics middleware: tokens and time to first token
-        await chat.begin(prep, hints)
+        await chat.begin(prep, hints, memory_wanted(request.headers, body))
         headers = {"X-Session-Id": prep.resolution.session_id} if prep.resolution else {}
         if body.stream:
             headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

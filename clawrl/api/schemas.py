@@ -2,7 +2,8 @@
 
 Unknown fields are accepted and logged, never rejected, so newer SDKs keep
 working. Fields clawrl reads for its own purpose: `session_id`, `turn_type`,
-`session_done`, `prompt_cache_key` (sessions and turn typing) and vLLM's `ignore_eos`.
+`session_done`, `prompt_cache_key` (sessions and turn typing), `memory` (false: no memory block,
+docs/memory.md) and vLLM's `ignore_eos`.
 """
 
 from __future__ import annotations
@@ -152,6 +153,7 @@ class ChatCompletionRequest(_Open):
     turn_type: Literal["main", "side"] | None = None
     session_done: bool | None = None
     prompt_cache_key: str | None = None  # OpenAI's cache routing key; a session affinity key here
+    memory: bool | None = None  # false: this request gets no memory block (docs/memory.md)
 
     @field_validator("n")
     @classmethod

@@ -6,7 +6,7 @@ dotted command-line overrides (`--server.port 30000`, `--server.api-key KEY`;
 dashes and underscores are the same). Unknown keys are errors, so a typo in a
 config file fails loudly instead of being ignored.
 
-The sections live by role: `serving.py` (server, model, engine, collect, judge) and
+The sections live by role: `serving.py` (server, model, engine, collect, judge, memory) and
 `training.py` (train, its LoRA and distributed parts, guard, grpo); every name is importable
 from `clawrl.config`. The resolved tree is written to `<run_dir>/config.json` by `clawrl serve`.
 """
@@ -27,6 +27,7 @@ from clawrl.config.serving import (
     CollectConfig,
     EngineConfig,
     JudgeConfig,
+    MemoryConfig,
     ModelConfig,
     ServerConfig,
     VLLMConfig,
@@ -46,6 +47,7 @@ __all__ = [
     "GuardConfig",
     "JudgeConfig",
     "LoraConfig",
+    "MemoryConfig",
     "ModelConfig",
     "ServerConfig",
     "TrainConfig",
@@ -65,6 +67,7 @@ class Config(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     collect: CollectConfig = Field(default_factory=CollectConfig)
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     guard: GuardConfig = Field(default_factory=GuardConfig)
     grpo: GrpoConfig = Field(default_factory=GrpoConfig)

@@ -1,4 +1,4 @@
-"""The serving side's sections: server, model, engine (and its vLLM), collect, judge."""
+"""The serving side's sections: server, model, engine (and its vLLM), collect, judge, memory."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 
 from clawrl.config.section import API_KEY_ENV, CACHE_ENV, JUDGE_KEY_ENV, Section
+from clawrl.memory import MAX_CHARS, MERGE_AT
 from clawrl.sessions.injected import DEFAULT_CONTEXT_PATTERNS
 from clawrl.sessions.turn_type import DEFAULT_SIDE_PATTERNS
 
@@ -319,3 +320,30 @@ class JudgeConfig(Section):
         if self.hint_source != "auto":
             return self.hint_source
         return "next_state" if self.judge_mode == "likelihood" else "judge"
+
+
+class MemoryConfig(Section):
+    enabled: bool = Field(
+        False,
+        description="Add the owner's active experiences most relevant to a request to its system prompt, "
+        "from the next session on (docs/memory.md). Off by default: no measurement shows yet that it pays. "
+        "A request opts out with `memory: false` in its body or an `X-Memory: off` header.",
+    )
+    learn: bool = Field(
+        True,
+        description="Learn experiences from judged hints and rating comments (a pure rule, no model call); "
+        "they are listed by GET /v1/memory and `clawrl memory list` even while `enabled` is off.",
+    )
+    max_tokens: int = Field(
+        128, gt=0, description="Token budget of a request's memory block (header and lines together)."
+    )
+    max_items: int = Field(8, ge=1, description="Most experiences in one request's memory block.")
+    max_chars: int = Field(
+        MAX_CHARS, ge=20, le=1000, description="Cap of one experience's text: a longer one is cut at a word."
+    )
+    merge_at: float = Field(
+        MERGE_AT,
+        gt=0.0,
+        le=1.0,
+        description="Normalised-token similarity (Jaccard) at which a new lesson merges into an experience.",
+    )

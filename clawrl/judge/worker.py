@@ -16,6 +16,11 @@ writes (disk full, database locked) they are kept in order and retried, and
 the loop waits before judging another turn, since its turn may not be on disk
 yet.
 
+A judgment with a hint, or a rating with a comment, then teaches memory (`memory.learn`): the
+lessons `clawrl.memory.lessons` finds become or merge into experiences (`Store.learn`). That
+runs after the judgment is written, and a failure there is logged and counted
+(`JudgeHealth.memory_failures`), never raised: it never blocks judging.
+
 When a session ends, the method's session rule runs (rl's at-least-one
 guarantee) once every judgment of that session queued so far is written.
 On start, turns that were waiting for a judgment when the server stopped are
@@ -33,16 +38,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from clawrl.algo.base import Method, TeacherPrompt
-from clawrl.config import JudgeConfig
+from clawrl.config import JudgeConfig, MemoryConfig
 from clawrl.judge.backends import JudgeBackend, JudgeCallFailed
 from clawrl.judge.likelihood import reply_text
 from clawrl.judge.prompts import JudgeKind, judge_messages, tool_names
 from clawrl.judge.queue import JudgeQueue
 from clawrl.judge.scorer import LikelihoodJudge
 from clawrl.judge.votes import hint_vote, judgment, prm_vote, state_hint_vote
+from clawrl.memory import lessons
 from clawrl.store.db import Store
 from clawrl.store.writer import StoreWriter
-from clawrl.types import Judgment, Turn, Vote
+from clawrl.types import DEFAULT_OWNER, Feedback, Judgment, Turn, Vote
 from clawrl.version_folder import version_rank
 
 log = logging.getLogger(__name__)
@@ -64,6 +70,8 @@ class JudgeHealth:
     latency_s: float | None  # mean latency of the last votes (None: no vote yet)
     vote_seconds: float  # summed latency of every vote cast
     last_error: str | None
+    learnt: int = 0  # lessons written to memory since the server started (new or merged)
+    memory_failures: int = 0  # judged turns whose lessons could not be learnt (judging went on)
 
 
 class JudgeLoop:
@@ -77,12 +85,14 @@ class JudgeLoop:
         config: JudgeConfig,
         likelihood: LikelihoodJudge | None = None,
         served: Callable[[], str] = lambda: "v0",
+        memory: MemoryConfig | None = None,
     ) -> None:
         self.store, self.writer, self.backend, self.method = store, writer, backend, method
         self.served = served  # the version served now: turns submitted under a newer one go first
         self.likelihood = likelihood  # PRM votes by label likelihood (judge.mode); None: by generation
         self.db = writer.run  # reads (and writes that must fail loudly) on the store's thread
         self.teacher, self.config = teacher, config
+        self.memory = memory  # None, or memory.learn off: no experiences are learnt
         judge = likelihood if likelihood is not None else backend
         self.name = judge.name if judge is not None else "feedback"
         self._queue = JudgeQueue()
@@ -100,6 +110,8 @@ class JudgeLoop:
         self.vote_seconds = 0.0  # summed latency of every vote cast
         self.in_flight = 0  # judge calls waiting for their backend now
         self.last_error: str | None = None
+        self.learnt = 0
+        self.memory_failures = 0
 
     async def start(self) -> None:
         if self.backend is not None:
@@ -151,6 +163,8 @@ class JudgeLoop:
             latency_s=sum(self._latencies) / len(self._latencies) if self._latencies else None,
             vote_seconds=self.vote_seconds,
             last_error=self.last_error,
+            learnt=self.learnt,
+            memory_failures=self.memory_failures,
         )
 
     async def _work(self) -> None:
@@ -198,7 +212,25 @@ class JudgeLoop:
         samples = self.method.samples(turn, j, self.teacher)
         await self.writer.write(self.store.insert_judgment, j, samples)  # one transaction; supersedes older
         self.judged += 1
+        await self._learn(turn, j, feedback)
         return j
+
+    async def _learn(self, turn: Turn, j: Judgment, feedback: Feedback | None) -> None:
+        """The lessons of the hint and of the rating's comment become experiences (see the module)."""
+        m = self.memory
+        if m is None or not m.learn:
+            return
+        try:
+            texts = dict.fromkeys(t for t in (j.hint, feedback.comment if feedback else None) if t)
+            found = dict.fromkeys(lesson for t in texts for lesson in lessons(t, max_chars=m.max_chars))
+            for lesson in found:
+                now = time.time()
+                args = (lesson, turn.id, turn.session_id, now, DEFAULT_OWNER, m.merge_at, m.max_chars)
+                await self.writer.write(self.store.learn, *args)
+                self.learnt += 1
+        except Exception:  # degrade on purpose: memory is a bonus, judging and serving must go on
+            log.exception("learning from %s failed; its judgment stands", turn.id)
+            self.memory_failures += 1
 
     async def _votes(self, turn: Turn) -> list[Vote]:
         if (self.backend is None and self.likelihood is None) or not turn.next_state:

@@ -6,7 +6,9 @@ feedback and the latest judgment: its score, hint, judge and every vote (kind,
 value, raw text, hint, latency, error); `reward` is the score. Lines are UTF-8
 (`ensure_ascii=False`) and in store order: by creation time, or by index
 within one session. `show` prints one session turn by turn, text clipped.
-A turn of a Track 2 episode carries its `episode` (group, reward, how it ended);
+A turn whose prompt carried a memory block has `memory` (the experience ids and the block, or
+why it was dropped; docs/memory.md), and `show` prints it under the turn with each experience's
+text. A turn of a Track 2 episode carries its `episode` (group, reward, how it ended);
 `episodes` prints the latest episodes, one line each.
 """
 
@@ -50,6 +52,7 @@ def record(store: Store, turn: Turn, episode: Episode | None = None) -> dict[str
         "judgment": None if judgment is None else {k: judgment[k] for k in JUDGMENT_KEYS},
         "reward": None if judgment is None else judgment["score"],
         "episode": None if episode is None else _episode(episode),
+        "memory": turn.memory,
         "created_at": turn.created_at,
         "first_token_at": turn.first_token_at,
         "finished_at": turn.finished_at,
@@ -126,10 +129,25 @@ def _turn_lines(store: Store, turn: Turn) -> list[str]:
     else:
         lines.append("  next state:")
         lines += [f"    {m.get('role', '?')}: {_clip(_text(m.get('content')))}" for m in turn.next_state]
+    lines += _memory_lines(store, turn.memory)
     lines += [_feedback_line(fb.rating, fb.comment) for fb in store.feedback_for(turn.id)]
     judgment = store.latest_judgment(turn.id)
     if judgment is not None:
         lines += _judgment_lines(judgment)
+    return lines
+
+
+def _memory_lines(store: Store, memory: dict[str, Any] | None) -> list[str]:
+    """What memory added to the turn's system prompt: each experience by id and text, or the drop."""
+    if memory is None:
+        return []
+    if memory.get("dropped"):
+        picked = ", ".join(f"#{i}" for i in memory.get("picked", []))
+        return [f"  memory: dropped ({memory['dropped']}){': ' + picked if picked else ''}"]
+    lines = ["  memory:"]
+    for i in memory.get("ids", []):
+        e = store.experience(i)
+        lines.append(f"    #{i} {_clip(e.text) if e is not None else '(not in this store)'}")
     return lines
 
 

@@ -3,6 +3,7 @@ registry, build each service with its collaborators, hand them to the app, run u
 
     store ─┬─ Collector (SessionTracker, StoreWriter, JudgeLoop)
            ├─ EpisodeBook (the Collector, the grpo method, the JudgeLoop): Track 2's episodes
+           ├─ MemoryBook (the Collector, the tokenizer): experiences for prompts, /v1/memory
            ├─ JudgeLoop (a judge backend on the engine or an OpenAI-compatible server, the method)
            ├─ VersionWatcher (the engine: serves each published version)
            └─ TrainerSupervisor (the trainer process, `clawrl/wiring/trainer.py`)
@@ -28,6 +29,7 @@ from clawrl.api.state import PipelineState
 from clawrl.chat.template import ChatRenderer
 from clawrl.collect.collector import Collector
 from clawrl.collect.episodes import EpisodeBook
+from clawrl.collect.memory import MemoryBook
 from clawrl.config import Config
 from clawrl.engine.base import Engine, EngineUnavailable
 from clawrl.engine.registry import build_engine
@@ -97,7 +99,7 @@ def open_store(config: Config) -> Store | None:
 def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | None) -> Any:
     """Every service of the server, each given its collaborators; without a store it only serves."""
     s = config.server
-    writer = judge = collector = watcher = trainer = episodes = None
+    writer = judge = collector = watcher = trainer = episodes = memory = None
     if store is not None:
         writer = StoreWriter(config.collect.retry_every_s, config.collect.max_pending_writes)
         if config.judge.enabled:
@@ -106,6 +108,7 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
         method = configured_method(config)
         grpo = method if isinstance(method, GroupRelative) else None
         episodes = EpisodeBook(collector, grpo, config.method, judge)
+        memory = MemoryBook(collector, config.memory, token_counter(tokenizer))
         if config.train.enabled:
             # The resolved config.json `clawrl serve` wrote: the trainer trains exactly what is served.
             trainer = TrainerSupervisor(config.run_dir / "config.json", config.run_dir, config.train)
@@ -127,7 +130,14 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
     services: list[Service] = [engine]
     services += [x for x in (collector, judge, episodes, watcher, trainer) if x is not None]
     routes = Routes(
-        chat=ChatService(engine, tokenizer, s.served_model_name, s.default_max_tokens, collector),
+        chat=ChatService(
+            engine,
+            tokenizer,
+            s.served_model_name,
+            s.default_max_tokens,
+            collector,
+            memory if config.memory.enabled else None,
+        ),
         pipeline=pipeline,
         metrics=metrics,
         health=HealthReport(
@@ -145,12 +155,18 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
         api_key=s.api_key.get_secret_value() if s.api_key else None,
         max_body_bytes=s.max_body_bytes,
         episodes=episodes,
+        memory=memory,
     )
     return create_app(
         routes,
         services,
         lambda: f"serving {s.served_model_name!r} ({engine.version}) on http://{s.host}:{s.port}/v1",
     )
+
+
+def token_counter(tokenizer: Any) -> Any:
+    """How many tokens a text is to the served model (a memory block's budget is counted so)."""
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
 
 
 def build_collector(config: Config, store: Store, writer: StoreWriter, judge: JudgeLoop | None) -> Collector:
@@ -182,7 +198,9 @@ def build_judge(
         backend = OpenAIJudge(j.base_url, j.model, key, j.timeout_s)
     method = configured_method(config)
     teacher = teacher_prompt(renderer)
-    return JudgeLoop(store, writer, backend, method, teacher, j, likelihood, lambda: engine.version)
+    return JudgeLoop(
+        store, writer, backend, method, teacher, j, likelihood, lambda: engine.version, config.memory
+    )
 
 
 def configured_method(config: Config) -> Method:

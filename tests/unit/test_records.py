@@ -19,7 +19,7 @@ KEYS = {
     "id", "session_id", "turn", "turn_type", "messages", "tools", "response", "tool_calls", "prompt_ids",
     "response_ids", "logprobs", "policy_version", "versions", "temperature", "finish_reason", "next_state",
     "next_state_at", "feedback", "judgment", "reward", "episode", "created_at", "first_token_at",
-    "finished_at",
+    "finished_at", "memory",
 }  # fmt: skip
 VOTES = [
     Vote("prm", 1, "Correct. \\boxed{1}", None, 1.5),

@@ -1,0 +1,79 @@
+"""Memory's routes: the key's own experiences, to see and to erase (docs/memory.md).
+
+    GET    /v1/memory[?state=active|distilled|retired]  {"object": "list", "data": [experience, ...]}
+    DELETE /v1/memory/{id}                               {"id", "object", "deleted": true, "state": "retired"}
+
+An experience is `{"id", "object": "memory.experience", "text", "state", "seen", "created_at",
+"last_seen", "retired_at", "turn_ids", "session_ids"}`, last seen first. An erased experience is
+retired, not deleted: it is never injected again, its pending samples are dropped, and it is
+still listed (state "retired") with its provenance. An unknown id, or one that is not the
+key's, is a 404. A chat request opts out of memory with `"memory": false` in its body or an
+`X-Memory: off` header (`memory_wanted`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.datastructures import Headers
+
+from clawrl.api.auth import bearer_guard
+from clawrl.api.body import guarded_json_route
+from clawrl.api.errors import BadRequest, NotFound, documented_errors
+from clawrl.api.schemas import ChatCompletionRequest
+from clawrl.collect.memory import MemoryBook
+from clawrl.types import EXPERIENCE_ACTIVE, EXPERIENCE_DISTILLED, EXPERIENCE_RETIRED, Experience
+
+STATES = (EXPERIENCE_ACTIVE, EXPERIENCE_DISTILLED, EXPERIENCE_RETIRED)
+_ON, _OFF = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
+def memory_router(api_key: str | None) -> APIRouter:
+    router = APIRouter(
+        prefix="/v1/memory",
+        route_class=guarded_json_route(bearer_guard(api_key)),
+        responses=documented_errors(400, 401, 404, 503),
+    )
+
+    @router.get("")
+    async def listed(request: Request, state: str | None = None) -> dict[str, Any]:
+        if state is not None and state not in STATES:
+            raise BadRequest(f"state must be one of {', '.join(STATES)}", param="state")
+        found = await _book(request).experiences(state)
+        return {"object": "list", "data": [experience_body(e) for e in found]}
+
+    @router.delete("/{experience_id}")
+    async def forget(experience_id: str, request: Request) -> dict[str, Any]:
+        book = _book(request)
+        if not experience_id.isdigit():
+            raise NotFound(f"no experience {experience_id!r} in your memory", param="id", code="not_found")
+        gone = await book.forget(int(experience_id))
+        return {"id": gone.id, "object": "memory.experience", "deleted": True, "state": gone.state}
+
+    return router
+
+
+def memory_wanted(headers: Headers, body: ChatCompletionRequest) -> bool:
+    """False when the request opts out: `X-Memory: off` (it wins) or `"memory": false`."""
+    header = headers.get("x-memory")
+    if header is not None:
+        value = header.strip().lower()
+        if value not in _ON | _OFF:
+            raise BadRequest("X-Memory must be on or off", param="X-Memory")
+        return value in _ON
+    return body.memory is not False
+
+
+def experience_body(e: Experience) -> dict[str, Any]:
+    fields = dataclasses.asdict(e)
+    del fields["owner"]
+    return {"id": e.id, "object": "memory.experience"} | fields
+
+
+def _book(request: Request) -> MemoryBook:
+    book: MemoryBook | None = request.app.state.memory
+    if book is None:
+        raise NotFound("memory needs collection on (collect.enabled = true)", code="collect_disabled")
+    return book
