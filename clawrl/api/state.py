@@ -36,6 +36,7 @@ from clawrl.types import Turn
 RECENT_VERSIONS = 100  # versions listed (and charted) on the dashboard
 RECENT_SESSIONS = 20
 RECENT_GROUPS = 20  # episode groups on the dashboard (Track 2)
+RECENT_EXPERIENCES = 50  # memory's experiences on the dashboard, last seen first
 SESSION_TURNS = 200  # turns shown on one session's page
 REWARD_WINDOW_S = 24 * 3600.0  # reward over time: the last day, by minute
 TRAIN_KEYS = (
@@ -123,6 +124,8 @@ class Counts:
     episodes_dropped: int = 0  # ... with no reward (their reason says why)
     groups: dict[str, int] = field(default_factory=dict)  # closed groups by status: used, dropped, eval
     skipped: dict[str, int] = field(default_factory=dict)  # skipped samples by reason (train/trainer.py)
+    memory_injected: int = 0  # turns whose prompt carried a memory block (m013)
+    memory_dropped: int = 0  # ... whose block was dropped to keep the prompt in the window
 
     def samples_error(self) -> str | None:
         """Why nothing trains although samples came in: every one of them was skipped (None: not so)."""
@@ -145,6 +148,7 @@ class Stored:
     reward_over_time: list[dict[str, Any]]  # by minute, over the last `REWARD_WINDOW_S`
     sessions: list[dict[str, Any]]  # the newest `RECENT_SESSIONS`
     groups: list[dict[str, Any]] = field(default_factory=list)  # Track 2: the newest `RECENT_GROUPS`
+    experiences: list[dict[str, Any]] = field(default_factory=list)  # memory: `RECENT_EXPERIENCES`
 
 
 @dataclass(frozen=True)
@@ -282,6 +286,7 @@ class PipelineState:
             ],
             sessions=r.recent_sessions(RECENT_SESSIONS),
             groups=[dataclasses.asdict(g) for g in r.recent_groups(RECENT_GROUPS)],
+            experiences=[dataclasses.asdict(e) for e in r.recent_experiences(RECENT_EXPERIENCES)],
         )
 
 
@@ -302,6 +307,8 @@ def _counts(counters: dict[str, int], by_version: dict[str, dict[str, int]] | No
         episodes_dropped=counters.get("episodes:dropped", 0),
         groups={k.removeprefix("groups:"): n for k, n in counters.items() if k.startswith("groups:")},
         skipped={k.removeprefix("skipped:"): n for k, n in counters.items() if k.startswith("skipped:") if n},
+        memory_injected=counters.get("memory:injected", 0),
+        memory_dropped=counters.get("memory:dropped", 0),
     )
 
 

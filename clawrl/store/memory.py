@@ -112,6 +112,15 @@ class MemoryStore:
         )
         return [experience_from_row(row) for row in rows]
 
+    def recent_experiences(self, limit: int, owner: str = DEFAULT_OWNER) -> list[Experience]:
+        """The owner's `limit` experiences last seen most recently, every state (the dashboard's)."""
+        rows = self._read(
+            f"SELECT {EXPERIENCE_COLUMNS} FROM experiences WHERE owner = ? ORDER BY last_seen DESC, id DESC "
+            "LIMIT ?",
+            (owner, limit),
+        )
+        return [experience_from_row(row) for row in rows]
+
     def experience(self, experience_id: int, owner: str = DEFAULT_OWNER) -> Experience | None:
         rows = self._read(
             f"SELECT {EXPERIENCE_COLUMNS} FROM experiences WHERE id = ? AND owner = ?", (experience_id, owner)

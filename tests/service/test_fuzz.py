@@ -35,7 +35,14 @@ KEY = "fuzz-key"
 # Schemathesis' own checks besides ours: every status and content type the server answers is one its
 # schema documents, and every documented body (the OpenAI error body of each 4xx) matches its model.
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
-EXPECTED = {"POST /v1/chat/completions", "POST /v1/feedback", "GET /v1/models", "GET /v1/models/{model_id}"}
+EXPECTED = {
+    "POST /v1/chat/completions",
+    "POST /v1/feedback",
+    "GET /v1/models",
+    "GET /v1/models/{model_id}",
+    "GET /v1/memory",
+    "DELETE /v1/memory/{experience_id}",
+}
 
 
 @pytest.fixture(scope="module")

@@ -86,6 +86,7 @@ def test_recall_candidates_are_the_owners_active_ones_matching_first(store):
     assert store.experience(theirs.id) is None and store.forget(theirs.id, now=5.0) is None
     assert [e.id for e in store.experiences("someone-else")] == [theirs.id]
     assert [e.id for e in store.experiences(state=EXPERIENCE_ACTIVE)] == [metric.id, short.id]
+    assert [e.id for e in store.recent_experiences(1)] == [metric.id]  # the dashboard's, bounded
 
 
 def test_turns_record_their_memory_and_the_counters_count_it(store):

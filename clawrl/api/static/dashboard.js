@@ -122,6 +122,8 @@ function counts(store) {
     card("stale", s.stale, "samples stale"), card("skipped", s.skipped, skippedNote(c)),
     card("episodes", c.episodes), card("groups_used", (c.groups || {}).used, "groups used"),
     card("groups_dropped", (c.groups || {}).dropped, "groups dropped"),
+    card("memory_injected", c.memory_injected, "prompts with memory"),
+    card("memory_dropped", c.memory_dropped, "memory dropped (window)"),
   ];
 }
 
@@ -153,6 +155,7 @@ function render(st) {
   renderEngine(st.engine);
   renderVersions(store ? store.versions : [], now);
   renderGroups(store ? store.groups : [], now);
+  renderExperiences(store ? store.experiences || [] : [], now);
   renderSessions(store ? store.sessions : [], now);
   fill("live", `live · updated ${new Date(now * 1000).toLocaleTimeString()}`).className = "live ok";
 }
@@ -226,6 +229,18 @@ function renderGroups(groups, now) {
     el("td", {}, ago(g.created_at, now))));
   fill("groups", table(["group", "env / task", "episodes", "status", "reason", "mean reward", "std", "samples",
     "started"], rows));
+}
+
+// Memory (docs/memory.md): each experience with its provenance, the sessions that taught it linked.
+function renderExperiences(experiences, now) {
+  if (!experiences.length) return fill("experiences", table(["experience"], [el("tr", {}, el("td", {}, "nothing learnt yet"))]));
+  const link = (id) => el("a", { href: `/dashboard/session?id=${encodeURIComponent(id)}` }, id);
+  const rows = experiences.map((e) => el("tr", { "data-experience": e.id },
+    el("td", {}, `#${e.id}`), el("td", {}, e.text), el("td", {}, e.state), el("td", {}, e.seen),
+    el("td", {}, ago(e.last_seen, now)),
+    el("td", {}, ...e.session_ids.slice(-3).flatMap((s, i) => (i ? [", ", link(s)] : [link(s)]))),
+    el("td", {}, e.turn_ids.length)));
+  fill("experiences", table(["id", "experience", "state", "seen", "last seen", "from sessions", "turns"], rows));
 }
 
 function renderSessions(sessions, now) {
