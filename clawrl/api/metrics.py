@@ -242,6 +242,8 @@ def _judge(j: JudgeHealth) -> Iterator[Metric]:
     yield from _gauge("clawrl_judge_in_flight", "Judge calls waiting for their backend.", j.in_flight)
     yield from _gauge("clawrl_judge_queued", "Turns queued for judging.", j.queued)
     yield from _gauge("clawrl_judge_degraded", "1 while most recent votes fail.", int(j.status == "degraded"))
+    yield _counter("clawrl_memory_learnt", "Lessons memory learnt from hints and comments.", j.learnt)
+    yield _counter("clawrl_memory_failures", "Judged turns memory failed to learn from.", j.memory_failures)
 
 
 def _trainer(t: TrainerState) -> Iterator[Metric]:
@@ -286,6 +288,12 @@ def _store(s: Stored) -> Iterator[Metric]:
     for status in ("used", "dropped", "eval"):
         groups.add_metric([status], c.groups.get(status, 0))
     yield groups
+    memory = CounterMetricFamily(
+        "clawrl_memory_prompts", "Prompts that got a memory block, or had it dropped.", labels=["outcome"]
+    )
+    memory.add_metric(["injected"], c.memory_injected)
+    memory.add_metric(["dropped"], c.memory_dropped)
+    yield memory
     yield _counter("clawrl_versions_published", "Versions published after v0.", s.version_count - 1)
 
 

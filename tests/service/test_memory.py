@@ -154,3 +154,7 @@ def test_a_block_that_would_pass_the_window_is_dropped_and_counted(server, taugh
     assert full.usage.prompt_tokens == off.usage.prompt_tokens  # served without the block
     with Store.open(server.run_dir / "clawrl.db", readonly=True) as store:
         assert store.counters()["memory:dropped"] >= 1
+    time.sleep(1.1)  # the snapshot /metrics reads is reused for a second
+    lines = httpx.get(server.url + "/metrics", timeout=limit(10)).text.splitlines()
+    (dropped,) = [line for line in lines if line.startswith('clawrl_memory_prompts_total{outcome="dropped"}')]
+    assert float(dropped.split()[-1]) >= 1
