@@ -84,10 +84,10 @@ def render(experiences: Sequence[Experience]) -> str:
 
 
 def request_text(messages: list[Message]) -> str:
-    """The text relevance is read on: the system prompt and the last user message."""
+    """The text relevance is read on: the last user message, then the system prompt."""
     system = [m for m in messages[:1] if m.get("role") in ("system", "developer")]
     users = [m for m in messages if m.get("role") == "user"][-1:]
-    return "\n".join(content_text(m.get("content")) for m in system + users)
+    return "\n".join(content_text(m.get("content")) for m in users + system)
 
 
 def with_memory(messages: list[Message], block: str) -> list[Message]:

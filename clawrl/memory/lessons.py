@@ -50,7 +50,8 @@ CANONICAL: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"\b(no|skip the|without (the|a)?) ?(preamble|intro|filler|fluff|padding)\b", "Skip the preamble."),
         (
             r"\b(too (long|wordy|verbose)|way too much|shorter|shorten|briefer|more concise|be concise|"
-            r"tl;? ?dr|wall of text|rambl\w*|long-winded|get to the point|one (short )?(sentence|line))\b",
+            r"tl;? ?dr|wall of text|rambl\w*|long-winded|get to the point|one (short )?(sentence|line)|"
+            r"keep it (short|brief)|be (brief|concise)|less (chatty|wordy))\b",
             "Keep answers short and to the point.",
         ),
         (r"\b(too short|more detail|elaborate|explain more|too brief|too terse)\b", "Give more detail."),

@@ -56,13 +56,14 @@ def best_match(text: str, candidates: Iterable[tuple[T, str]], at_least: float =
     return best
 
 
-def fts_query(text: str) -> str | None:
-    """An FTS5 MATCH expression for `text`: its raw words (before stemming) OR-ed, each quoted;
-    None when it has none. Prefix queries (`word*`) reach the stemmed forms too."""
-    words = sorted({w.strip("'") for w in _WORD.findall(text.lower())} - STOP_WORDS - {""})
+def fts_query(text: str, most: int = 32) -> str | None:
+    """An FTS5 MATCH expression for `text`: its first `most` distinct stemmed words OR-ed, each
+    quoted and a prefix (`"answer"*` finds "answers"); None when it has none."""
+    stems = (_stem(w.strip("'")) for w in _WORD.findall(text.lower()) if w.strip("'") not in STOP_WORDS)
+    words = list(dict.fromkeys(s for s in stems if s))[:most]
     if not words:
         return None
-    return " OR ".join(f'"{_stem(w)}"*' for w in words[:32])
+    return " OR ".join(f'"{w}"*' for w in words)
 
 
 def _stem(word: str) -> str:

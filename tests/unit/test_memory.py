@@ -37,6 +37,7 @@ STATE_HINT = "After a first answer to this, the user replied: "
         ),
         ("[Hindsight hint] Don't use emojis", ["Don't use emojis."]),
         ("I would like shorter answers", ["Keep answers short and to the point."]),
+        ("Keep it short.", ["Keep answers short and to the point."]),
     ],
 )
 def test_a_wish_becomes_a_short_standing_sentence(text, expected):
@@ -91,7 +92,7 @@ def test_the_same_wish_in_other_words_is_similar_and_merges():
 def test_an_fts_query_quotes_every_word_so_user_text_is_never_fts_syntax():
     assert (
         fts_query('Keep "answers" short, AND NEAR(x) -')
-        == '"answer"* OR "keep"* OR "near"* OR "short"* OR "x"*'
+        == '"keep"* OR "answer"* OR "short"* OR "near"* OR "x"*'
     )
     assert fts_query("the a to 123 ?!") is None
 

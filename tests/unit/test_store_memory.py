@@ -89,6 +89,13 @@ def test_recall_candidates_are_the_owners_active_ones_matching_first(store):
     assert [e.id for e in store.recent_experiences(1)] == [metric.id]  # the dashboard's, bounded
 
 
+def test_any_request_text_is_a_safe_fts_query(store):
+    store.learn("Use metric units.", "t0", "s1", now=1.0)
+    for text in ('NEAR( "x" OR * ^ -', "", "123 ?!", "units" * 5000, 'unit\'s "units" UNITS'):
+        assert isinstance(store.recall_candidates(text), list)
+    assert [e.text for e in store.recall_candidates('"units" AND (metric)')] == ["Use metric units."]
+
+
 def test_turns_record_their_memory_and_the_counters_count_it(store):
     store.insert_turn(make_turn("t2", "s1", 2, memory={"ids": [1], "block": "B"}))
     store.insert_turn(make_turn("t3", "s1", 3, memory={"ids": [], "dropped": "window"}))
