@@ -242,7 +242,7 @@ def _judge(j: JudgeHealth) -> Iterator[Metric]:
     yield from _gauge("clawrl_judge_in_flight", "Judge calls waiting for their backend.", j.in_flight)
     yield from _gauge("clawrl_judge_queued", "Turns queued for judging.", j.queued)
     yield from _gauge("clawrl_judge_degraded", "1 while most recent votes fail.", int(j.status == "degraded"))
-    yield _counter("clawrl_memory_learnt", "Lessons memory learnt from hints and comments.", j.learnt)
+    yield _counter("clawrl_memory_lessons", "Lessons found in hints and comments.", j.lessons)
     yield _counter("clawrl_memory_failures", "Judged turns memory failed to learn from.", j.memory_failures)
 
 

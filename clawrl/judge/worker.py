@@ -70,7 +70,7 @@ class JudgeHealth:
     latency_s: float | None  # mean latency of the last votes (None: no vote yet)
     vote_seconds: float  # summed latency of every vote cast
     last_error: str | None
-    learnt: int = 0  # lessons written to memory since the server started (new or merged)
+    lessons: int = 0  # lessons handed to memory since the server started (one a turn taught before: a no-op)
     memory_failures: int = 0  # judged turns whose lessons could not be learnt (judging went on)
 
 
@@ -110,7 +110,7 @@ class JudgeLoop:
         self.vote_seconds = 0.0  # summed latency of every vote cast
         self.in_flight = 0  # judge calls waiting for their backend now
         self.last_error: str | None = None
-        self.learnt = 0
+        self.lessons = 0
         self.memory_failures = 0
 
     async def start(self) -> None:
@@ -163,7 +163,7 @@ class JudgeLoop:
             latency_s=sum(self._latencies) / len(self._latencies) if self._latencies else None,
             vote_seconds=self.vote_seconds,
             last_error=self.last_error,
-            learnt=self.learnt,
+            lessons=self.lessons,
             memory_failures=self.memory_failures,
         )
 
@@ -227,7 +227,7 @@ class JudgeLoop:
                 now = time.time()
                 args = (lesson, turn.id, turn.session_id, now, DEFAULT_OWNER, m.merge_at, m.max_chars)
                 await self.writer.write(self.store.learn, *args)
-                self.learnt += 1
+                self.lessons += 1
         except Exception:  # degrade on purpose: memory is a bonus, judging and serving must go on
             log.exception("learning from %s failed; its judgment stands", turn.id)
             self.memory_failures += 1

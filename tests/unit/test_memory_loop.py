@@ -67,7 +67,7 @@ def test_a_rating_comment_teaches_its_wishes_not_its_facts(db):
         "Keep answers short and to the point.",
     ]
     assert all(e.turn_ids == ["t0"] and e.session_ids == ["s1"] for e in learnt)
-    assert health.learnt == 2 and health.memory_failures == 0
+    assert health.lessons == 2 and health.memory_failures == 0
 
 
 def test_memory_learn_off_learns_nothing(db):

@@ -42,7 +42,7 @@ JUDGE = JudgeHealth(
     latency_s=0.5,
     vote_seconds=4.5,
     last_error="timeout after 1s",
-    learnt=4,
+    lessons=4,
     memory_failures=1,
 )
 
@@ -102,7 +102,7 @@ def test_judge_votes_by_kind_and_outcome():
     assert m["clawrl_judge_vote_duration_seconds_count", ()] == 9
     assert m["clawrl_judge_vote_duration_seconds_sum", ()] == 4.5
     assert m["clawrl_judge_degraded", ()] == 1 and m["clawrl_judge_queued", ()] == 2
-    assert m["clawrl_memory_learnt_total", ()] == 4 and m["clawrl_memory_failures_total", ()] == 1
+    assert m["clawrl_memory_lessons_total", ()] == 4 and m["clawrl_memory_failures_total", ()] == 1
 
 
 def test_a_nan_figure_is_left_out_of_metrics():
