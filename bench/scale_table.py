@@ -56,82 +56,24 @@ from clawrl.model import budget
 MODELS = Path(__file__).resolve().parent / "models"
 ORDER = ("qwen2.5-0.5b", "qwen3-4b", "qwen3-8b", "qwen3-32b")
 GIB = 1 << 30
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TARGETS = budget.TARGETS
 
 
 @dataclass(frozen=True)
-class Shape:
-    """What memory and FLOPs depend on, read from a Hugging Face config."""
+class Shape(budget.Shape):
+    """What memory and FLOPs depend on, read from a Hugging Face config: the budget's shape
+    (`clawrl/model/budget.py`: parameters, LoRA, KV) with a name and what only the tables need."""
 
-    name: str
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tied: bool
-    qkv_bias: bool  # Qwen2: q, k and v have biases
-    qk_norm: bool  # Qwen3: an RMSNorm over each head's q and k
+    name: str = ""
 
     @classmethod
-    def from_config(cls, name: str, cfg: dict) -> Shape:
-        h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-        return cls(
-            name=name,
-            hidden=h,
-            layers=cfg["num_hidden_layers"],
-            heads=heads,
-            kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or h // heads,
-            intermediate=cfg["intermediate_size"],
-            vocab=cfg["vocab_size"],
-            tied=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias", False)),
-            qk_norm=cfg["model_type"] == "qwen3",
-        )
-
-    def projections(self) -> dict[str, tuple[int, int]]:
-        """(in, out) features of each projection of a layer."""
-        h, q, kv, i = (
-            self.hidden,
-            self.heads * self.head_dim,
-            self.kv_heads * self.head_dim,
-            self.intermediate,
-        )
-        return {
-            "q_proj": (h, q),
-            "k_proj": (h, kv),
-            "v_proj": (h, kv),
-            "o_proj": (q, h),
-            "gate_proj": (h, i),
-            "up_proj": (h, i),
-            "down_proj": (i, h),
-        }
+    def from_config(cls, name: str, cfg: dict) -> Shape:  # type: ignore[override]
+        base = budget.Shape.from_config(cfg)
+        return cls(**{f.name: getattr(base, f.name) for f in fields(base)}, name=name)
 
     def matmul_params(self) -> int:
         """Weights of every layer's projections: what each token multiplies through."""
         return self.layers * sum(a * b for a, b in self.projections().values())
-
-    def params(self) -> int:
-        """Every parameter, a tied embedding counted once."""
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        per_layer = (
-            2 * self.hidden
-            + (q + 2 * kv if self.qkv_bias else 0)
-            + (2 * self.head_dim if self.qk_norm else 0)
-        )
-        head = 0 if self.tied else self.vocab * self.hidden
-        return self.matmul_params() + self.layers * per_layer + self.vocab * self.hidden + head + self.hidden
-
-    def lora_params(self, rank: int, targets: tuple[str, ...] = TARGETS) -> int:
-        return self.layers * sum(
-            rank * (a + b) for name, (a, b) in self.projections().items() if name in targets
-        )
-
-    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
 
     def layer_elements(self) -> int:
         """Tensors one layer saves for its backward, per token: both norms' inputs and outputs (4h),

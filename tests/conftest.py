@@ -32,7 +32,7 @@ CONTEXT = 512  # the tiny model's window; the session's vLLM server serves the s
 BOTH_ENGINES = pytest.mark.parametrize("engine", ["local", "vllm"], scope="module")
 
 
-# The slowest work units first (measured with --durations), so that two workers finish together
+# The slowest work units first (measured with --durations), so that the workers finish together
 # rather than one running the longest file alone at the end; the rest keep their order.
 HEAVY_FIRST = (
     "tests/client/",
@@ -62,7 +62,7 @@ VLLM_PARAM = re.compile(r"\[(?:[^\]]*-)?vllm(?:-[^\]]*)?\]")  # an id like [vllm
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Work units for `pytest -n 2` (scripts/test): a test file's tests stay on one worker, so its
+    """Work units for `pytest -n 4` (scripts/test): a test file's tests stay on one worker, so its
     module-scoped server starts once; every test on the session's vLLM server (the `engine=vllm`
     half of a BOTH_ENGINES module, and tests/service/test_vllm.py) goes to one worker, so vLLM
     starts once (25-60 s, 3 GB). (xdist's own `loadgroup` cannot do it on pytest 9.2, whose node
