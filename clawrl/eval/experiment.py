@@ -58,6 +58,7 @@ async def run_experiment(
     finally:
         await _stop(users)
     outcome.conversations, outcome.answers = traffic.conversations, traffic.answers
+    outcome.sessions = traffic.sessions
     outcome.wall_s = time.monotonic() - started
     return outcome
 

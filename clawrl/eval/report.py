@@ -7,11 +7,15 @@ report.json:
      "methods": {"rl": {"scores": [v0, after step 1, ...], "versions": ["v0", "v1", ...],
                         "steps": [0, 1, ...], "elapsed_s": [...], "task_scores": [[...], ...],
                         "wall_s": 812.4, "conversations": 40, "answers": 96, "stopped": "done",
-                        "judge": "feedback", "run_dir": "..."}},
+                        "judge": "feedback", "run_dir": "...",
+                        "sessions_passed": [false, true, ...], "sessions_to_effect": 14}},
      "held_out": ["m03", ...], "settings": {...}, "command": "clawrl eval ...", "config": {...}}
 
 `scores[i]` is the mean persona score of the first answers to the held-out tasks at
-`versions[i]`, which is `steps[i]` versions past the start.
+`versions[i]`, which is `steps[i]` versions past the start. `sessions_passed[n]` is whether
+training session n+1's first answer passed the persona's checks (rated +1), and
+`sessions_to_effect` the first of `STABLE_SESSIONS` consecutive sessions that did (None: never):
+the reference's "sessions until a stable effect" (OpenClaw-RL issue #113).
 """
 
 from __future__ import annotations
@@ -47,8 +51,25 @@ def method_entry(outcome: Outcome, run_dir: str | None) -> dict[str, Any]:
         "stopped": outcome.stopped,
         "held": outcome.held,
         "judge": outcome.judge,
+        "sessions_passed": outcome.sessions,
+        "sessions_to_effect": sessions_to_effect(outcome.sessions),
         "run_dir": run_dir,
     }
+
+
+STABLE_SESSIONS = 3  # consecutive sessions whose first answer passes: a stable effect
+
+
+def sessions_to_effect(passed: list[bool], stable: int = STABLE_SESSIONS) -> int | None:
+    """Sessions until a stable effect (docs/evaluation.md): the 1-based number of the first of
+    `stable` consecutive training sessions whose first answer passed the persona's checks; None
+    if no such run. Sessions count in the order they were opened."""
+    run = 0
+    for number, ok in enumerate(passed, start=1):
+        run = run + 1 if ok else 0
+        if run == stable:
+            return number - stable + 1
+    return None
 
 
 def signal(judge: str, feedback: bool) -> str:
@@ -164,15 +185,19 @@ def _score_table(report: dict[str, Any]) -> list[str]:
 
 def _method_table(report: dict[str, Any]) -> list[str]:
     lines = [
-        "| method | change | wall time | conversations | training answers | stopped |",
-        "| --- " * 6 + "|",
+        "| method | change | sessions to a stable effect | wall time | conversations | training answers "
+        "| stopped |",
+        "| --- " * 7 + "|",
     ]
     for method, entry in report["methods"].items():
         delta = change(entry)
         shown = "-" if delta is None else f"{delta:+.3f}"
+        effect = entry.get("sessions_to_effect")  # absent from reports written before it was
+        passed = entry.get("sessions_passed") or []
+        reached = "-" if effect is None else str(effect)
         lines.append(
-            f"| {method} | {shown} | {entry['wall_s']:.0f} s | {entry['conversations']} | "
-            f"{entry['answers']} | {entry['stopped']} |"
+            f"| {method} | {shown} | {reached} (of {len(passed)}) | {entry['wall_s']:.0f} s | "
+            f"{entry['conversations']} | {entry['answers']} | {entry['stopped']} |"
         )
     return lines
 

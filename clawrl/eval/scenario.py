@@ -73,6 +73,9 @@ class Outcome:
     wall_s: float = 0.0
     stopped: str = "done"  # done | timeout | held (the last steps' versions were held, never served)
     held: list[str] = field(default_factory=list)  # versions the canary gate held (never measured)
+    # Per training session, in the order they were opened: whether its first answer passed the
+    # persona's checks (rated +1: score >= GOOD_ENOUGH). Sessions with no first answer are left out.
+    sessions: list[bool] = field(default_factory=list)
 
 
 async def measure(
@@ -109,6 +112,7 @@ class Traffic:
         self._changed = asyncio.Condition()
         self._in_flight = 0
         self.conversations = self.answers = 0
+        self._first_passed: dict[int, bool] = {}  # session number -> its first answer passed
 
     def begin(self, version: str) -> list[asyncio.Task[None]]:
         """Start the users, counting steps from `version`; returns their tasks."""
@@ -138,17 +142,25 @@ class Traffic:
                 log.warning("no new version after %.0f s of waiting; the users go on", self.pacer.stall_s)
                 self._changed.notify_all()
 
+    @property
+    def sessions(self) -> list[bool]:
+        """Whether each session's first answer passed the persona's checks, in session order."""
+        return [self._first_passed[n] for n in sorted(self._first_passed)]
+
     async def _user(self) -> None:
         while True:
             task = next(self._tasks)
-            await self._converse(task, f"train-{self.method}-{next(self._numbers):05d}-{task.id}")
+            number = next(self._numbers)
+            await self._converse(task, f"train-{self.method}-{number:05d}-{task.id}", number)
             self.conversations += 1
 
-    async def _converse(self, task: Task, session_id: str) -> None:
+    async def _converse(self, task: Task, session_id: str, number: int = 0) -> None:
         messages = [{"role": "user", "content": self.persona.first_message(task)}]
         for turn in range(1, self.persona.max_turns + 1):
             answer = await self._answer(messages, session_id)
             reply = await asyncio.to_thread(self.persona.reply, task, answer.text, turn)
+            if turn == 1:  # its rating is +1 from GOOD_ENOUGH on: the persona's checks passed
+                self._first_passed[number] = reply.rating > 0
             await self._rate(answer, reply.rating, reply.comment)
             messages.append({"role": "assistant", "content": answer.text})
             if reply.message is None:

@@ -18,6 +18,7 @@ from clawrl.eval.report import (
     mean,
     method_entry,
     score_rows,
+    sessions_to_effect,
     signal,
 )
 from clawrl.eval.scenario import Outcome, Point, Settings
@@ -76,9 +77,23 @@ def test_markdown_table_has_a_row_per_step_and_a_column_per_method():
     assert "| 0 | 0.200 (v0) | 0.200 (v0) |" in text
     assert "| 1 | 0.400 (v1) | - |" in text
     assert "| 2 | 0.600 (v2) | 0.700 (v2) |" in text
-    assert "| rl | +0.400 | 124 s | 7 | 20 | done |" in text
+    assert "| rl | +0.400 | - (of 0) | 124 s | 7 | 20 | done |" in text
     assert "| opd | +0.500 |" in text
     assert "`clawrl eval --steps 2`" in text and "m03, m07" in text
+
+
+def test_sessions_to_a_stable_effect_is_the_first_of_three_passing_sessions_in_a_row():
+    T, F = True, False
+    assert sessions_to_effect([F, T, T, F, T, T, T, F]) == 5  # sessions 5, 6, 7
+    assert sessions_to_effect([T, T, T]) == 1
+    assert sessions_to_effect([T, T, F, T, T]) is None and sessions_to_effect([]) is None
+    assert sessions_to_effect([F, T, T], stable=2) == 2
+    outcome = _outcome("rl", [0.2, 0.6], [0, 1])
+    outcome.sessions = [F, F, T, T, T, T]
+    entry = method_entry(outcome, None)
+    assert entry["sessions_passed"] == outcome.sessions and entry["sessions_to_effect"] == 3
+    text = markdown(_report(rl=outcome))
+    assert "| rl | +0.400 | 3 (of 6) |" in text
 
 
 def test_mean_of_nothing_is_an_error():

@@ -95,6 +95,9 @@ def test_every_step_is_measured_once_and_scores_follow_the_served_version(method
     expected = [1 - (63 - 10 * n - 30) / 90 for n in range(4)]
     assert [p.score for p in outcome.points] == pytest.approx(expected)
     assert outcome.method == method and outcome.judge == "feedback" and outcome.stopped == "done"
+    # Every session's first answer is rated: v0's 63 words already score 0.63, a thumbs up.
+    firsts = {c.session_id for c in server.calls if not c.side and c.session_id.startswith("train-")}
+    assert settings.concurrency <= len(outcome.sessions) <= len(firsts) and all(outcome.sessions)
 
 
 def test_eval_requests_are_greedy_side_turns_and_training_requests_are_rated_main_turns():
