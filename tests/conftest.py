@@ -62,7 +62,7 @@ VLLM_PARAM = re.compile(r"\[(?:[^\]]*-)?vllm(?:-[^\]]*)?\]")  # an id like [vllm
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Work units for `pytest -n 4` (scripts/test): a test file's tests stay on one worker, so its
+    """Work units for `pytest -n 3` (scripts/test): a test file's tests stay on one worker, so its
     module-scoped server starts once; every test on the session's vLLM server (the `engine=vllm`
     half of a BOTH_ENGINES module, and tests/service/test_vllm.py) goes to one worker, so vLLM
     starts once (25-60 s, 3 GB). (xdist's own `loadgroup` cannot do it on pytest 9.2, whose node

