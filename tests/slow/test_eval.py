@@ -17,15 +17,15 @@ import pytest
 
 from clawrl.store.db import Store
 from tests.conftest import ROOT
+from tests.timing import limit
 
 pytestmark = pytest.mark.slow
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def clawrl(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "clawrl", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
-    )
+    command = [sys.executable, "-m", "clawrl", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=limit(timeout), cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,9 @@ def eval_out(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> 
     done = clawrl(
         "eval", "--model", str(tiny_model_dir), "--persona", "brief", "--method", "rl",
         "--steps", "2", "--held-out", "2", "--max-tokens", "24", "--out", str(out),
-        "--train.batch-size", "2", "--judge.backend", "feedback", "--stall-s", "15",
+        # --stall-s: how long the users wait for a version before they go on; a loaded machine's
+        # trainer can take longer than 15 s, and then the users' extra samples make an extra version
+        "--train.batch-size", "2", "--judge.backend", "feedback", "--stall-s", f"{limit(15):g}",
         # the tiny model trains in milliseconds: look for samples and versions often, and do
         # not nice the trainer, which would starve behind the busy server on 2 cores
         "--train.poll-s", "0.2", "--train.swap-poll-s", "0.2", "--train.nice", "0",
