@@ -105,6 +105,12 @@ def _train_parsers(sub: Any) -> None:
         p.add_argument("--model", help="local Hugging Face model folder (default: the run's, else embedded)")
 
 
+def _run_dir(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`p` with --run-dir (default ./clawrl-run): the store a reading command opens."""
+    p.add_argument("--run-dir", type=Path, default=Path("clawrl-run"), help="default ./clawrl-run")
+    return p
+
+
 def _records_parser(sub: Any) -> None:
     records = sub.add_parser(
         "records",
@@ -121,11 +127,9 @@ def _records_parser(sub: Any) -> None:
     episodes.add_argument("--limit", type=int, default=50, help="how many (default 50)")
     episodes.set_defaults(session=None)
     for p in (export, show, episodes):
-        p.add_argument("--run-dir", type=Path, default=Path("clawrl-run"), help="default ./clawrl-run")
-        p.set_defaults(direct=cmd_records)
+        _run_dir(p).set_defaults(direct=cmd_records)
     versions = sub.add_parser("versions", help="list the published policy versions, one line each")
-    versions.add_argument("--run-dir", type=Path, default=Path("clawrl-run"), help="default ./clawrl-run")
-    versions.set_defaults(direct=cmd_versions)
+    _run_dir(versions).set_defaults(direct=cmd_versions)
 
 
 def _memory_parser(sub: Any) -> None:
@@ -141,8 +145,7 @@ def _memory_parser(sub: Any) -> None:
     forget = actions.add_parser("forget", help="erase an experience: never injected again (kept as retired)")
     forget.add_argument("id", type=int, help="the experience's id (from `clawrl memory list`)")
     for p in (listed, forget):
-        p.add_argument("--run-dir", type=Path, default=Path("clawrl-run"), help="default ./clawrl-run")
-        p.set_defaults(direct=cmd_memory)
+        _run_dir(p).set_defaults(direct=cmd_memory)
 
 
 def main(argv: list[str] | None = None) -> int:

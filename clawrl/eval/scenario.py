@@ -154,7 +154,7 @@ class Traffic:
             await self._converse(task, f"train-{self.method}-{number:05d}-{task.id}", number)
             self.conversations += 1
 
-    async def _converse(self, task: Task, session_id: str, number: int = 0) -> None:
+    async def _converse(self, task: Task, session_id: str, number: int) -> None:
         messages = [{"role": "user", "content": self.persona.first_message(task)}]
         for turn in range(1, self.persona.max_turns + 1):
             answer = await self._answer(messages, session_id)

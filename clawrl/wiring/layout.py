@@ -89,41 +89,33 @@ def plan_budget(config: Config, folder: Path, gpu: int, gpus: tuple[int, ...]) -
     the longest power of two down to SHORTEST_FIT that fits is taken instead (`Budget.train_seq_len`,
     logged at start: longer samples are skipped and counted, as any over `train.max_seq_len`).
     A length the user set is never changed: it fits or is refused."""
-    try:
-        return _plan_budget(config, folder, gpu, gpus)
-    except budget.BudgetRefused:
-        window = _window(config, folder)
-        if config.train.max_seq_len is not None or window <= SHORTEST_FIT:
-            raise
-        length = 1 << (window - 1).bit_length() - 1  # the power of two below the window
-        while length >= SHORTEST_FIT:
-            try:
-                return _plan_budget(config, folder, gpu, gpus, seq_len=length)
-            except budget.BudgetRefused:
-                length //= 2
-        raise
-
-
-def _window(config: Config, folder: Path) -> int:
-    _, _, model_config = model_facts(folder)
+    shape, params, model_config = model_facts(folder)  # read once: the safetensors headers
     window = served_context(config.model.path, config.model.max_context)
-    return window or int(model_config.get("max_position_embeddings") or 4096)
-
-
-def _plan_budget(
-    config: Config, folder: Path, gpu: int, gpus: tuple[int, ...], seq_len: int | None = None
-) -> budget.Budget:
-    shape, params, model_config = model_facts(folder)
-    window = _window(config, folder)
+    window = window or int(model_config.get("max_position_embeddings") or 4096)
     lora = config.train.weights == "lora"
     adapter = shape.lora_params(config.train.lora.rank, tuple(config.train.lora.targets)) if lora else 0
     mb = config.engine.prefix_cache_mb
     server = budget.Server(
         gpu, window, config.engine.gpu_share, None if mb is None else mb << 20, adapter_params=adapter
     )
-    trainer = trainer_beside(config, window, params, model_config.get("model_type"), seq_len)
-    b = budget.plan(shape, params, gpus, server, trainer, DTYPE_BYTES[config.model.dtype])
-    return replace(b, train_seq_len=seq_len)
+
+    def attempt(seq_len: int | None) -> budget.Budget:
+        trainer = trainer_beside(config, window, params, model_config.get("model_type"), seq_len)
+        b = budget.plan(shape, params, gpus, server, trainer, DTYPE_BYTES[config.model.dtype])
+        return replace(b, train_seq_len=seq_len)
+
+    try:
+        return attempt(None)
+    except budget.BudgetRefused:
+        if config.train.max_seq_len is not None or window <= SHORTEST_FIT:
+            raise
+        length = 1 << (window - 1).bit_length() - 1  # the power of two below the window
+        while length >= SHORTEST_FIT:
+            try:
+                return attempt(length)
+            except budget.BudgetRefused:
+                length //= 2
+        raise
 
 
 def with_budget(config: Config, b: budget.Budget) -> Config:
