@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -157,35 +158,39 @@ def test_two_ranks_publish_the_same_version_as_one_process(tmp_path, tiny_model_
     assert sorted(one_manifest["samples"]) == sorted(two_manifest["samples"])
 
 
-@pytest.mark.parametrize("weights,steps", [("lora", 2), ("full", 1)])
-def test_two_fsdp_ranks_train_versions_as_one_process(tmp_path, tiny_model_dir, weights, steps, one_process):
+@pytest.mark.parametrize("weights,step", [("lora", 2), ("full", 1)])
+def test_two_fsdp_ranks_train_versions_as_one_process(tmp_path, tiny_model_dir, weights, step, one_process):
     """FSDP (torch's fully_shard, here under gloo): each rank holds half of every weight, gradient
-    and optimizer state. The canary runs on both ranks together; v1 is gathered to rank 0 and
-    written as one process writes it. With LoRA a second run loads v1 (weights and optimizer
-    state) into the shards, each rank cutting its own, and trains v2 (the same loader cuts the
-    full weights' shards: the base, at v0, in the first run). Every version matches one process's."""
+    and optimizer state. The canary runs on both ranks together; the version is gathered to rank 0
+    and written as one process writes it, and matches one process's. Full weights train v1 from the
+    base (the loader cuts the full weights' shards at v0). With LoRA the group starts from a copy of
+    one process's run folder at v1 (its store, weights and optimizer state: what the DDP test above
+    shows two ranks make too), loads v1 into the shards, each rank cutting its own, and trains v2:
+    a version loaded, trained and written again under FSDP."""
     two = run_folder(tmp_path, "two", tiny_model_dir, weights, strategy="fsdp")
-    for step in range(1, steps + 1):
-        if step > 1:
-            add_batch(two, step - 1)
-        one, w1, m1 = one_process(weights, step)
-        w2, m2 = train_one_step(two, 2, step)
-        assert w1.keys() == w2.keys()
-        for key, value in w1.items():
-            torch.testing.assert_close(
-                w2[key], value, rtol=1e-4, atol=1e-5, msg=lambda m, k=key, s=step: f"v{s} {k}: {m}"
-            )
-        for key in ("loss", "pg_loss", "entropy", "clip_frac", "grad_norm", "tokens", "samples_opd"):
-            assert m2["metrics"][key] == pytest.approx(m1["metrics"][key], rel=1e-4, abs=1e-7), (step, key)
-        # The canary ran on the sharded weights: the same verdict and figures as one process's.
-        assert m2["status"] == m1["status"] and m1["canary"] is not None
-        for key in ("score", "accuracy", "kl"):
-            assert m2["canary"][key] == pytest.approx(m1["canary"][key], rel=1e-3, abs=1e-6), (step, key)
-        opt1, opt2 = (torch.load(c.run_dir / "checkpoints" / f"v{step}" / "optimizer.pt") for c in (one, two))
-        assert opt1["state"].keys() == opt2["state"].keys() and opt1["state"]
-        for i, state in opt1["state"].items():
-            torch.testing.assert_close(opt2["state"][i]["exp_avg"], state["exp_avg"], rtol=1e-3, atol=1e-8)
-            assert float(opt2["state"][i]["step"]) == float(state["step"]) == step
+    if step > 1:
+        one, *_ = one_process(weights, step - 1)
+        shutil.copytree(one.run_dir, two.run_dir, dirs_exist_ok=True)
+        two.write()  # its own run folder and strategy
+        add_batch(two, step - 1)
+    one, w1, m1 = one_process(weights, step)
+    w2, m2 = train_one_step(two, 2, step)
+    assert w1.keys() == w2.keys()
+    for key, value in w1.items():
+        torch.testing.assert_close(
+            w2[key], value, rtol=1e-4, atol=1e-5, msg=lambda m, k=key: f"v{step} {k}: {m}"
+        )
+    for key in ("loss", "pg_loss", "entropy", "clip_frac", "grad_norm", "tokens", "samples_opd"):
+        assert m2["metrics"][key] == pytest.approx(m1["metrics"][key], rel=1e-4, abs=1e-7), key
+    # The canary ran on the sharded weights: the same verdict and figures as one process's.
+    assert m2["status"] == m1["status"] and m1["canary"] is not None
+    for key in ("score", "accuracy", "kl"):
+        assert m2["canary"][key] == pytest.approx(m1["canary"][key], rel=1e-3, abs=1e-6), key
+    opt1, opt2 = (torch.load(c.run_dir / "checkpoints" / f"v{step}" / "optimizer.pt") for c in (one, two))
+    assert opt1["state"].keys() == opt2["state"].keys() and opt1["state"]
+    for i, state in opt1["state"].items():
+        torch.testing.assert_close(opt2["state"][i]["exp_avg"], state["exp_avg"], rtol=1e-3, atol=1e-8)
+        assert float(opt2["state"][i]["step"]) == float(state["step"]) == step
 
 
 def test_samples_are_split_across_ranks_by_tokens():
