@@ -26,6 +26,10 @@ What is measured, each through the code a server and its trainer run:
 - canary: the gate the trainer runs after a step (`clawrl.guard.trainer_hooks`), with KL on
   `guard.kl_turns` recorded turns: the first check (it also measures the base) and the next.
   Baseline: the training step.
+- the workload an agent's server meets (bench/gpu_workload.py): prompts of unequal lengths up
+  to 13k tokens decoded with Qwen3's sampling defaults, decode once v1 is served, the p99
+  inter-token time while a trainer process steps beside the engine (each process's peak
+  memory), and the train-vs-serve logprob mismatch and importance weights at v0.
 
     .venv/bin/python bench/gpu.py [--shape 4b --shape 8b | --shape tiny] [--json out.json]
 
@@ -50,6 +54,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.gpu_report import report  # noqa: E402
 from bench.scale_table import Shape, load_config  # noqa: E402
 
 
@@ -66,12 +71,14 @@ class Scale:
     train_samples: int = 8
     hint: int = 24  # tokens the hint adds to an opd sample's teacher prompt
     kl_turns: int = 8  # recorded turns the canary's KL reads (guard.kl_turns)
+    long_prompt: int = 13000  # the longest prompt of the long-prompt decode (bench/gpu_workload.py)
+    long_streams: int = 8  # its streams, one of `streams`
 
 
 GPU_SCALE = Scale(streams=(1, 8, 32), decode_prompt=256, decode_tokens=128, prefill=16384,
                   train_seq=16384, train_response=512)  # fmt: skip
 CPU_SCALE = Scale(streams=(1, 4, 8), decode_prompt=32, decode_tokens=32, prefill=512,
-                  train_seq=512, train_response=64)  # fmt: skip
+                  train_seq=512, train_response=64, long_prompt=384, long_streams=4)  # fmt: skip
 TINY = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 4096}  # fmt: skip
 SHAPES = {"4b": ("qwen3-4b", {}), "8b": ("qwen3-8b", {}), "tiny": ("qwen3-4b", TINY)}
@@ -309,6 +316,7 @@ def canary(config: Any, store: Any, policy: Any, folder: Path) -> dict[str, floa
 async def measure(config: Any, folder: Path, shape: Shape, scale: Scale, device: str) -> dict[str, float]:
     import torch
 
+    from bench import gpu_workload as workload
     from clawrl.engine.local.build import build_local_engine
     from clawrl.store.db import Store
     from clawrl.train.policy import build_policy
@@ -324,15 +332,23 @@ async def measure(config: Any, folder: Path, shape: Shape, scale: Scale, device:
         figures = {"params": sum(p.numel() for p in engine.model.parameters())}
         await stream(engine, ids(scale.decode_prompt), 4)  # warm-up
         figures |= await decode(engine, scale, ids)
+        figures |= await workload.long_prompt_decode(engine, scale, ids, figures)
         figures |= await prefill(engine, scale, ids, device)
         policy = build_policy(folder, config.train, device)
         figures["lora_params"] = sum(p.numel() for p in policy.model.parameters() if p.requires_grad)
+        figures |= await workload.mismatch_at_v0(engine, policy, scale, ids)
         samples = train_samples(scale, shape.vocab, ids)
         figures |= train(policy, samples, device, figures["bare_prefill_tok_s"])
         with Store.open(config.run_dir / "clawrl.db") as store:
             figures |= await publish(engine, policy, config.run_dir, store, ids)
+            figures |= await workload.decode_after_publish(engine, scale, ids, figures)
             record_turns(store, scale, ids)
             figures |= canary(config, store, policy, folder)
+        del policy, samples  # the trainer's process of serve_while_training loads its own
+        release(device)
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        figures |= await workload.serve_while_training(engine, config, scale, ids, device)
     finally:
         await engine.stop()
         engine.close()
@@ -383,48 +399,6 @@ def run_shape(shape_name: str, tokenizer_dir: Path, device: str) -> dict[str, An
         raise RuntimeError(f"{shape_name}: the built model disagrees with bench/scale_table.py on {wrong}")
     settings = asdict(scale) | {"dtype": str(dtype).removeprefix("torch."), "device": device, "lr": LR}
     return {"shape": asdict(shape), "settings": settings, "figures": figures}
-
-
-# --- the report ---------------------------------------------------------------------------------
-
-
-def rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    """(figure, value, baseline, ratio) lines of one shape's table."""
-    f, s = result["figures"], result["settings"]
-    first, n = s["streams"][0], s["prefill"]
-    memory = "GPU peak allocated" if s["device"] == "cuda" else "process peak RSS"
-    out = [(f"decode, {first} stream", f"{f[f'decode_{first}_tok_s']:,.1f} tok/s", "-", "1.00")]
-    out += [(f"decode, {k} streams", f"{f[f'decode_{k}_tok_s']:,.1f} tok/s", f"decode, {first} stream",
-             f"{f[f'decode_{k}_ratio']:.2f}") for k in s["streams"][1:]]  # fmt: skip
-    return out + [
-        (f"prefill, {n:,} tokens, engine", f"{f['prefill_s']:.3f} s, {f['prefill_tok_s']:,.0f} tok/s",
-         f"bare forward {f['bare_prefill_tok_s']:,.0f} tok/s", f"{f['prefill_ratio']:.2f}"),
-        (f"train step, {s['train_samples']} x {s['train_seq']:,} tokens",
-         f"{f['train_step_s']:.2f} s, {f['train_tok_s']:,.0f} tok/s", "bare forward",
-         f"{f['train_ratio']:.3f}"),
-        ("  memory", f"{f['train_peak_mb']:,.0f} MB peak, {f['train_memory_before_mb']:,.0f} before",
-         memory, ""),
-        ("publish to serve", f"{f['publish_s']:.3f} s (save {f['publish_save_s']:.3f}, swap "
-         f"{f['publish_swap_s']:.3f})", "train step", f"{f['publish_ratio']:.3f}"),
-        ("canary", f"{f['canary_s']:.2f} s (first, base too: {f['canary_first_s']:.2f} s)", "train step",
-         f"{f['canary_ratio']:.2f}"),
-    ]  # fmt: skip
-
-
-def report(name: str, result: dict[str, Any]) -> str:
-    shape, s, f = result["shape"], result["settings"], result["figures"]
-    title = (
-        f"{name}: Qwen3 layout, hidden {shape['hidden']}, {shape['layers']} layers, "
-        f"vocab {shape['vocab']:,}, {f['params']:,} parameters (formula {f['params_formula']:,}), "
-        f"{s['dtype']} on {s['device']}"
-    )
-    kv = f"KV cache {f['kv_bytes_per_token']:,.0f} bytes/token (formula {f['kv_bytes_per_token_formula']:,})"
-    lora = f"LoRA adapter {f['lora_params']:,} parameters (formula {f['lora_params_formula']:,})"
-    lines = [title, f"{kv}; {lora}", ""]
-    table = [("figure", "value", "baseline", "ratio"), *rows(result)]
-    widths = [max(len(r[i]) for r in table) for i in range(4)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
