@@ -43,37 +43,18 @@ import argparse
 import asyncio
 import gc
 import json
-import math
-import resource
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.gpu_common import Scale, memory_mb, random_ids, train_samples  # noqa: E402
 from bench.gpu_report import report  # noqa: E402
 from bench.scale_table import Shape, load_config  # noqa: E402
-
-
-@dataclass(frozen=True)
-class Scale:
-    """Lengths and stream counts of one run."""
-
-    streams: tuple[int, ...]
-    decode_prompt: int
-    decode_tokens: int
-    prefill: int
-    train_seq: int  # tokens of each training sample (prompt, or hinted prompt, + response)
-    train_response: int
-    train_samples: int = 8
-    hint: int = 24  # tokens the hint adds to an opd sample's teacher prompt
-    kl_turns: int = 8  # recorded turns the canary's KL reads (guard.kl_turns)
-    long_prompt: int = 13000  # the longest prompt of the long-prompt decode (bench/gpu_workload.py)
-    long_streams: int = 8  # its streams, one of `streams`
-
 
 GPU_SCALE = Scale(streams=(1, 8, 32), decode_prompt=256, decode_tokens=128, prefill=16384,
                   train_seq=16384, train_response=512)  # fmt: skip
@@ -139,12 +120,6 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def random_ids(n: int, vocab: int, gen: Any) -> list[int]:
-    import torch
-
-    return torch.randint(0, vocab, (n,), generator=gen).tolist()
-
-
 # --- serving ------------------------------------------------------------------------------------
 
 
@@ -208,37 +183,6 @@ async def prefill(engine: Any, scale: Scale, ids: Any, device: str) -> dict[str,
 
 
 # --- training, publishing, the canary ----------------------------------------------------------
-
-
-def train_samples(scale: Scale, vocab: int, ids: Any) -> list[Any]:
-    """Half `rl` (reward +-1), half `opd` (a hinted teacher prompt), every sequence train_seq long;
-    behaviour logprobs near a random model's, -log(vocab)."""
-    from clawrl.types import Sample
-
-    r = scale.train_response
-    out = []
-    for i in range(scale.train_samples):
-        opd = i % 2 == 1
-        prompt = ids(scale.train_seq - r - (scale.hint if opd else 0))
-        teacher = prompt + ids(scale.hint) if opd else None
-        reward = 0.0 if opd else (1.0 if i % 4 == 0 else -1.0)
-        kind = "opd" if opd else "rl"
-        logprobs = [-math.log(vocab)] * r
-        out.append(
-            Sample(f"t{i}", kind, prompt, ids(r), logprobs, "v0", 1.0, reward, teacher_prompt_ids=teacher)
-        )
-    return out
-
-
-def memory_mb(device: str, peak: bool) -> float:
-    import torch
-
-    if device == "cuda":
-        return (torch.cuda.max_memory_allocated() if peak else torch.cuda.memory_allocated()) / 2**20
-    if peak:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    status = Path("/proc/self/status").read_text()
-    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")) / 1024
 
 
 def train(policy: Any, samples: list[Any], device: str, bare_tok_s: float) -> dict[str, float]:

@@ -31,6 +31,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as the trainer's process: `python bench/gpu_workload.py train-child`
+from bench.gpu_common import memory_mb  # noqa: E402
+
 QWEN3 = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}  # Qwen3's generation_config.json
 
 
@@ -141,8 +144,6 @@ async def serve_while_training(engine: Any, config: Any, scale: Any, ids: Any, d
     finally:
         child.kill() if child.poll() is None else None
         child.wait()
-    from bench.gpu import memory_mb
-
     p99_quiet, p99_busy = percentile(quiet, 99), percentile(busy, 99)
     return {
         "itl_p99_quiet_ms": 1000 * p99_quiet,
@@ -165,7 +166,7 @@ def train_child(spec: dict[str, Any]) -> None:
     """The trainer's process: build the policy, warm up, say "ready", step on "go", print figures."""
     import torch
 
-    from bench.gpu import Scale, memory_mb, random_ids, train_samples
+    from bench.gpu_common import Scale, memory_mb, random_ids, train_samples
     from clawrl.config import TrainConfig
     from clawrl.train.policy import build_policy
 
@@ -191,5 +192,4 @@ def train_child(spec: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["train-child"]:
-    sys.path.insert(0, str(ROOT))
     train_child(json.loads(sys.argv[2]))
