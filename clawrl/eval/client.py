@@ -12,6 +12,7 @@
 Exceptions:
     EvalError(RuntimeError)   base: what stops an evaluation, with a message for the user
     └── ServerUnreachable     no HTTP answer at the base URL (down, wrong port, not clawrl)
+    Unanswered(Exception)     one turn through OpenClaw gave no answer: counted, the eval goes on
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ class ServerUnreachable(EvalError):
     """Nothing answered HTTP at the server's address."""
 
 
+class Unanswered(Exception):
+    """One turn gave no answer the eval can use (an OpenClaw call that failed, timed out or was not
+    recorded): counted, and the conversation ends; never an EvalError, which stops the eval."""
+
+
 @dataclass(frozen=True)
 class Answer:
     """One assistant answer: its completion id (the id feedback names), text and policy version."""
@@ -48,6 +54,7 @@ class EvalClient(ServerClient):
 
     unreachable = ServerUnreachable
     not_clawrl = EvalError
+    unanswered = 0  # turns that raised Unanswered (the bare API never does: its errors are EvalError)
 
     async def version(self) -> str:
         """The policy version served now."""

@@ -74,6 +74,13 @@ def _eval_parser(sub: Any) -> None:
     p.add_argument("--concurrency", type=int, default=4, help="simulated users at once (default 4)")
     p.add_argument("--no-feedback", action="store_true", help="no POST /v1/feedback: the judge alone teaches")
     p.add_argument(
+        "--via",
+        choices=("api", "openclaw"),
+        default="api",
+        help="api: the users send bare chat requests (default); openclaw: through the real OpenClaw agent "
+        "(scripts/setup-openclaw), its lean profile and its own sampling",
+    )
+    p.add_argument(
         "--samples-per-step",
         type=int,
         help="pace the users to this many samples per step (default train.batch-size)",

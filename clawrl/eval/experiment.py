@@ -59,6 +59,7 @@ async def run_experiment(
         await _stop(users)
     outcome.conversations, outcome.answers = traffic.conversations, traffic.answers
     outcome.sessions = traffic.sessions
+    outcome.unanswered = client.unanswered
     outcome.wall_s = time.monotonic() - started
     return outcome
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-OPENCLAW_VERSION = "2026.9.6"
+OPENCLAW_VERSION = "2026.9.6"  # pinned in scripts/setup-openclaw, as node's version
+NODE_VERSION = "24.21.0"
 SETUP_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "setup-openclaw"
 
 
@@ -30,8 +31,11 @@ def openclaw_config(
     workspace: str | None = None,
     lean: bool = True,
     temperature: float | None = None,
+    api_key: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The openclaw.json that makes clawrl OpenClaw's model (see README, "Use it with OpenClaw")."""
+    """The openclaw.json that makes clawrl OpenClaw's model (see README, "Use it with OpenClaw");
+    `headers`: static headers sent with every request (the provider's `headers`)."""
     entry: dict[str, Any] = {
         "id": model,
         "name": f"{model} (clawrl)",
@@ -51,10 +55,11 @@ def openclaw_config(
             "providers": {
                 "clawrl": {
                     "baseUrl": base_url,
-                    "apiKey": "unused",
+                    "apiKey": api_key or "unused",
                     "api": "openai-completions",
                     "models": [entry],
                 }
+                | ({"headers": headers} if headers else {})
             }
         },
         "agents": {"defaults": defaults},
@@ -100,6 +105,14 @@ def run_agent(
     text = "".join(p.get("text") or "" for p in out.get("payloads", []))
     usage = meta.get("agentMeta", {}).get("lastCallUsage", {})
     return AgentTurn(text, meta.get("stopReason"), meta.get("durationMs", 0) / 1000, usage, out)
+
+
+def installed_openclaw(cache_dir: Path) -> Path | None:
+    """The `openclaw` launcher scripts/setup-openclaw installed into `cache_dir`, or None."""
+    launcher = (
+        cache_dir / "openclaw" / f"node-{NODE_VERSION}-openclaw-{OPENCLAW_VERSION}" / "bin" / "openclaw"
+    )
+    return launcher if launcher.is_file() else None
 
 
 def install(timeout: float = 900) -> Path:

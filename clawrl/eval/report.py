@@ -53,6 +53,7 @@ def method_entry(outcome: Outcome, run_dir: str | None) -> dict[str, Any]:
         "judge": outcome.judge,
         "sessions_passed": outcome.sessions,
         "sessions_to_effect": sessions_to_effect(outcome.sessions),
+        "unanswered": outcome.unanswered,
         "run_dir": run_dir,
     }
 

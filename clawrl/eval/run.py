@@ -44,6 +44,7 @@ class Plan:
     settings: Settings
     out: Path
     run_root: Path
+    openclaw: Path | None = None  # the agent's launcher, with --via openclaw
 
 
 def make_plan(config: Any, args: Namespace) -> Plan:
@@ -61,7 +62,13 @@ def make_plan(config: Any, args: Namespace) -> Plan:
     for method in methods:
         if method is not None and (run_root / method / "clawrl.db").exists():
             raise ValueError(f"{run_root / method} holds a run already; give another --out or --run-dir")
-    return Plan(persona, methods, train, held_out, make_settings(config, args), args.out, run_root)
+    openclaw = None
+    if args.via == "openclaw":
+        from clawrl.eval.via_openclaw import find_openclaw
+
+        openclaw = find_openclaw(config.cache_dir())
+    settings = make_settings(config, args)
+    return Plan(persona, methods, train, held_out, settings, args.out, run_root, openclaw)
 
 
 def make_settings(config: Any, args: Namespace) -> Settings:
@@ -79,6 +86,7 @@ def make_settings(config: Any, args: Namespace) -> Settings:
         stall_s=args.stall_s,
         max_wall_s=args.max_wall_s,
         seed=args.seed,
+        via=args.via,
     )
 
 
@@ -155,11 +163,20 @@ def _report(
 
 
 async def _remote(base_url: str, api_key: str | None, method: str | None, plan: Plan) -> Outcome:
-    async with EvalClient(base_url, api_key) as client:
+    async with _client(base_url, api_key, method, plan) as client:
         _, served = check_learning(await client.health())
         if method is not None and method != served:
             raise EvalError(f"the server at {base_url} trains with method {served!r}, not {method!r}")
         return await run_experiment(client, plan.persona, plan.train, plan.held_out, plan.settings)
+
+
+def _client(base_url: str, api_key: str | None, method: str | None, plan: Plan) -> EvalClient:
+    """The bare API, or the OpenClaw agent with its homes under OUT/openclaw/METHOD."""
+    if plan.openclaw is None:
+        return EvalClient(base_url, api_key)
+    from clawrl.eval.via_openclaw import OpenClawClient
+
+    return OpenClawClient(base_url, api_key, plan.openclaw, plan.out / "openclaw" / (method or "served"))
 
 
 def _fresh(config: Any, method: str, api_key: str | None, plan: Plan) -> tuple[Outcome, Path]:

@@ -24,7 +24,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from clawrl.eval.client import Answer, EvalClient, EvalError
+from clawrl.eval.client import Answer, EvalClient, EvalError, Unanswered
 from clawrl.eval.pacing import Pacer, expected_samples
 from clawrl.eval.personas.base import Persona
 from clawrl.eval.tasks import Task
@@ -47,6 +47,7 @@ class Settings:
     max_wall_s: float = 7200.0
     poll_s: float = 1.0
     seed: int = 0
+    via: str = "api"  # api: bare requests; openclaw: through the OpenClaw agent (eval/via_openclaw.py)
 
 
 @dataclass
@@ -76,6 +77,7 @@ class Outcome:
     # Per training session, in the order they were opened: whether its first answer passed the
     # persona's checks (rated +1: score >= GOOD_ENOUGH). Sessions with no first answer are left out.
     sessions: list[bool] = field(default_factory=list)
+    unanswered: int = 0  # turns that gave no answer (through OpenClaw: failed or timed out)
 
 
 async def measure(
@@ -85,13 +87,22 @@ async def measure(
 
     async def one(task: Task) -> tuple[float, str]:
         messages = [{"role": "user", "content": persona.first_message(task)}]
-        answer = await client.chat(
-            messages, f"eval-{label}-{task.id}", temperature=0.0, max_tokens=max_tokens, side=True, done=True
-        )
+        try:
+            answer = await client.chat(
+                messages,
+                f"eval-{label}-{task.id}",
+                temperature=0.0,
+                max_tokens=max_tokens,
+                side=True,
+                done=True,
+            )
+        except Unanswered as exc:  # counted by the client; no answer scores nothing
+            log.warning("held-out task %s: no answer (%s)", task.id, exc)
+            return 0.0, ""
         return await asyncio.to_thread(persona.score, task, answer.text), answer.version
 
     results = await asyncio.gather(*(one(task) for task in tasks))
-    return [score for score, _ in results], sorted({version for _, version in results})
+    return [score for score, _ in results], sorted({version for _, version in results if version})
 
 
 class Traffic:
@@ -157,7 +168,11 @@ class Traffic:
     async def _converse(self, task: Task, session_id: str, number: int) -> None:
         messages = [{"role": "user", "content": self.persona.first_message(task)}]
         for turn in range(1, self.persona.max_turns + 1):
-            answer = await self._answer(messages, session_id)
+            try:
+                answer = await self._answer(messages, session_id)
+            except Unanswered as exc:  # counted by the client: this conversation ends here
+                log.warning("session %s: no answer (%s)", session_id, exc)
+                return
             reply = await asyncio.to_thread(self.persona.reply, task, answer.text, turn)
             if turn == 1:  # its rating is +1 from GOOD_ENOUGH on: the persona's checks passed
                 self._first_passed[number] = reply.rating > 0

@@ -76,6 +76,14 @@ def test_bad_options_are_named(capsys, tmp_path, argv, message):
     assert message in err
 
 
+def test_via_openclaw_without_openclaw_names_the_setup_script(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("CLAWRL_CACHE_DIR", str(tmp_path / "empty-cache"))  # no OpenClaw installed there
+    code, err = _run(capsys, "eval", "--via", "openclaw", "--out", str(tmp_path / "out"), "--steps", "1")
+    assert code == 2
+    assert "--via openclaw needs the OpenClaw agent: install it once with" in err and "setup-openclaw" in err
+    assert not (tmp_path / "out").exists()  # nothing started
+
+
 def test_bad_config_override_is_a_usage_error(capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         main(["eval", "--out", str(tmp_path), "--train.batch-size", "zero"])
@@ -98,7 +106,7 @@ def test_plan_refuses_a_used_run_folder_and_paces_by_batch_size(tmp_path):
     args = argparse.Namespace(
         persona="brief", persona_base_url=None, max_turns=3, method="rl", base_url=None, tasks="math",
         held_out=4, seed=0, steps=2, max_tokens=64, concurrency=2, samples_per_step=None, no_feedback=False,
-        stall_s=60.0, max_wall_s=600.0, out=tmp_path / "out", run_dir=None, model=None,
+        stall_s=60.0, max_wall_s=600.0, out=tmp_path / "out", run_dir=None, model=None, via="api",
     )  # fmt: skip
     plan = make_plan(config, args)
     assert plan.settings.samples_per_step == 6 and plan.run_root == tmp_path / "out" / "runs"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from clawrl.eval.client import Answer, EvalError
+from clawrl.eval.client import Answer, EvalError, Unanswered
 from clawrl.eval.experiment import check_learning, run_experiment
 from clawrl.eval.pacing import expected_samples
 from clawrl.eval.personas import get_persona
@@ -40,6 +40,8 @@ class ScriptedServer:
     ready: int = 0
     hold: set[int] = field(default_factory=set)  # versions the "canary gate" holds: made, never served
     made: int = 0
+    fail_every: int = 0  # every n-th call raises Unanswered (an OpenClaw turn that failed); 0: none
+    unanswered: int = 0
     calls: list[Call] = field(default_factory=list)
     ratings: list[tuple[str, int, str | None]] = field(default_factory=list)
     _ids: Any = field(default_factory=lambda: itertools.count(1))
@@ -60,6 +62,9 @@ class ScriptedServer:
     async def chat(self, messages, session_id, *, temperature, max_tokens, side=False, done=False) -> Answer:
         await asyncio.sleep(0)  # let other users run, as a real request would
         self.calls.append(Call(session_id, temperature, side, done, messages[-1]["content"]))
+        if self.fail_every and len(self.calls) % self.fail_every == 0:
+            self.unanswered += 1
+            raise Unanswered("openclaw exited 1")
         filler = max(0, 60 - 10 * self.version_number)
         answer = next((a for q, a in self._answers.items() if q in messages[0]["content"]), 0)
         text = "well " * filler + f"it is {answer}."
@@ -115,6 +120,22 @@ def test_eval_requests_are_greedy_side_turns_and_training_requests_are_rated_mai
     # over 30 words, so each still carries the brief persona's hint
     assert len(server.ratings) == 3 * 2
     assert all(rating == 1 and comment for _, rating, comment in server.ratings)
+
+
+def test_turns_without_an_answer_are_counted_and_the_experiment_goes_on():
+    """Through OpenClaw a turn can fail or time out: the conversation ends there, a held-out task
+    without an answer scores 0, and the run still measures every step."""
+    server, train, held, settings = _setup(batch=2)
+    server.fail_every = 3  # the third call is a held-out answer at v0, later ones training turns
+    outcome = asyncio.run(run_experiment(server, get_persona("brief"), train, held, settings))
+    assert [p.step for p in outcome.points] == [0, 1, 2, 3] and outcome.stopped == "done"
+    assert outcome.unanswered == server.unanswered >= 3
+    assert outcome.points[0].scores[2] == 0.0 and outcome.points[0].scores[0] > 0
+    assert outcome.points[0].answer_versions == ["v0"]  # the missing answer names no version
+    failed = [i for i, c in enumerate(server.calls) if (i + 1) % 3 == 0 and not c.side]
+    assert failed
+    for i in failed:  # its conversation sent nothing more
+        assert all(c.session_id != server.calls[i].session_id for c in server.calls[i + 1 :])
 
 
 def test_closing_message_ends_the_session():
