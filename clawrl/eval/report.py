@@ -58,6 +58,7 @@ def method_entry(outcome: Outcome, run_dir: str | None) -> dict[str, Any]:
     }
 
 
+VIA = {"api": "through the bare API", "openclaw": "through the OpenClaw agent (`--via openclaw`)"}
 STABLE_SESSIONS = 3  # consecutive sessions whose first answer passes: a stable effect
 
 
@@ -128,6 +129,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"- held-out tasks: {len(report['held_out'])} ({', '.join(report['held_out'])})",
         f"- signal: {report['signal']}",
+        f"- the users talked {VIA[report.get('settings', {}).get('via', 'api')]}",
         f"- command: `{report['command']}`",
         "",
         "Mean persona score of the first answer to each held-out task (greedy), per training step:",

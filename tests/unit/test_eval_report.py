@@ -73,6 +73,7 @@ def test_markdown_table_has_a_row_per_step_and_a_column_per_method():
         (2, {"rl": (0.6, "v2"), "opd": (0.7, "v2")}),
     ]
     text = markdown(report)
+    assert "- the users talked through the bare API" in text
     assert "| step | rl | opd |" in text
     assert "| 0 | 0.200 (v0) | 0.200 (v0) |" in text
     assert "| 1 | 0.400 (v1) | - |" in text
