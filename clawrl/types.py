@@ -53,8 +53,10 @@ class Turn:
 
     @property
     def logprobs_exact(self) -> bool:
-        """Whether `logprobs` are of the distribution the trainer scores (see `sampling`)."""
-        return self.sampling is None or self.sampling.get("logprobs", "tempered") == "tempered"
+        """Whether `logprobs` are of the distribution the trainer scores (see `sampling`): tempered,
+        and computed by one version (not from a prefix's KV an older version computed)."""
+        s = self.sampling
+        return s is None or (s.get("logprobs", "tempered") == "tempered" and "prefix_kv_version" not in s)
 
     @property
     def policy_version(self) -> str:

@@ -318,7 +318,7 @@ class ChatService:
             prep.first_token_at,
             finish_reason,
             prep.params.grammar,
-            sampling_record(prep.params, self.engine.processed_logprobs),
+            sampling_record(prep.params, self.engine.processed_logprobs, prep.completion.cached_version),
             prep.memory,
         )
 

@@ -31,10 +31,12 @@ class Completion:
     )  # versions that made the tokens, a new entry at each swap
 
     cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache
+    cached_version: str | None = None  # an older version that computed those tokens' KV (TokenEvent)
 
     def add(self, token: TokenEvent) -> None:
         self.tokens.append(token)
         self.cached_tokens += token.cached_tokens
+        self.cached_version = token.cached_version or self.cached_version
         if not self.versions or self.versions[-1] != token.version:
             self.versions.append(token.version)
 

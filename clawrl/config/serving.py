@@ -190,9 +190,12 @@ class EngineConfig(Section):
         "(the memory budget, docs/scale.md).",
     )
     prefix_cache_across_versions: bool = Field(
-        False,
-        description="Let a prompt reuse KV computed by an earlier policy version. Off: a weight swap empties "
-        "the cache, so every token comes from the weights being served.",
+        True,
+        description="The local engine: let a prompt reuse KV an earlier policy version computed, so an "
+        "agent's long prompt is not prefilled again after every swap; the turn records that version "
+        "(sampling.prefix_kv_version) and the trainer's importance weight corrects for it. Off: a weight "
+        "swap empties the cache, so every token comes from the weights being served. (vLLM keeps its own "
+        "cache per LoRA adapter: a new version's prompts are prefilled again there.)",
     )
     constrained_decoding: bool = Field(
         True,

@@ -77,14 +77,18 @@ class SamplingParams:
     grammar: dict[str, Any] | None = field(default=None, hash=False)
 
 
-def sampling_record(params: SamplingParams, processed_logprobs: bool) -> dict[str, Any]:
+def sampling_record(
+    params: SamplingParams, processed_logprobs: bool, prefix_kv_version: str | None = None
+) -> dict[str, Any]:
     """What a turn records of how it was sampled (`Turn.sampling`), and what its logprobs are of.
 
     "tempered": log_softmax(logits / T) over the full vocabulary (or a grammar's tokens), which
     the trainer recomputes. "processed": the engine's logprobs after a nucleus, a top-k cut or a
     penalty changed the distribution (vLLM's `processed_logprobs`, and the local engine's): the
     behaviour mu the trainer's importance weight divides by (clawrl/train/importance.py).
-    Greedy decoding ignores top-p and top-k, not penalties.
+    Greedy decoding ignores top-p and top-k, not penalties. `prefix_kv_version` (recorded only
+    when set): the older policy version whose cached KV the prompt started from; the logprobs are
+    then of that mixed computation, which the importance weight corrects like any other drift.
     """
     truncated = params.temperature > 0 and (params.top_p < 1 or params.top_k > 0)
     penalised = (
@@ -97,7 +101,7 @@ def sampling_record(params: SamplingParams, processed_logprobs: bool) -> dict[st
         "frequency_penalty": params.frequency_penalty,
         "presence_penalty": params.presence_penalty,
         "logprobs": "processed" if processed_logprobs and (truncated or penalised) else "tempered",
-    }
+    } | ({"prefix_kv_version": prefix_kv_version} if prefix_kv_version else {})
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,9 @@ class TokenEvent:
     trainer's importance weight (clawrl/train/importance.py). Under a grammar
     (`SamplingParams.grammar`) the softmax is over the tokens it allows.
     `finish_reason` is set on the last token of the completion. `cached_tokens`, on the first
-    token only, counts the prompt tokens whose KV came from the prefix cache instead of a prefill.
+    token only, counts the prompt tokens whose KV came from the prefix cache instead of a prefill;
+    `cached_version`, on the first token only, names the older policy version that computed that
+    KV when it was not the version serving (the local engine's cache across versions).
     """
 
     token_id: int
@@ -120,6 +126,7 @@ class TokenEvent:
     finish_reason: FinishReason | None = None
     cached_tokens: int = 0
     rope_scaled: bool | None = None  # first token only: was RoPE scaled for this sequence (model/rope.py)
+    cached_version: str | None = None
 
 
 @dataclass

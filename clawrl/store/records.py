@@ -42,6 +42,7 @@ def record(store: Store, turn: Turn, episode: Episode | None = None) -> dict[str
         "policy_version": turn.policy_version,
         "versions": turn.versions,
         "temperature": turn.temperature,
+        "sampling": turn.sampling,
         "finish_reason": turn.finish_reason,
         "next_state": turn.next_state,
         "next_state_at": turn.next_state_at,
@@ -130,6 +131,8 @@ def _turn_lines(store: Store, turn: Turn) -> list[str]:
         lines.append("  next state:")
         lines += [f"    {m.get('role', '?')}: {_clip(_text(m.get('content')))}" for m in turn.next_state]
     lines += _memory_lines(store, turn.memory)
+    if older := (turn.sampling or {}).get("prefix_kv_version"):
+        lines.append(f"  prompt prefix: KV computed by {older} (the prefix cache, across a swap)")
     lines += [_feedback_line(fb.rating, fb.comment) for fb in store.feedback_for(turn.id)]
     judgment = store.latest_judgment(turn.id)
     if judgment is not None:

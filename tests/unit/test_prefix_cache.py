@@ -161,3 +161,66 @@ def test_after_a_swap_no_prompt_starts_from_the_old_weights_cache(tiny_model_dir
     assert after[0].cached_tokens == 0 and after[0].version == "v1"
     assert [e.token_id for e in after] == [e.token_id for e in expected]
     assert [e.logprob for e in after] == pytest.approx([e.logprob for e in expected], abs=1e-4)
+
+
+def test_across_versions_the_longest_entry_wins_and_the_serving_versions_wins_a_tie():
+    cache = PrefixCache(1 << 20, across_versions=True)
+    cache.insert([1, 2, 3, 4], kv_for([1, 2, 3, 4]), "v0")
+    assert cache.lookup([1, 2, 3, 4, 5], "v1")[0] == 4 and cache.last_hit_version == "v0"
+    cache.insert([9, 9, 9], kv_for([9, 9, 9]), "v1")
+    cache.insert([1, 2, 3, 4, 6], kv_for([1, 2, 3, 4, 6]), "v1")  # holds v0's [1, 2, 3, 4]: it replaces it
+    assert len(cache) == 2
+    assert cache.lookup([1, 2, 3, 4, 5], "v1")[0] == 4 and cache.last_hit_version == "v1"
+    cache.insert([7, 7], kv_for([7, 7]), "v0")
+    cache.insert([7, 7, 8], kv_for([7, 7, 8]), "v0")
+    cache.insert([7, 7, 5], kv_for([7, 7, 5]), "v1")
+    assert cache.lookup([7, 7, 8, 1], "v1")[0] == 3 and cache.last_hit_version == "v0"  # longer beats own
+    assert cache.lookup([7, 7, 2], "v1")[0] == 2 and cache.last_hit_version == "v1"  # a tie: its own
+    assert cache.lookup([4, 4], "v1") == (0, None) and cache.last_hit_version is None
+
+
+def test_across_versions_a_swap_keeps_the_cache_and_the_turn_names_the_older_kv(tiny_model_dir):
+    """`engine.prefix_cache_across_versions` (the default): after a swap the agent's prompt is not
+    prefilled again; the first token says which older version computed the KV it started from, and
+    the prompt kept after it is salted with that older version."""
+    prompt = SYSTEM + [11, 12, 13]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+    def perturb(m):
+        for p in m.parameters():
+            p.mul_(1.5)
+
+    async def body():
+        cache = PrefixCache(64 << 20, across_versions=True)
+        engine = await _engine(model, cache)
+        try:
+            before = await _generate(engine, prompt)
+            await engine.swap_weights(perturb, "v1")
+            after = await _generate(engine, prompt + [14])
+            again = await _generate(engine, prompt + [14, 15, 16])
+        finally:
+            await engine.stop()
+        return before, after, again, cache
+
+    before, after, again, cache = asyncio.run(body())
+    assert before[0].cached_version is None
+    assert after[0].cached_tokens == len(prompt) and after[0].version == "v1"
+    assert after[0].cached_version == "v0" and all(e.cached_version is None for e in after[1:])
+    assert again[0].cached_tokens == len(prompt) + 1 and again[0].cached_version == "v0"
+    assert cache.stats.cleared == 0
+
+
+def test_the_turn_records_the_older_version_whose_kv_it_started_from():
+    from clawrl.api.responses import Completion
+    from clawrl.engine.base import TokenEvent, sampling_record
+
+    params = SamplingParams(max_tokens=4)
+    assert "prefix_kv_version" not in sampling_record(params, False)
+    assert sampling_record(params, False, "v2")["prefix_kv_version"] == "v2"
+    completion = Completion("c1", 0, "m", [1, 2, 3])
+    completion.add(TokenEvent(5, -1.0, "v3", cached_tokens=2, cached_version="v2"))
+    completion.add(TokenEvent(6, -1.0, "v3"))
+    assert (
+        completion.cached_version == "v2"
+        and completion.usage()["prompt_tokens_details"]["cached_tokens"] == 2
+    )

@@ -19,7 +19,7 @@ KEYS = {
     "id", "session_id", "turn", "turn_type", "messages", "tools", "response", "tool_calls", "prompt_ids",
     "response_ids", "logprobs", "policy_version", "versions", "temperature", "finish_reason", "next_state",
     "next_state_at", "feedback", "judgment", "reward", "episode", "created_at", "first_token_at",
-    "finished_at", "memory",
+    "finished_at", "memory", "sampling",
 }  # fmt: skip
 VOTES = [
     Vote("prm", 1, "Correct. \\boxed{1}", None, 1.5),
@@ -111,6 +111,18 @@ def test_show_prints_a_session_for_a_human(store):
     assert "next state: (none)" in text
     assert LONG.strip() not in text and "Voici un très long message." in text  # clipped
     assert max(len(line) for line in text.splitlines()) < 350
+
+
+def test_show_names_the_older_version_whose_kv_a_prompt_started_from(tmp_path):
+    sampling = {"logprobs": "tempered", "prefix_kv_version": "v1"}
+    with Store.open(tmp_path / "clawrl.db") as store:
+        store.upsert_session("s1", "header", 1.0)
+        store.insert_turn(make_turn("t0", "s1", 0, created_at=10.0, sampling=sampling))
+        out = io.StringIO()
+        show(store, "s1", out)
+        (turn,) = store.turns()
+    assert "prompt prefix: KV computed by v1 (the prefix cache, across a swap)" in out.getvalue()
+    assert turn.sampling == sampling and not turn.logprobs_exact  # a mixed computation, weighted
 
 
 def test_show_of_an_unknown_session(store):

@@ -223,6 +223,7 @@ class LocalEngine:
             self.version = version
             if self.prefix_cache is not None and not self.prefix_cache.across_versions:
                 self.prefix_cache.clear()  # its entries can never match again: free them
+            # (across versions, the entries stay: see prefix_cache.py)
 
         await self._submit(swap)
         log.info("now serving %s", version)
@@ -343,21 +344,24 @@ class LocalEngine:
     def _start_from_cache(self, req: Request) -> None:
         """Before a long prompt's first chunk: start its KV from the longest cached prefix.
 
-        Entries are salted by version, so a prompt never starts from another version's KV
-        (unless `across_versions` allows it)."""
+        Entries are salted by version: a prompt starts from another version's KV only with
+        `across_versions`, and then records which (`cached_version`)."""
         req.kv_version = self.version
         if self.prefix_cache is None:
             return
         hit, kv = self.prefix_cache.lookup(req.prompt_ids, self.version, _rope_key(req))
         if kv is not None:
             req.cache, req.prefilled, req.cached_tokens = self._batch.cache_of(kv), hit, hit
+            older = self.prefix_cache.last_hit_version
+            req.cached_version = older if older != self.version else None
 
     def _keep_prefix(self, req: Request) -> None:
-        """After a long prompt's last chunk: keep its KV, if one version computed all of it."""
+        """After a long prompt's last chunk: keep its KV, salted by the oldest version that computed
+        part of it (none kept if a swap came during its prefill)."""
         if self.prefix_cache is None or req.kv_version != self.version:
             return
         kv = [(layer.keys, layer.values) for layer in req.cache.layers]
-        self.prefix_cache.insert(req.prompt_ids, kv, self.version, _rope_key(req))
+        self.prefix_cache.insert(req.prompt_ids, kv, req.cached_version or self.version, _rope_key(req))
 
     def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[Sampled]:
         """One token per row of logits [B, V], each row masked by its grammar (if any) first."""
@@ -384,8 +388,9 @@ class LocalEngine:
         first = req.generated == 1
         scaled = req.scaled if first else None
         return TokenEvent(
-            s.token_id, s.logprob, self.version, s.top, finish, req.cached_tokens if first else 0, scaled
-        )
+            s.token_id, s.logprob, self.version, s.top, finish, req.cached_tokens if first else 0, scaled,
+            req.cached_version if first else None,
+        )  # fmt: skip
 
     def _retire(self) -> None:
         rows = self._queue.rows

@@ -15,9 +15,15 @@ common token prefix with it (`lookup`); only the rest is prefilled.
   prefix of a newer entry's is dropped when the newer one is inserted: a conversation keeps one.
 - Entries are keyed by the RoPE their KV was computed with (scaled or the model's own): the two
   never match, whatever `across_versions` says.
-- Entries are salted by the policy version whose weights computed them. A lookup only matches
-  entries of the version being served unless `across_versions` is set, so after a weight swap no
-  token is computed from a cache of other weights (the engine also clears the cache on a swap).
+- Entries are salted by the policy version whose weights computed them (the oldest, where a prompt
+  started from an older entry). With `across_versions` (`engine.prefix_cache_across_versions`, the
+  default) a lookup matches entries of every version, so an agent's long prompt is not prefilled
+  again after each weight swap: the new version's tokens then attend to KV an older version
+  computed. `last_hit_version` names the version of the entry a lookup used; the engine records it
+  on the turn when it is not the version serving, and the trainer's truncated importance weight
+  corrects for it (the behaviour logprob is what was sampled, the trainer recomputes the whole
+  sequence with its own weights). Without `across_versions` a lookup only matches the version
+  being served, and the engine clears the cache on a swap.
 
 Not thread-safe: the engine touches it from its one worker thread only.
 """
@@ -59,6 +65,7 @@ class PrefixCache:
     def __init__(self, budget_bytes: int, across_versions: bool = False) -> None:
         self.budget = budget_bytes
         self.across_versions = across_versions
+        self.last_hit_version: str | None = None  # the version of the entry the last lookup used
         self._entries: OrderedDict[int, _Entry] = OrderedDict()  # least recently used first
         self._next = 0
         self._bytes = 0
@@ -72,20 +79,23 @@ class PrefixCache:
         return self._bytes
 
     def lookup(self, ids: list[int], version: str, rope: str = "") -> tuple[int, KV | None]:
-        """The longest cached prefix of `ids` (at most len(ids) - 1 tokens) and its KV views."""
+        """The longest cached prefix of `ids` (at most len(ids) - 1 tokens) and its KV views; of two
+        as long, the one `version` computed."""
         self.stats.lookups += 1
         self.stats.looked_up_tokens += len(ids)
+        self.last_hit_version = None
         query = torch.tensor(ids, dtype=torch.long)
-        best, best_len = None, 0
+        best, best_len, best_own = None, 0, False
         for key, entry in self._entries.items():
             if entry.rope != rope or (entry.version != version and not self.across_versions):
                 continue  # KV computed with another RoPE never matches (clawrl/model/rope.py)
-            n = _common_prefix(entry.ids, query)
-            if n > best_len:
-                best, best_len = key, n
+            n, own = _common_prefix(entry.ids, query), entry.version == version
+            if (n, own) > (best_len, best_own):
+                best, best_len, best_own = key, n, own
         best_len = min(best_len, len(ids) - 1)
         if best is None or best_len <= 0:
             return 0, None
+        self.last_hit_version = self._entries[best].version
         self._entries.move_to_end(best)
         self.stats.hits += 1
         self.stats.hit_tokens += best_len
@@ -98,7 +108,8 @@ class PrefixCache:
         if nbytes > self.budget or not ids:
             return False
         query = torch.tensor(ids, dtype=torch.long)
-        for key in [k for k, e in self._entries.items() if e.version == version and e.rope == rope]:
+        same = [k for k, e in self._entries.items() if (e.version == version or self.across_versions)]
+        for key in [k for k in same if self._entries[k].rope == rope]:
             entry = self._entries[key]
             if len(entry.ids) <= len(ids) and _common_prefix(entry.ids, query) == len(entry.ids):
                 self._remove(key)  # the new entry holds all of it

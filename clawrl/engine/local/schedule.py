@@ -60,6 +60,7 @@ class Request:
     prefilled: int = 0
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     kv_version: str | None = None  # the version that computed this prompt's first KV
+    cached_version: str | None = None  # an older version whose cached KV this prompt started from
     scaled: bool = False  # RoPE scaled for this whole sequence (clawrl/model/rope.py)
     constraint: constrain.Constraint | None = None  # its grammar's matcher (None: free decoding)
 
