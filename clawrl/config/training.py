@@ -135,6 +135,13 @@ class TrainConfig(Section):
         "Activation memory grows linearly with it. None: chosen from the device and the model's size "
         "at start (docs/training.md, 'Defaults by model size'): 2048 on a CPU.",
     )
+    pack_prefixes: bool = Field(
+        True,
+        description="Score a session's turns in one sequence: a sample whose prompt continues another's "
+        "whole sequence (an agent resends its history) is scored inside it, with loss masks, by the "
+        "policy and the reference (train/packing.py); the same logprobs for a fraction of the tokens. "
+        "Off: every sample is its own sequence.",
+    )
     replay_fraction: float = Field(
         0.0,
         ge=0,

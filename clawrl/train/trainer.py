@@ -54,6 +54,7 @@ from clawrl.train.group import Group, split_by_tokens
 from clawrl.train.importance import WeightSums, truncated_weights
 from clawrl.train.loss import policy_loss
 from clawrl.train.master import MasterWeights
+from clawrl.train.packing import pack_prefixes, unpack
 from clawrl.train.shards import grad_norm_value
 from clawrl.train.sizing import CPU_MICRO_BATCH_TOKENS
 from clawrl.types import Sample
@@ -61,6 +62,7 @@ from clawrl.version_folder import version_number
 
 log = logging.getLogger(__name__)
 _SUMMED = ("pg_loss", "kl", "entropy", "clip_frac", "dual_frac")  # each micro-batch's share of the mean
+_COUNTED = ("tokens_scored",)  # summed over micro-batches and ranks as they are
 
 
 @dataclass
@@ -170,7 +172,7 @@ class Trainer:
         mine, groups = plans[group.rank]
         lengths = [_length(s) for s in mine]
         passes = self._passes(plans)
-        sums: Counter[str] = Counter({k: 0.0 for k in _SUMMED})
+        sums: Counter[str] = Counter({k: 0.0 for k in (*_SUMMED, *_COUNTED)})
         weights = WeightSums()
         gaps = GapStats(self.cfg.opd_clip)
         long = self.device.type == "cpu" and max(lengths, default=0) > self.cfg.long_sample_tokens
@@ -180,11 +182,12 @@ class Trainer:
                 micro = [mine[i] for i in groups[k if real else -1]]
                 # The gradients are reduced in the backward of the last micro-batch only.
                 with group.no_sync(self.wrapped, skip=k < len(passes) - 1):
-                    terms, drift = self._micro_loss(micro, total, gaps if real else None, teacher)
+                    terms, drift, scored = self._micro_loss(micro, total, gaps if real else None, teacher)
                     group.backward(terms.loss * (group.grad_scale if real else 0.0))
                 if real:
                     for key in _SUMMED:
                         sums[key] += float(getattr(terms, key))
+                    sums["tokens_scored"] += scored
                     weights.add(drift)
                 del terms
         replayed = self.replay.backward(self, total) if self.replay is not None else {}
@@ -205,12 +208,26 @@ class Trainer:
         return metrics | weights.metrics() | gaps.metrics() | replayed
 
     def _micro_batches(self, samples: list[Sample]) -> list[tuple[list[Sample], list[list[int]]]]:
-        """Per rank: (its share of `samples`, its micro-batches as indices into that share)."""
+        """Per rank: (its share of `samples`, its micro-batches as indices into that share).
+
+        The units are the rows of `pack_prefixes` (a session's turns that continue each other go
+        together), each as long as its longest pass: the row, or an opd sample's teacher pass."""
         budget = self.cfg.micro_batch_tokens or CPU_MICRO_BATCH_TOKENS
+        layout = pack_prefixes(samples, self.cfg.pack_prefixes)
+        rows = [[samples[i] for i in members] for members in layout.members]
+        lengths = [
+            _row_length(p, r, row) for p, r, row in zip(layout.prompts, layout.responses, rows, strict=True)
+        ]
         out = []
-        for share in split_by_tokens([_length(s) for s in samples], self.group.world):
-            mine = [samples[i] for i in share]
-            out.append((mine, pack([_length(s) for s in mine], budget)))
+        for share in split_by_tokens(lengths, self.group.world):
+            mine = [s for r in share for s in rows[r]]
+            starts = [0]
+            for r in share:
+                starts.append(starts[-1] + len(rows[r]))
+            groups = pack([lengths[r] for r in share], budget)
+            out.append(
+                (mine, [[i for g in group for i in range(starts[g], starts[g + 1])] for group in groups])
+            )
         return out
 
     def _passes(self, plans: list[tuple[list[Sample], list[list[int]]]]) -> list[bool]:
@@ -244,6 +261,7 @@ class Trainer:
             "samples_rl": kinds["rl"],
             "samples_opd": kinds["opd"],
             "tokens": total,
+            "tokens_scored": int(sums.get("tokens_scored", 0)),  # one pass's tokens over the rows (packed)
             "step_s": took,
             "tokens_per_s": total / took,
         }
@@ -259,20 +277,24 @@ class Trainer:
         """
         cfg, device = self.cfg, self.device
         temps = torch.tensor([s.temperature for s in group], device=device)
-        batch = left_pad([s.prompt_ids for s in group], [s.response_ids for s in group], device)
-        batch.rope = [s.rope_scaled for s in group]  # as each was served (clawrl/model/rope.py)
-        batch.grammar = [s.grammar for s in group]  # scored under the mask it was decoded under
-        width = batch.targets.shape[1]
+        layout = pack_prefixes(group, cfg.pack_prefixes)  # a session's turns in one row (train/packing.py)
+        batch = left_pad(layout.prompts, layout.responses, device)
+        first = [group[m[0]] for m in layout.members]
+        batch.rope = [s.rope_scaled for s in first]  # as each was served (clawrl/model/rope.py)
+        batch.grammar = [s.grammar for s in first]  # scored under the mask it was decoded under (alone)
+        row_temps = torch.tensor([s.temperature for s in first], device=device)
+        width = max(len(s.response_ids) for s in group)
         behaviour = pad_rows([s.logprobs for s in group], width, device)  # mu; [] for none recorded
         mask = pad_rows([s.loss_mask or [1] * len(s.response_ids) for s in group], width, device)
         teachers = self._teacher(group, temps, width) if teacher else None
         ref = None
         if cfg.kl_coef:
             with self._scorer(reference=True) as module:
-                ref = score(module, batch, temps, with_entropy=False)[0]
+                ref = unpack(score(module, batch, row_temps, with_entropy=False)[0], layout, width)
         # The entropy is reported; it carries a gradient only when it is trained (entropy_coef > 0).
         with self._autocast():
-            logp, entropy = score(self.wrapped, batch, temps, entropy_grad=cfg.entropy_coef > 0)
+            logp, entropy = score(self.wrapped, batch, row_temps, entropy_grad=cfg.entropy_coef > 0)
+        logp, entropy = unpack(logp, layout, width), unpack(entropy, layout, width)
         student = logp.detach()
         adv = batch_advantages(group, student, teachers, cfg.w_rl, cfg.w_opd, cfg.opd_clip, gaps)
         recorded = torch.tensor([bool(s.logprobs) for s in group], device=device)
@@ -293,7 +315,7 @@ class Trainer:
             kl_clamp=cfg.kl_clamp,
             is_weight=weights,
         )
-        return terms, sums
+        return terms, sums, layout.tokens
 
     def _autocast(self) -> AbstractContextManager[None]:
         """bf16 autocast around the gradient pass of float32 (master) weights on a GPU; else none."""
@@ -320,6 +342,11 @@ class Trainer:
 
 def _tokens(s: Sample) -> int:
     return sum(s.loss_mask) if s.loss_mask is not None else len(s.response_ids)
+
+
+def _row_length(prompt: list[int], response: list[int], samples: list[Sample]) -> int:
+    """The longest sequence a row of `pack_prefixes` is scored as: itself, or an opd sample's teacher pass."""
+    return max(len(prompt) + len(response), *(_length(s) for s in samples))
 
 
 def _length(s: Sample) -> int:

@@ -1,0 +1,102 @@
+"""A session's turns scored in one sequence (clawrl/train/packing.py): the same step, fewer tokens."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from clawrl.config import TrainConfig
+from clawrl.train.packing import pack_prefixes, unpack
+from clawrl.train.trainer import Trainer
+from clawrl.types import Sample
+from tests.unit.test_trainer import _model
+
+SYSTEM = [1, 9690, 198, 4093, 198, 1780, 314, 2, 198]
+
+
+def turn(prompt: list[int], response: list[int], i: int, **kw) -> Sample:
+    gen = torch.Generator().manual_seed(i)
+    logprobs = (-10.8 + 0.3 * torch.randn(len(response), generator=gen)).tolist()  # near the tiny model's
+    fields = {"reward": 1.0 if i % 2 else -1.0} | kw
+    return Sample(f"t{i}", "rl", prompt, response, logprobs, "v0", 1.0, id=i, **fields)
+
+
+def session() -> list[Sample]:
+    """Three turns of one conversation, each prompt the last one's prompt and answer and a new message,
+    and a turn of another conversation; given out of order."""
+    first = turn(SYSTEM + [1, 520, 11, 12], [30, 31, 32, 2], 0)
+    second = turn(first.prompt_ids + first.response_ids + [1, 520, 13, 14, 15], [33, 34, 2], 1)
+    third = turn(second.prompt_ids + second.response_ids + [1, 520, 16], [35, 36, 37, 38, 2], 2)
+    other = turn(SYSTEM + [1, 520, 99], [40, 41, 2], 3)
+    return [third, other, first, second]
+
+
+def test_turns_that_continue_each_other_share_one_row():
+    samples = session()
+    layout = pack_prefixes(samples)
+    assert len(layout.members) == 2
+    third, other, first, second = samples
+    row = layout.row_of[2]
+    assert layout.row_of[0] == layout.row_of[3] == row != layout.row_of[1]
+    assert layout.members[row] == [2, 3, 0]  # first, second, third: by prompt length
+    assert layout.prompts[row] + layout.responses[row] == third.prompt_ids + third.response_ids
+    for i, s in enumerate(samples):  # each answer sits at its offset in its row's response
+        response = layout.responses[layout.row_of[i]]
+        assert response[layout.offsets[i] : layout.offsets[i] + len(s.response_ids)] == s.response_ids
+    assert layout.tokens == len(third.prompt_ids) + len(third.response_ids) + len(other.prompt_ids) + 3
+    assert len(pack_prefixes(samples, enabled=False).members) == 4
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"temperature": 0.7}, {"rope_scaled": True}, {"grammar": {"type": "json"}}],
+    ids=["temperature", "rope", "grammar"],
+)
+def test_turns_scored_differently_are_not_packed(change):
+    third, other, first, second = session()
+    assert len(pack_prefixes([first, dataclasses.replace(second, **change)]).members) == 2
+
+
+def test_a_prompt_that_departs_from_the_history_is_its_own_row():
+    third, other, first, second = session()
+    edited = dataclasses.replace(second, prompt_ids=second.prompt_ids[:5] + [7] + second.prompt_ids[6:])
+    assert len(pack_prefixes([first, edited]).members) == 2
+
+
+def test_unpack_reads_each_samples_tokens_from_its_row():
+    samples = session()
+    layout = pack_prefixes(samples)
+    rows = torch.zeros(len(layout.members), max(len(r) for r in layout.responses))
+    for r, response in enumerate(layout.responses):
+        rows[r, : len(response)] = torch.tensor(response, dtype=torch.float)
+    out = unpack(rows, layout, 5)
+    for i, s in enumerate(samples):
+        assert out[i, : len(s.response_ids)].tolist() == s.response_ids
+
+
+def test_a_packed_step_is_the_unpacked_step_for_fewer_tokens(tiny_model_dir):
+    """The policy, the reference (KL) and the entropy read each answer from its session's one
+    sequence: the loss, every figure and the update match scoring each turn alone."""
+    results = []
+    for packed in (True, False):
+        torch.manual_seed(0)
+        model, optimizer = _model(tiny_model_dir, lr=1e-2)
+        cfg = TrainConfig(kl_coef=0.1, entropy_coef=0.01, pack_prefixes=packed)
+        samples = session()
+        samples[3] = dataclasses.replace(
+            samples[3], kind="opd", teacher_prompt_ids=samples[3].prompt_ids + [7, 8]
+        )
+        samples[0] = dataclasses.replace(samples[0], loss_mask=[1, 0, 1, 1, 1])
+        metrics = Trainer(model, optimizer, cfg).step(samples)
+        results.append((metrics, [p.detach().clone() for n, p in model.named_parameters() if "lora_" in n]))
+    (packed, lora_packed), (alone, lora_alone) = results
+    for key in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm", "is_weight_mean", "mismatch"):
+        assert packed[key] == pytest.approx(alone[key], rel=1e-4, abs=1e-6), key
+    assert packed["tokens"] == alone["tokens"] == 4 + 3 + 4 + 3
+    third, other = session()[:2]
+    one_row = len(third.prompt_ids) + len(third.response_ids)
+    assert packed["tokens_scored"] == one_row + len(other.prompt_ids) + len(other.response_ids)
+    assert alone["tokens_scored"] == sum(len(s.prompt_ids) + len(s.response_ids) for s in session())
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(lora_packed, lora_alone, strict=True))
