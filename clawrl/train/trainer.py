@@ -243,6 +243,7 @@ class Trainer:
             "samples": len(samples),
             "samples_rl": kinds["rl"],
             "samples_opd": kinds["opd"],
+            "samples_memory": sum(1 for s in samples if s.experience_ids),  # memory distillation's (opd)
             "tokens": total,
             "step_s": took,
             "tokens_per_s": total / took,
