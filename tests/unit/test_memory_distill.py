@@ -59,8 +59,17 @@ def served_turn(renderer: ChatRenderer, ids: list[int], block: str | None, turn_
     prompt = renderer.render(messages, None).prompt_ids
     answer = renderer.tokenizer.encode("Boil it for nine minutes, then cool it.", add_special_tokens=False)
     memory = {"ids": ids, "block": block} if block else None
-    values = dict(messages=MESSAGES, tools=None, prompt_ids=prompt, response_ids=answer, memory=memory,
-                  finish_reason="stop", logprobs=[-0.5] * len(answer), temperature=1.0, rope_scaled=None)  # fmt: skip
+    values = {
+        "messages": MESSAGES,
+        "tools": None,
+        "prompt_ids": prompt,
+        "response_ids": answer,
+        "memory": memory,
+        "finish_reason": "stop",
+        "logprobs": [-0.5] * len(answer),
+        "temperature": 1.0,
+        "rope_scaled": None,
+    }
     return make_turn(turn_id, "s1", 0, **(values | kw))
 
 
@@ -298,6 +307,7 @@ def test_the_probe_stops_at_its_time_budget(store, tiny_model_dir, renderer):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     learnt(store, WISH, "Answer in French please.", "Use metric units.")
     store.insert_turn(served_turn(renderer, [], None))
+
     def run() -> set[int]:
         ticks = iter(range(100))  # one "second" a look at the clock: the deadline is 2.5 after the start
         MemoryProbe(store, model, renderer, MemoryConfig(probe_budget_s=2.5), clock=lambda: next(ticks)).run()
