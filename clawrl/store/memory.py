@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from clawrl.memory.lessons import MAX_CHARS, cap
 from clawrl.memory.similar import MERGE_AT, best_match, fts_query
-from clawrl.store.rows import INSERT_SAMPLE, TURN_COLUMNS, sample_row, turn_from_row
+from clawrl.store.rows import DISTILL_IDS, INSERT_SAMPLE, NOT_DISTILL, TURN_COLUMNS, sample_row, turn_from_row
 from clawrl.types import DEFAULT_OWNER, EXPERIENCE_ACTIVE, EXPERIENCE_RETIRED, Experience, Sample, Turn
 
 EXPERIENCE_COLUMNS = (
@@ -48,14 +48,11 @@ _INSERT = (
 _MERGE = "UPDATE experiences SET turn_ids = ?, session_ids = ?, seen = ?, last_seen = ? WHERE id = ?"
 _DROP_SAMPLES = (
     "UPDATE samples SET status = 'skipped', status_reason = ?1 WHERE status = 'ready' AND "
-    "(json_extract(payload, '$.experience_id') = ?2 "
-    "OR ?2 IN (SELECT value FROM json_each(json_extract(payload, '$.experience_ids'))))"
+    "(CASE WHEN json_valid(payload) THEN json_extract(payload, '$.experience_id') END = ?2 "
+    f"OR ?2 IN (SELECT value FROM json_each({DISTILL_IDS})))"
 )
 # The turn's memory distillation sample, unless superseded (?1: turn id).
-_DISTILLED_TURN = (
-    "SELECT 1 FROM samples WHERE turn_id = ?1 AND status != 'superseded' "
-    "AND json_extract(payload, '$.experience_ids') IS NOT NULL"
-)
+_DISTILLED_TURN = f"SELECT 1 FROM samples WHERE turn_id = ?1 AND status != 'superseded' AND NOT {NOT_DISTILL}"
 _RETIRED_AMONG = (
     f"SELECT id FROM experiences WHERE state = '{EXPERIENCE_RETIRED}' "
     "AND id IN (SELECT value FROM json_each(?))"

@@ -364,7 +364,8 @@ ALTER TABLE experiences ADD COLUMN gap REAL NULL;
 ALTER TABLE experiences ADD COLUMN probed_at REAL NULL;
 INSERT INTO counters (name) VALUES ('memory:samples'), ('memory:distilled'), ('memory:reactivated');
 CREATE TRIGGER counters_memory_sample AFTER INSERT ON samples
-WHEN json_extract(NEW.payload, '$.experience_ids') IS NOT NULL BEGIN
+WHEN CASE WHEN json_valid(NEW.payload) THEN json_extract(NEW.payload, '$.experience_ids') END
+    IS NOT NULL BEGIN
     UPDATE counters SET n = n + 1 WHERE name = 'memory:samples';
 END;
 CREATE TRIGGER counters_memory_state AFTER UPDATE OF state ON experiences

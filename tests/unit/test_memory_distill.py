@@ -151,6 +151,21 @@ def test_one_distillation_sample_a_turn_and_none_for_an_erased_experience(store,
     assert store.insert_distillation(distillation_sample(other, bare_prompt(renderer)(other))) is None
 
 
+def test_a_sample_with_a_non_finite_logprob_breaks_no_memory_rule(store, renderer):
+    """json.dumps writes NaN, which SQLite's JSON functions refuse: the rules read such a payload as
+    no distillation sample's instead of failing the statement (the trainer skips it later)."""
+    (e,) = learnt(store, WISH)
+    turn = served_turn(renderer, [e], render_block(WISH))
+    store.insert_turn(turn)
+    (broken,) = get_method("rl").samples(turn, Judgment(turn.id, "j", [], score=1, hint=None), None)
+    broken.logprobs = [float("nan")] * len(broken.logprobs)
+    store.insert_judgment(Judgment(turn.id, "j", [], score=1, hint=None), [broken])
+    store.insert_distillation(distillation_sample(turn, bare_prompt(renderer)(turn)))
+    store.insert_judgment(Judgment(turn.id, "j", [], score=-1, hint=None), [])
+    store.forget(e, now=5.0)
+    assert store.sample_status(broken.id)[0] == "superseded" and store.counters()["memory:samples"] == 1
+
+
 def test_the_distillation_sample_and_the_methods_do_not_supersede_or_block_each_other(store, renderer):
     (e,) = learnt(store, WISH)
     turn = served_turn(renderer, [e], render_block(WISH))
