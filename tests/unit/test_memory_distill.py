@@ -184,6 +184,20 @@ def test_the_distillation_sample_and_the_methods_do_not_supersede_or_block_each_
     assert store.sample_status(opd.id)[0] == "ready"
 
 
+def test_training_the_turns_opd_sample_leaves_its_distillation_sample_ready(store, renderer):
+    (e,) = learnt(store, WISH)
+    turn = served_turn(renderer, [e], render_block(WISH))
+    store.insert_turn(turn)
+    hinted = Judgment(turn.id, "judge", [], score=-1, hint="Be brief.")
+    (opd,) = get_method("combine").samples(turn, hinted, teacher_prompt(renderer))
+    store.insert_judgment(hinted, [opd])
+    distil = distillation_sample(turn, bare_prompt(renderer)(turn))
+    store.insert_distillation(distil)
+    store.claim_samples([opd.id])
+    store.publish_version(_version("v1"), trained=[opd.id])
+    assert store.sample_status(distil.id) == ("ready", None)  # not "its turn was trained on (this kind)"
+
+
 def _version(name: str) -> Version:
     return Version(name, 1, None, {}, "v0")
 
