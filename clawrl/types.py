@@ -155,9 +155,9 @@ class Experience:
     """One lesson about a user's wishes (clawrl/memory): a short sentence and where it was learnt.
 
     `state`: `active` (added to the system prompts of that owner's requests), `distilled` (trained
-    into the weights: the retirement probe found the bare policy already does it; not injected) or
-    `retired` (erased by its user, or retired: never injected
-    again, and a similar lesson learnt later merges into it and stays retired).
+    into the weights: the retirement probe found the bare policy already does it; not injected, and
+    `active` again when the effect is lost) or `retired` (erased by its user: never injected again,
+    and a similar lesson learnt later merges into it and stays retired).
     """
 
     text: str

@@ -30,8 +30,8 @@ def answer_gap(teacher: Sequence[float], student: Sequence[float]) -> float:
     """g_i: the mean per-token gap, teacher minus student, of one answer; ValueError when they differ
     in length or are empty."""
     if len(teacher) != len(student) or not teacher:
-        raise ValueError(f"an answer's gap needs as many teacher as student logprobs, >0 ({len(teacher)}, "
-                         f"{len(student)})")  # fmt: skip
+        counts = f"{len(teacher)} and {len(student)}"
+        raise ValueError(f"an answer's gap needs as many teacher as student logprobs, not none: {counts}")
     return sum(t - s for t, s in zip(teacher, student, strict=True)) / len(teacher)
 
 
