@@ -1,22 +1,30 @@
-"""Retired when learned: whether the bare policy already does what an experience asks (pure).
+"""Retired when learned: whether the policy already does what an experience asks (pure).
 
 The retirement probe (clawrl/train/memory_probe.py) scores the policy's own answers to a few of
-the owner's newest prompts twice: under the client's messages alone (the bare policy) and with a
-memory block of one experience added (the memory-augmented policy). Per answer it takes the mean
-per-token logprob gap, teacher minus student (the advantage memory distillation trains on,
-clawrl/algo/distill.py):
+the owner's newest prompts twice: with a memory block of one experience (the memory-augmented
+policy) and with an empty block, the header alone (the reference). Per answer it takes the mean
+per-token logprob gap, teacher minus reference (the advantage memory distillation trains on,
+clawrl/algo/distill.py, with the header on both sides):
 
-    g_i = mean_t [ log pi(a_t | s_i + e) - log pi(a_t | s_i) ]        gap(e) = mean_i |g_i|
+    g_i = mean_t [ log pi(a_t | s_i + header + e) - log pi(a_t | s_i + header) ]
+    gap(e) = mean_i |g_i|
 
-gap(e) near 0 means adding the experience no longer changes what the policy says: the weights
+gap(e) near 0 means the experience's words no longer change what the policy says: the weights
 already do it, and the experience is `distilled` (no longer injected). Hysteresis keeps it from
 flapping: `distilled` under `distilled_below`, `active` again over `active_above`, and between the
 two the state stays. A `retired` experience (erased by its user) is never moved.
 
-A limit to know: on prompts where the experience does not apply ("Answer in French" on a code
-question that is already answered in code) the gap is small too; the probe reads the newest
-prompts, so an experience that no recent prompt calls for can be marked distilled, and it is
-`active` again once prompts that call for it show the gap.
+Why the header on both sides, not the bare prompt: any system text moves a policy's logprobs a
+little, whatever it says. On the embedded SmolLM2-135M (bench/memory_probe.py, four questions,
+32-token greedy answers written without the wish), "Call me Sam." measured 0.056 nats a token
+against the bare prompt and 0.012 against the header alone; "Answer in French please." 0.221 and
+0.177. Against the bare prompt every experience carries that floor (~0.04 there) and would never
+fall under a small threshold however well the weights learnt it.
+
+A limit to know: on prompts where the experience does not apply ("Call me Sam." on questions
+that never address the user) the gap is small too; the probe reads the newest prompts, so an
+experience that no recent prompt calls for can be marked distilled, and it is `active` again once
+prompts that call for it show the gap.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The retirement probe: after a version is published, is each experience already in the weights?
 
 On the `memory.probe_turns` newest main turns (the owner's prompts), the trainer scores each
-turn's own answer under the client's messages alone and under those messages with a memory block
-of one experience; the rule of clawrl/memory/retire.py turns the gaps into `active` or
+turn's own answer under the client's messages with an empty memory block (the header alone: the
+reference, see clawrl/memory/retire.py for why not the bare messages) and under those messages
+with a memory block of one experience; the rule of clawrl/memory/retire.py turns the gaps into `active` or
 `distilled`, and the store records the state, the gap and when (`Store.probed`). A `distilled`
 experience is no longer offered to requests; one whose gap grows again is `active` again.
 
@@ -60,13 +61,13 @@ class MemoryProbe:
         if not turns or not experiences:
             return []
         deadline = self.clock() + self.cfg.probe_budget_s
-        bare = [self._logprobs(self.renderer.render(t.messages, t.tools).prompt_ids, t) for t in turns]
+        reference = [self._logprobs(self._prompt(t, []), t) for t in turns]
         changed = []
         for e in experiences:
             if self.clock() > deadline:
                 break
-            pairs = zip(turns, bare, strict=True)
-            gap = experience_gap([answer_gap(self._logprobs(self._prompt(t, e), t), b) for t, b in pairs])
+            pairs = zip(turns, reference, strict=True)
+            gap = experience_gap([answer_gap(self._logprobs(self._prompt(t, [e]), t), r) for t, r in pairs])
             assert gap is not None  # turns is not empty
             state = next_state(e.state, gap, self.cfg.distilled_below, self.cfg.active_above)
             now = self.store.probed(e.id or 0, state, gap, time.time())
@@ -74,9 +75,9 @@ class MemoryProbe:
                 changed.append(now)
         return changed
 
-    def _prompt(self, turn: Turn, e: Experience) -> list[int]:
-        """The turn's client messages with a memory block of `e` alone."""
-        return self.renderer.render(with_memory(turn.messages, render([e])), turn.tools).prompt_ids
+    def _prompt(self, turn: Turn, lines: list[Experience]) -> list[int]:
+        """The turn's client messages with a memory block of these experiences (none: the header alone)."""
+        return self.renderer.render(with_memory(turn.messages, render(lines)), turn.tools).prompt_ids
 
     @torch.no_grad()
     def _logprobs(self, prompt_ids: list[int], turn: Turn) -> list[float]:

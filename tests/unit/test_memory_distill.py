@@ -18,7 +18,7 @@ from clawrl.algo.teacher import bare_prompt, teacher_prompt
 from clawrl.chat.template import ChatRenderer
 from clawrl.config import JudgeConfig, MemoryConfig, TrainConfig
 from clawrl.judge.worker import JudgeLoop
-from clawrl.memory import answer_gap, experience_gap, next_state, render, with_memory
+from clawrl.memory import HEADER, answer_gap, experience_gap, next_state, render, with_memory
 from clawrl.store.db import Store
 from clawrl.store.writer import StoreWriter
 from clawrl.testing import make_turn
@@ -320,10 +320,13 @@ def test_the_probe_marks_an_experience_distilled_and_active_again_by_the_measure
     assert found[erased].state == EXPERIENCE_RETIRED and found[erased].gap is None
 
     (turn,) = store.recent_main_turns(1)
-    with_it = _logprobs(model, renderer.render(with_memory(MESSAGES, render_block(WISH)), None).prompt_ids,
-                        turn.response_ids)  # fmt: skip
-    without = _logprobs(model, renderer.render(MESSAGES, None).prompt_ids, turn.response_ids)
-    assert gap == pytest.approx(abs(answer_gap(with_it, without)), rel=1e-4)  # every turn asks the same
+
+    def scored(block: str) -> list[float]:
+        prompt = renderer.render(with_memory(MESSAGES, block), None).prompt_ids
+        return _logprobs(model, prompt, turn.response_ids)
+
+    with_it, header = scored(render_block(WISH)), scored(HEADER)  # the reference: the header alone
+    assert gap == pytest.approx(abs(answer_gap(with_it, header)), rel=1e-4)  # every turn asks the same
 
     found = {e.id: e for e in probe(distilled_below=gap * 1.01, active_above=gap * 2)}
     assert found[wish].state == EXPERIENCE_DISTILLED
