@@ -367,8 +367,8 @@ class MemoryConfig(Section):
     distilled_below: float = Field(
         0.05,
         ge=0.0,
-        description="Mean |logprob gap| (nats a token) of the policy's answers with and without an "
-        "experience under which it is `distilled`.",
+        description="Mean |logprob gap| (nats a token) of the policy's answers with an experience and with "
+        "the memory header alone under which it is `distilled`.",
     )
     active_above: float = Field(
         0.15,
