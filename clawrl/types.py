@@ -139,7 +139,10 @@ class Sample:
     grammar: dict[str, Any] | None = None  # as its turn was decoded: the trainer scores under the same mask
     # False: `logprobs` are not of the distribution the trainer scores (Turn.sampling); trained on-policy.
     logprobs_exact: bool = True
-    experience_id: int | None = None  # memory distillation: the experience it teaches (None: not one)
+    experience_id: int | None = None  # unused: rows written before `experience_ids` carry it (None)
+    # Memory distillation (clawrl/algo/distill.py): the experiences whose block the teacher prompt read
+    # and the student prompt lacks; None: not a distillation sample.
+    experience_ids: list[int] | None = None
     status: str = "ready"  # ready | training (claimed by a step) | trained | stale | skipped | superseded
     created_at: float = field(default_factory=time.time)
     id: int | None = None
@@ -154,8 +157,9 @@ class Experience:
     """One lesson about a user's wishes (clawrl/memory): a short sentence and where it was learnt.
 
     `state`: `active` (added to the system prompts of that owner's requests), `distilled` (trained
-    into the weights; not injected) or `retired` (erased by its user, or retired: never injected
-    again, and a similar lesson learnt later merges into it and stays retired).
+    into the weights: the retirement probe found the bare policy already does it; not injected, and
+    `active` again when the effect is lost) or `retired` (erased by its user: never injected again,
+    and a similar lesson learnt later merges into it and stays retired).
     """
 
     text: str
@@ -167,6 +171,8 @@ class Experience:
     created_at: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.time)
     retired_at: float | None = None
+    gap: float | None = None  # the last retirement probe's mean logprob gap, memory on vs off (nats/token)
+    probed_at: float | None = None  # when that probe ran (None: never probed)
     id: int | None = None
 
 

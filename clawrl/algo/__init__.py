@@ -17,8 +17,10 @@ gave episode i of a group of G episodes of one task (clawrl/algo/grpo.py).
 (*) At-least-one guarantee: a session that gave no `rl` sample
 contributes its first scored turn (reward 0) when it ends.
 
-Side turns, aborted turns and turns without response tokens never give
-samples. A new method is one small module here, added to `METHODS`.
+Besides the method, a turn served with a memory block gives a memory distillation sample
+(clawrl/algo/distill.py: an `opd` sample whose student prompt lacks the block and whose teacher
+prompt is the one served), whatever the method. Side turns, aborted turns and turns without
+response tokens never give samples. A new method is one small module here, added to `METHODS`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ Placement:
   hint still comes right before the assistant's generation prompt.
 
 A turn whose prompt carried a memory block (`Turn.memory`, clawrl/memory) gets the same block
-in its enhanced prompt, so the two prompts still differ only by the hint.
+in its enhanced prompt, so the two prompts still differ only by the hint. `bare_prompt` renders
+the client's messages alone: the student prompt of memory distillation (clawrl/algo/distill.py).
 
 Deviation from the original: the tool_choice of the request is not kept on a
 `Turn`, so the enhanced prompt is rendered with tool_choice None; a turn made
@@ -26,6 +27,8 @@ tools offered and without the forced prefix.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from clawrl.algo.base import TeacherPrompt
 from clawrl.chat.template import ChatRenderer
@@ -61,5 +64,15 @@ def teacher_prompt(renderer: ChatRenderer) -> TeacherPrompt:
 
     def render(turn: Turn, hint: str) -> list[int]:
         return renderer.render(enhanced_messages(served_messages(turn), hint), turn.tools).prompt_ids
+
+    return render
+
+
+def bare_prompt(renderer: ChatRenderer) -> Callable[[Turn], list[int]]:
+    """The function rendering a turn's client messages alone (no memory block) with its tools: the
+    student prompt of memory distillation (clawrl/algo/distill.py)."""
+
+    def render(turn: Turn) -> list[int]:
+        return renderer.render(turn.messages, turn.tools).prompt_ids
 
     return render

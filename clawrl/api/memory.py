@@ -4,7 +4,8 @@
     DELETE /v1/memory/{id}                               {"id", "object", "deleted": true, "state": "retired"}
 
 An experience is `{"id", "object": "memory.experience", "text", "state", "seen", "created_at",
-"last_seen", "retired_at", "turn_ids", "session_ids"}`, last seen first. An erased experience is
+"last_seen", "retired_at", "gap", "probed_at", "turn_ids", "session_ids"}`, last seen first (`gap`:
+the retirement probe's last measure, null until one ran). An erased experience is
 retired, not deleted: it is never injected again, its pending samples are dropped, and it is
 still listed (state "retired") with its provenance. An unknown id, or one that is not the
 key's, is a 404. A chat request opts out of memory with `"memory": false` in its body or an

@@ -294,6 +294,13 @@ def _store(s: Stored) -> Iterator[Metric]:
     memory.add_metric(["injected"], c.memory_injected)
     memory.add_metric(["dropped"], c.memory_dropped)
     yield memory
+    yield _counter("clawrl_memory_samples", "Memory distillation samples made.", c.memory_samples)
+    states = CounterMetricFamily(
+        "clawrl_memory_probed", "Experiences the retirement probe moved, by new state.", labels=["state"]
+    )
+    states.add_metric(["distilled"], c.memory_distilled)
+    states.add_metric(["active"], c.memory_reactivated)
+    yield states
     yield _counter("clawrl_versions_published", "Versions published after v0.", s.version_count - 1)
 
 

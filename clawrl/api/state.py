@@ -126,6 +126,9 @@ class Counts:
     skipped: dict[str, int] = field(default_factory=dict)  # skipped samples by reason (train/trainer.py)
     memory_injected: int = 0  # turns whose prompt carried a memory block (m013)
     memory_dropped: int = 0  # ... whose block was dropped to keep the prompt in the window
+    memory_samples: int = 0  # memory distillation samples made (m014)
+    memory_distilled: int = 0  # experiences the retirement probe marked distilled (m014)
+    memory_reactivated: int = 0  # ... and distilled ones it made active again
 
     def samples_error(self) -> str | None:
         """Why nothing trains although samples came in: every one of them was skipped (None: not so)."""
@@ -309,6 +312,9 @@ def _counts(counters: dict[str, int], by_version: dict[str, dict[str, int]] | No
         skipped={k.removeprefix("skipped:"): n for k, n in counters.items() if k.startswith("skipped:") if n},
         memory_injected=counters.get("memory:injected", 0),
         memory_dropped=counters.get("memory:dropped", 0),
+        memory_samples=counters.get("memory:samples", 0),
+        memory_distilled=counters.get("memory:distilled", 0),
+        memory_reactivated=counters.get("memory:reactivated", 0),
     )
 
 

@@ -350,3 +350,38 @@ class MemoryConfig(Section):
         le=1.0,
         description="Normalised-token similarity (Jaccard) at which a new lesson merges into an experience.",
     )
+    distill: bool = Field(
+        True,
+        description="A turn served with a memory block also gives a distillation sample (student: the "
+        "prompt without the block; teacher: the policy with it), made when the turn is judged.",
+    )
+    probe: bool = Field(
+        True,
+        description="After each published version the trainer measures, on the newest prompts, whether "
+        "the bare policy already does what each experience asks: `distilled` ones stop being injected.",
+    )
+    probe_turns: int = Field(4, ge=1, le=64, description="Newest main turns the retirement probe reads.")
+    probe_experiences: int = Field(
+        8, ge=1, le=256, description="Most experiences one probe measures (the least recently probed first)."
+    )
+    probe_budget_s: float = Field(
+        60.0, gt=0, description="Time one probe may take; the experiences not reached wait for the next."
+    )
+    distilled_below: float = Field(
+        0.05,
+        ge=0.0,
+        description="Mean |logprob gap| (nats a token) of the policy's answers with an experience and with "
+        "the memory header alone under which it is `distilled`.",
+    )
+    active_above: float = Field(
+        0.15,
+        ge=0.0,
+        description="Mean |logprob gap| over which a `distilled` experience is `active` again (the effect "
+        "was lost); between the two thresholds the state stays.",
+    )
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> MemoryConfig:
+        if self.active_above < self.distilled_below:
+            raise ValueError("memory.active_above must be at least memory.distilled_below")
+        return self

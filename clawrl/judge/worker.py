@@ -21,6 +21,11 @@ lessons `clawrl.memory.lessons` finds become or merge into experiences (`Store.l
 runs after the judgment is written, and a failure there is logged and counted
 (`JudgeHealth.memory_failures`), never raised: it never blocks judging.
 
+A turn served with a memory block also gives its memory distillation sample when it is judged
+(`memory.distill`, clawrl/algo/distill.py), whatever the votes say and even when there is nothing
+to judge on yet; it is written on its own (at most one a turn, none once one of its experiences
+is erased), and a failure there is logged and counted like learning's, never raised.
+
 When a session ends, the method's session rule runs (rl's at-least-one
 guarantee) once every judgment of that session queued so far is written.
 On start, turns that were waiting for a judgment when the server stopped are
@@ -38,6 +43,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from clawrl.algo.base import Method, TeacherPrompt
+from clawrl.algo.distill import BarePrompt, distillation_sample
 from clawrl.config import JudgeConfig, MemoryConfig
 from clawrl.judge.backends import JudgeBackend, JudgeCallFailed
 from clawrl.judge.likelihood import reply_text
@@ -71,7 +77,8 @@ class JudgeHealth:
     vote_seconds: float  # summed latency of every vote cast
     last_error: str | None
     lessons: int = 0  # lessons handed to memory since the server started (one a turn taught before: a no-op)
-    memory_failures: int = 0  # judged turns whose lessons could not be learnt (judging went on)
+    memory_failures: int = 0  # judged turns whose lessons or distillation sample failed (judging went on)
+    distilled: int = 0  # memory distillation samples written since the server started
 
 
 class JudgeLoop:
@@ -86,6 +93,7 @@ class JudgeLoop:
         likelihood: LikelihoodJudge | None = None,
         served: Callable[[], str] = lambda: "v0",
         memory: MemoryConfig | None = None,
+        bare: BarePrompt | None = None,
     ) -> None:
         self.store, self.writer, self.backend, self.method = store, writer, backend, method
         self.served = served  # the version served now: turns submitted under a newer one go first
@@ -93,6 +101,7 @@ class JudgeLoop:
         self.db = writer.run  # reads (and writes that must fail loudly) on the store's thread
         self.teacher, self.config = teacher, config
         self.memory = memory  # None, or memory.learn off: no experiences are learnt
+        self.bare = bare  # renders a turn without its memory block; None: no distillation samples
         judge = likelihood if likelihood is not None else backend
         self.name = judge.name if judge is not None else "feedback"
         self._queue = JudgeQueue()
@@ -112,6 +121,7 @@ class JudgeLoop:
         self.last_error: str | None = None
         self.lessons = 0
         self.memory_failures = 0
+        self.distilled = 0
 
     async def start(self) -> None:
         if self.backend is not None:
@@ -165,6 +175,7 @@ class JudgeLoop:
             last_error=self.last_error,
             lessons=self.lessons,
             memory_failures=self.memory_failures,
+            distilled=self.distilled,
         )
 
     async def _work(self) -> None:
@@ -192,6 +203,7 @@ class JudgeLoop:
         turn = await self.db(self.store.get_turn, turn_id)
         if turn is None:
             return None
+        await self._distill(turn)
         feedback = await self.db(self.store.latest_feedback, turn_id)
         earlier = await self.db(self.store.latest_judgment, turn_id)
         if earlier is not None:
@@ -230,6 +242,19 @@ class JudgeLoop:
                 self.lessons += 1
         except Exception:  # degrade on purpose: memory is a bonus, judging and serving must go on
             log.exception("learning from %s failed; its judgment stands", turn.id)
+            self.memory_failures += 1
+
+    async def _distill(self, turn: Turn) -> None:
+        """Write the turn's memory distillation sample, if it has one (see the module)."""
+        if self.bare is None or not (turn.memory or {}).get("block"):
+            return
+        try:
+            sample = distillation_sample(turn, self.bare(turn))
+            if sample is not None:
+                await self.writer.write(self.store.insert_distillation, sample)
+                self.distilled += sample.id is not None  # None: the turn had one, or a write kept for later
+        except Exception:  # degrade on purpose: a distillation sample is a bonus, judging must go on
+            log.exception("the memory distillation sample of %s failed; judging goes on", turn.id)
             self.memory_failures += 1
 
     async def _votes(self, turn: Turn) -> list[Vote]:

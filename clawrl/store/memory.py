@@ -10,8 +10,13 @@
   too, so nothing longer than the cap is ever stored. A lesson merging into a `retired`
   experience leaves it retired: what a user erased is not learnt back.
 - `forget` retires an experience (never deletes it: the store only appends and updates) and
-  marks its samples still `ready` `skipped` ("experience erased: ..."), in one transaction.
+  marks its samples still `ready` `skipped` ("experience erased: ..."), in one transaction: the
+  memory distillation samples whose teacher read it included.
 - Only `active` experiences are ever offered to a request (`recall_candidates`).
+- `insert_distillation` writes a turn's memory distillation sample (clawrl/algo/distill.py): at
+  most one per turn, and none when one of its experiences is retired by then.
+- `probed` records the retirement probe's measure and moves an experience between `active` and
+  `distilled`; it never touches a `retired` one (clawrl/memory/retire.py).
 """
 
 from __future__ import annotations
@@ -24,9 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 from clawrl.memory.lessons import MAX_CHARS, cap
 from clawrl.memory.similar import MERGE_AT, best_match, fts_query
-from clawrl.types import DEFAULT_OWNER, EXPERIENCE_ACTIVE, EXPERIENCE_RETIRED, Experience
+from clawrl.store.rows import DISTILL_IDS, INSERT_SAMPLE, NOT_DISTILL, TURN_COLUMNS, sample_row, turn_from_row
+from clawrl.types import DEFAULT_OWNER, EXPERIENCE_ACTIVE, EXPERIENCE_RETIRED, Experience, Sample, Turn
 
-EXPERIENCE_COLUMNS = "id, owner, text, state, turn_ids, session_ids, seen, created_at, last_seen, retired_at"
+EXPERIENCE_COLUMNS = (
+    "id, owner, text, state, turn_ids, session_ids, seen, created_at, last_seen, retired_at, gap, probed_at"
+)
 MERGE_CANDIDATES = 20  # FTS hits compared with a new lesson
 _E = ", ".join(f"e.{c.strip()}" for c in EXPERIENCE_COLUMNS.split(","))
 _FTS_HITS = (
@@ -39,9 +47,17 @@ _INSERT = (
 )
 _MERGE = "UPDATE experiences SET turn_ids = ?, session_ids = ?, seen = ?, last_seen = ? WHERE id = ?"
 _DROP_SAMPLES = (
-    "UPDATE samples SET status = 'skipped', status_reason = ? "
-    "WHERE status = 'ready' AND json_extract(payload, '$.experience_id') = ?"
+    "UPDATE samples SET status = 'skipped', status_reason = ?1 WHERE status = 'ready' AND "
+    "(CASE WHEN json_valid(payload) THEN json_extract(payload, '$.experience_id') END = ?2 "
+    f"OR ?2 IN (SELECT value FROM json_each({DISTILL_IDS})))"
 )
+# The turn's memory distillation sample, unless superseded (?1: turn id).
+_DISTILLED_TURN = f"SELECT 1 FROM samples WHERE turn_id = ?1 AND status != 'superseded' AND NOT {NOT_DISTILL}"
+_RETIRED_AMONG = (
+    f"SELECT id FROM experiences WHERE state = '{EXPERIENCE_RETIRED}' "
+    "AND id IN (SELECT value FROM json_each(?))"
+)
+_PROBED = "UPDATE experiences SET state = ?, gap = ?, probed_at = ? WHERE id = ? AND state != ?"
 
 
 def experience_from_row(row: sqlite3.Row) -> Experience:
@@ -56,6 +72,8 @@ def experience_from_row(row: sqlite3.Row) -> Experience:
         created_at=row["created_at"],
         last_seen=row["last_seen"],
         retired_at=row["retired_at"],
+        gap=row["gap"],
+        probed_at=row["probed_at"],
     )
 
 
@@ -156,6 +174,53 @@ class MemoryStore:
                 )
             conn.execute(_DROP_SAMPLES, (f"experience erased: {e.id} was retired by its user", e.id))
         return e
+
+    def insert_distillation(self, sample: Sample) -> int | None:
+        """Write a turn's memory distillation sample; its id, or None when the turn has one already
+        (a turn judged again) or one of its experiences was retired since it was served."""
+        ids = sample.experience_ids or []
+        if not ids:
+            raise ValueError("a memory distillation sample names the experiences it teaches")
+        with self._write() as conn:
+            if conn.execute(_DISTILLED_TURN, (sample.turn_id,)).fetchone() is not None:
+                return None
+            if conn.execute(_RETIRED_AMONG, (json.dumps(ids),)).fetchone() is not None:
+                return None
+            cur = conn.execute(INSERT_SAMPLE, sample_row(sample))
+        sample.id = int(cur.lastrowid or 0)
+        return sample.id
+
+    def probed(self, experience_id: int, state: str, gap: float, now: float) -> Experience | None:
+        """Record the retirement probe's `gap` and the `state` it decided (`active` or `distilled`);
+        a retired experience is left as it is. The experience as it is now, or None if unknown."""
+        if state == EXPERIENCE_RETIRED:
+            raise ValueError("the probe moves experiences between active and distilled, never retires one")
+        with self._write() as conn:
+            conn.execute(_PROBED, (state, gap, now, experience_id, EXPERIENCE_RETIRED))
+            row = conn.execute(
+                f"SELECT {EXPERIENCE_COLUMNS} FROM experiences WHERE id = ?", (experience_id,)
+            ).fetchone()
+        return experience_from_row(row) if row is not None else None
+
+    def probed_experiences(self, limit: int, owner: str = DEFAULT_OWNER) -> list[Experience]:
+        """The owner's `active` and `distilled` experiences the retirement probe measures next: the
+        least recently probed first (never probed before all), at most `limit`."""
+        rows = self._read(
+            f"SELECT {EXPERIENCE_COLUMNS} FROM experiences WHERE owner = ? AND state != ? "
+            "ORDER BY coalesce(probed_at, 0), last_seen DESC LIMIT ?",
+            (owner, EXPERIENCE_RETIRED, limit),
+        )
+        return [experience_from_row(row) for row in rows]
+
+    def recent_main_turns(self, limit: int) -> list[Turn]:
+        """The `limit` newest main turns that were answered (not aborted, with response tokens), newest
+        first: the prompts the retirement probe measures on (every turn is the default owner's)."""
+        rows = self._read(
+            f"SELECT {TURN_COLUMNS} FROM turns WHERE turn_type = 'main' AND finish_reason != 'abort' "
+            "AND response_ids != '[]' ORDER BY created_at DESC, rowid DESC LIMIT ?",
+            (limit,),
+        )
+        return [turn_from_row(row) for row in rows]
 
 
 Rows = Callable[[str, tuple[Any, ...]], list[sqlite3.Row]]

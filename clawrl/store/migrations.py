@@ -356,6 +356,25 @@ CREATE TRIGGER counters_memory AFTER INSERT ON turns WHEN NEW.memory IS NOT NULL
 END;
 """
 
+# Memory distillation and retirement (docs/memory.md): the retirement probe's last measure of an
+# experience (`gap`: mean logprob gap of the policy's answers with and without it, nats a token;
+# `probed_at`), and counters of the distillation samples made and of the probe's state changes.
+M014_MEMORY_DISTILL = """
+ALTER TABLE experiences ADD COLUMN gap REAL NULL;
+ALTER TABLE experiences ADD COLUMN probed_at REAL NULL;
+INSERT INTO counters (name) VALUES ('memory:samples'), ('memory:distilled'), ('memory:reactivated');
+CREATE TRIGGER counters_memory_sample AFTER INSERT ON samples
+WHEN CASE WHEN json_valid(NEW.payload) THEN json_extract(NEW.payload, '$.experience_ids') END
+    IS NOT NULL BEGIN
+    UPDATE counters SET n = n + 1 WHERE name = 'memory:samples';
+END;
+CREATE TRIGGER counters_memory_state AFTER UPDATE OF state ON experiences
+WHEN OLD.state != NEW.state AND NEW.state IN ('distilled', 'active') BEGIN
+    UPDATE counters SET n = n + 1
+    WHERE name = CASE NEW.state WHEN 'distilled' THEN 'memory:distilled' ELSE 'memory:reactivated' END;
+END;
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_sample_judgment_session", M002_SAMPLE_JUDGMENT_SESSION),
@@ -370,6 +389,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m011_skip_reasons", M011_SKIP_REASONS),
     ("m012_turn_memory", M012_TURN_MEMORY),
     ("m013_experiences", M013_EXPERIENCES),
+    ("m014_memory_distill", M014_MEMORY_DISTILL),
 ]
 
 _NAME = re.compile(r"m[0-9]{3}_[a-z0-9_]+")

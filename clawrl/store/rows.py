@@ -99,6 +99,13 @@ _SAMPLE_PAYLOAD = tuple(
     f.name for f in dataclasses.fields(Sample) if f.name not in _SAMPLE_COLUMNS and f.name != "id"
 )
 SAMPLE_COLUMNS = f"id, {', '.join(_SAMPLE_COLUMNS)}, payload"
+# A sample's memory distillation experiences (clawrl/algo/distill.py) as JSON, NULL for other samples.
+# A payload with a non-finite logprob is not valid JSON to SQLite (json.dumps writes NaN), so it is
+# read only where valid: json_extract would fail the whole statement.
+DISTILL_IDS = "(CASE WHEN json_valid(payload) THEN json_extract(payload, '$.experience_ids') END)"
+# True for a sample that is not a memory distillation sample: the rules that keep a turn trained once
+# per kind, and a newer judgment superseding older samples, leave those alone.
+NOT_DISTILL = f"({DISTILL_IDS} IS NULL)"
 # session_id is copied from the turn (?1 is turn_id), so per-session counts need no join.
 INSERT_SAMPLE = (
     f"INSERT INTO samples ({', '.join(_SAMPLE_COLUMNS)}, payload, session_id) "

@@ -41,6 +41,7 @@ from clawrl.store.rows import (
     INSERT_JUDGMENT,
     INSERT_SAMPLE,
     JUDGMENT_COLUMNS,
+    NOT_DISTILL,
     SAMPLE_COLUMNS,
     SCORED_TURNS,
     judgment_from_row,
@@ -54,16 +55,19 @@ from clawrl.types import Judgment, Sample, Turn
 STATUSES = frozenset({"ready", "training", "trained", "stale", "skipped", "superseded"})
 KINDS = frozenset({"rl", "opd"})
 
-_TRAINED_KINDS = "SELECT DISTINCT kind FROM samples WHERE turn_id = ? AND status = 'trained'"
-# Ready samples of the turn ?1 from a judgment older than ?2, or from none.
+_TRAINED_KINDS = (
+    f"SELECT DISTINCT kind FROM samples WHERE turn_id = ? AND status = 'trained' AND {NOT_DISTILL}"
+)
+# Ready samples of the turn ?1 from a judgment older than ?2, or from none (memory distillation
+# samples come from no judgment and no judgment replaces them).
 _SUPERSEDE = (
     "UPDATE samples SET status = 'superseded' "
-    "WHERE turn_id = ?1 AND status = 'ready' AND (judgment_id IS NULL OR judgment_id < ?2)"
+    f"WHERE turn_id = ?1 AND status = 'ready' AND (judgment_id IS NULL OR judgment_id < ?2) AND {NOT_DISTILL}"
 )
 # Released samples (the ids in the JSON array ?1) whose turn has a judgment newer than theirs.
 _SUPERSEDE_RELEASED = (
     "UPDATE samples SET status = 'superseded' WHERE id IN (SELECT value FROM json_each(?1)) "
-    "AND status = 'ready' AND coalesce(judgment_id, 0) < "
+    f"AND status = 'ready' AND {NOT_DISTILL} AND coalesce(judgment_id, 0) < "
     "(SELECT coalesce(max(j.id), 0) FROM judgments j WHERE j.turn_id = samples.turn_id)"
 )
 

@@ -111,6 +111,7 @@ class TrainLoop:
         loggers: StepLoggers | None = None,
         canary: Check | None = None,
         on_hold: Callable[[Version], object] | None = None,
+        after_publish: Callable[[Version], object] | None = None,
     ) -> None:
         self.store = store
         self.policy = policy
@@ -121,6 +122,7 @@ class TrainLoop:
         self.loggers = loggers or StepLoggers([], run_dir)  # metrics.jsonl, TensorBoard (`train.loggers`)
         self.canary = canary  # rank 0's check of each new version; None: published unchecked
         self.on_hold = on_hold  # called with the servable version to return to, after a hold
+        self.after_publish = after_publish  # called with each servable version published (memory's probe)
         self.version = ""  # the version the policy is now; set by `resume`
         self.step = 0
         self._current: Version | None = None
@@ -308,6 +310,8 @@ class TrainLoop:
         self._seen = name
         log.log(logging.WARNING if version.held else logging.INFO, progress_line(version))
         self.loggers.step(version)
+        if not version.held and self.after_publish is not None:
+            self.after_publish(version)
         if version.held and self.on_hold is not None:
             self.on_hold(self._target())
         return True

@@ -260,6 +260,7 @@ class Trainer:
             "samples": len(samples),
             "samples_rl": kinds["rl"],
             "samples_opd": kinds["opd"],
+            "samples_memory": sum(1 for s in samples if s.experience_ids),  # memory distillation's (opd)
             "tokens": total,
             "tokens_scored": int(sums.get("tokens_scored", 0)),  # one pass's tokens over the rows (packed)
             "step_s": took,

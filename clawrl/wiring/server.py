@@ -20,7 +20,7 @@ from typing import Any
 import uvicorn
 
 from clawrl.algo import GroupRelative, Method, get_method
-from clawrl.algo.teacher import teacher_prompt
+from clawrl.algo.teacher import bare_prompt, teacher_prompt
 from clawrl.api.app import Routes, Service, create_app
 from clawrl.api.completions import ChatService
 from clawrl.api.health import HealthReport
@@ -198,9 +198,9 @@ def build_judge(
         backend = OpenAIJudge(j.base_url, j.model, key, j.timeout_s)
     method = configured_method(config)
     teacher = teacher_prompt(renderer)
-    return JudgeLoop(
-        store, writer, backend, method, teacher, j, likelihood, lambda: engine.version, config.memory
-    )
+    bare = bare_prompt(renderer) if config.memory.distill else None
+    served = lambda: engine.version  # noqa: E731
+    return JudgeLoop(store, writer, backend, method, teacher, j, likelihood, served, config.memory, bare)
 
 
 def configured_method(config: Config) -> Method:

@@ -34,11 +34,13 @@ import fcntl
 import logging
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import transformers
 
+from clawrl.chat.template import ChatRenderer
 from clawrl.config import Config, launched_world_size
 from clawrl.guard import trainer_hooks
 from clawrl.model.gpu import cap_process, cuda_index
@@ -47,11 +49,24 @@ from clawrl.store.db import Store, StoreError
 from clawrl.train.group import Group, open_group, strategy_refusal
 from clawrl.train.loggers import StepLoggers
 from clawrl.train.loop import TrainLoop
+from clawrl.train.memory_probe import MemoryProbe
 from clawrl.train.policy import build_policy
 from clawrl.train.ranks import RankStatus
+from clawrl.types import Version
 
 log = logging.getLogger("clawrl.trainer")
 LOCK = "trainer.lock"
+
+
+def memory_probe(
+    config: Config, store: Store | None, model: torch.nn.Module, base: Path, group: Group
+) -> Callable[[Version], None] | None:
+    """The retirement probe run after each servable version (clawrl/train/memory_probe.py), or None:
+    `memory.probe` off, not the rank with the store, or a lockstep group (its forwards are collectives)."""
+    if not config.memory.probe or store is None or group.lockstep:
+        return None
+    renderer = ChatRenderer(transformers.AutoTokenizer.from_pretrained(base))
+    return MemoryProbe(store, model, renderer, config.memory).after_publish
 
 
 class TrainerLocked(RuntimeError):
@@ -160,7 +175,8 @@ def _train(config: Config, group: Group, parent_pid: int | None, steps: int | No
         status = RankStatus(config.run_dir, group.rank, os.getppid()) if group.world > 1 else None
         loggers = StepLoggers(config.train.loggers if group.is_main else [], config.run_dir)
         canary, on_hold = trainer_hooks(config, store, policy, base, check=guarded, group=group)
-        loop = TrainLoop(store, policy, config.run_dir, group, status, loggers, canary, on_hold)
+        probe = memory_probe(config, store, policy.model, base, group)
+        loop = TrainLoop(store, policy, config.run_dir, group, status, loggers, canary, on_hold, probe)
         loop.resume()
         loop.run(lambda: parent_pid is not None and os.getppid() != parent_pid, steps)
         log.info("stopping" if steps is not None else "the server is gone; stopping")

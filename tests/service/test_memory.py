@@ -1,6 +1,7 @@
 """Memory through the live server: a rating's comment becomes experiences, the next session's system
 prompt carries them (recorded on the turn, shown by `clawrl records show`), a request opts out, the
-user lists and erases them over HTTP, and a block that would pass the window is dropped and counted."""
+user lists and erases them over HTTP, a block that would pass the window is dropped and counted, and a
+rated turn served with memory gives its memory distillation sample."""
 
 from __future__ import annotations
 
@@ -158,3 +159,33 @@ def test_a_block_that_would_pass_the_window_is_dropped_and_counted(server, taugh
     lines = httpx.get(server.url + "/metrics", timeout=limit(10)).text.splitlines()
     (dropped,) = [line for line in lines if line.startswith('clawrl_memory_prompts_total{outcome="dropped"}')]
     assert float(dropped.split()[-1]) >= 1
+
+
+def distillation_samples(server, turn_id: str, timeout: float = 30.0) -> list:
+    """The turn's memory distillation samples, once the judge loop wrote one (or the time is up)."""
+    deadline = time.monotonic() + limit(timeout)
+    while True:
+        with Store.open(server.run_dir / "clawrl.db", readonly=True) as store:
+            found = [s for s in store.ready_samples() if s.turn_id == turn_id and s.experience_ids]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def test_a_rated_turn_served_with_memory_gives_its_distillation_sample(server, taught):
+    r = ask(server, "mem-i")
+    memory = turn_memory(server, r.id)
+    assert memory["ids"]
+    body = {"response_id": r.id, "rating": 1}
+    assert httpx.post(server.url + "/v1/feedback", json=body, timeout=limit(10)).status_code == 200
+    (sample,) = distillation_samples(server, r.id)
+    with Store.open(server.run_dir / "clawrl.db", readonly=True) as store:
+        turn = store.get_turn(r.id)
+    assert sample.kind == "opd" and sample.experience_ids == memory["ids"]
+    assert sample.teacher_prompt_ids == turn.prompt_ids  # the served prompt, the block in it
+    assert len(sample.prompt_ids) < len(turn.prompt_ids)  # the student reads the request without it
+    assert sample.response_ids == turn.response_ids and sample.logprobs == turn.logprobs
+    time.sleep(1.1)  # the snapshot /metrics reads is reused for a second
+    lines = httpx.get(server.url + "/metrics", timeout=limit(10)).text.splitlines()
+    (made,) = [line for line in lines if line.startswith("clawrl_memory_samples_total")]
+    assert float(made.split()[-1]) >= 1

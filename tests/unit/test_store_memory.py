@@ -109,9 +109,9 @@ def test_m013_upgrades_a_database_with_turns(db):
     db.parent.mkdir(parents=True)
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute(migrations._CREATE_LEDGER)
-    for name, sql in migrations.MIGRATIONS:
-        if name != "m013_experiences":
-            migrations._apply(conn, name, sql)
+    names = [name for name, _ in migrations.MIGRATIONS]
+    for name, sql in migrations.MIGRATIONS[: names.index("m013_experiences")]:  # a database from before
+        migrations._apply(conn, name, sql)
     conn.close()
     with Store.open(db) as s:
         s.upsert_session("s1", "header", 1.0)

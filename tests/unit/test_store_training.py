@@ -85,7 +85,8 @@ def test_judgment_round_trip_keeps_failed_votes_and_unicode(store, db):
 def test_samples_round_trip_every_field(store):
     j = judgment()
     store.insert_judgment(j)
-    full = [sample(judgment_id=j.id), sample(kind="opd", reward=0.0, judgment_id=j.id)]
+    # experience_ids: as a memory distillation sample has (no rule read here looks at it)
+    full = [sample(judgment_id=j.id, experience_ids=[7, 8]), sample(kind="opd", reward=0.0, judgment_id=j.id)]
     for field in dataclasses.fields(Sample):  # the fixture sets every field but the two read by
         if field.name not in ("id", "status"):  # ready_samples (statuses: see the counts below)
             default = field.default_factory() if callable(field.default_factory) else field.default

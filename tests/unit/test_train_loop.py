@@ -1,4 +1,5 @@
-"""The trainer loop on a real store and a tiny model: batches, versions, resume, rollback, export."""
+"""The trainer loop on a real store and a tiny model: batches, versions, resume, rollback, export, and
+memory's retirement probe after a publish."""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ from clawrl.engine.local.merge import full_weights_loader
 from clawrl.store.db import Store
 from clawrl.testing import make_turn
 from clawrl.train.checkpoints import copy_version
+from clawrl.train.group import Group
 from clawrl.train.loop import TrainLoop
 from clawrl.train.policy import build_policy
 from clawrl.train.publish import export, rollback
 from clawrl.types import UNCHECKED, Judgment, Sample, Version
+from clawrl.wiring.trainer import memory_probe
 
 PROMPT = [1, 9690, 198, 4093, 198, 1780, 314, 2, 198, 1, 520, 9531, 198]
 
@@ -398,3 +401,23 @@ def test_jsonl_is_the_default_logger_and_a_restart_appends(run):
     steps = [json.loads(line)["step"] for line in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
     assert not (config.run_dir / "tensorboard").exists()
+
+
+def test_each_servable_version_runs_the_memory_retirement_probe(run):
+    """The trainer process's probe (clawrl/train/memory_probe.py) runs after the publish: with
+    thresholds no gap can stay under, the experience is distilled and no longer offered."""
+    config, store = run
+    config.memory.active_above = 1e9  # validated on assignment: the upper one first
+    config.memory.distilled_below = 1e9
+    wish = store.learn("Keep answers short and to the point.", "t0", "s1", now=1.0)
+    policy = build_policy(config.model.path, config.train, "cpu")
+    probe = memory_probe(config, store, policy.model, Path(config.model.path), Group())
+    loop = TrainLoop(store, policy, config.run_dir, after_publish=probe)
+    loop.resume()
+    add(store, 4)
+    assert loop.run_once() is True
+    probed = store.experience(wish.id)
+    assert probed.state == "distilled" and probed.gap > 0 and probed.probed_at is not None
+    assert store.recall_candidates("short answers") == []
+    config.memory.probe = False
+    assert memory_probe(config, store, policy.model, Path(config.model.path), Group()) is None

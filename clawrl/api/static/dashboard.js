@@ -124,6 +124,8 @@ function counts(store) {
     card("groups_dropped", (c.groups || {}).dropped, "groups dropped"),
     card("memory_injected", c.memory_injected, "prompts with memory"),
     card("memory_dropped", c.memory_dropped, "memory dropped (window)"),
+    card("memory_samples", c.memory_samples, "memory distillation samples"),
+    card("memory_distilled", c.memory_distilled, "experiences distilled"),
   ];
 }
 
@@ -237,10 +239,10 @@ function renderExperiences(experiences, now) {
   const link = (id) => el("a", { href: `/dashboard/session?id=${encodeURIComponent(id)}` }, id);
   const rows = experiences.map((e) => el("tr", { "data-experience": e.id },
     el("td", {}, `#${e.id}`), el("td", {}, e.text), el("td", {}, e.state), el("td", {}, e.seen),
-    el("td", {}, ago(e.last_seen, now)),
+    el("td", {}, ago(e.last_seen, now)), el("td", {}, e.gap == null ? "" : num(e.gap, 3)),
     el("td", {}, ...e.session_ids.slice(-3).flatMap((s, i) => (i ? [", ", link(s)] : [link(s)]))),
     el("td", {}, e.turn_ids.length)));
-  fill("experiences", table(["id", "experience", "state", "seen", "last seen", "from sessions", "turns"], rows));
+  fill("experiences", table(["id", "experience", "state", "seen", "last seen", "gap", "from sessions", "turns"], rows));
 }
 
 function renderSessions(sessions, now) {
