@@ -35,6 +35,7 @@ from clawrl.store.schema import (
     M011_SKIP_REASONS,
     M012_TURN_MEMORY,
     M013_EXPERIENCES,
+    M015_USERS,
 )
 
 MIGRATIONS: list[tuple[str, str]] = [
@@ -51,6 +52,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m011_skip_reasons", M011_SKIP_REASONS),
     ("m012_turn_memory", M012_TURN_MEMORY),
     ("m013_experiences", M013_EXPERIENCES),
+    ("m015_users", M015_USERS),  # m014 is another change's
 ]
 
 _NAME = re.compile(r"m[0-9]{3}_[a-z0-9_]+")

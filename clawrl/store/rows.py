@@ -99,10 +99,12 @@ _SAMPLE_PAYLOAD = tuple(
     f.name for f in dataclasses.fields(Sample) if f.name not in _SAMPLE_COLUMNS and f.name != "id"
 )
 SAMPLE_COLUMNS = f"id, {', '.join(_SAMPLE_COLUMNS)}, payload"
-# session_id is copied from the turn (?1 is turn_id), so per-session counts need no join.
+# session_id and user are copied from the turn (?1 is turn_id) and its session, so per-session
+# counts and one user's samples need no join.
 INSERT_SAMPLE = (
-    f"INSERT INTO samples ({', '.join(_SAMPLE_COLUMNS)}, payload, session_id) "
-    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, (SELECT session_id FROM turns WHERE id = ?1))"
+    f"INSERT INTO samples ({', '.join(_SAMPLE_COLUMNS)}, payload, session_id, user) "
+    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, (SELECT session_id FROM turns WHERE id = ?1), coalesce("
+    "(SELECT s.user FROM turns t JOIN sessions s ON s.id = t.session_id WHERE t.id = ?1), 'default'))"
 )
 
 
@@ -120,7 +122,7 @@ def sample_from_row(row: sqlite3.Row) -> Sample:
 
 # A known session is touched; one that ended only because the server stopped is reopened.
 UPSERT_SESSION = """
-INSERT INTO sessions (id, created_at, updated_at, source) VALUES (?, ?, ?, ?)
+INSERT INTO sessions (id, created_at, updated_at, source, user) VALUES (?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET
     updated_at = max(updated_at, excluded.updated_at),
     ended_at = CASE WHEN end_reason = 'shutdown' THEN NULL ELSE ended_at END,
@@ -134,7 +136,7 @@ ON CONFLICT (id) DO UPDATE SET updated_at = max(updated_at, excluded.updated_at)
 """
 
 OPEN_SESSIONS = """
-SELECT s.id, s.source, s.updated_at,
+SELECT s.id, s.source, s.updated_at, s.user,
     (SELECT count(*) FROM turns t WHERE t.session_id = s.id) AS turn_count,
     (SELECT t.id FROM turns t
         WHERE t.session_id = s.id AND t.turn_type = 'main' AND t.finish_reason != 'abort'

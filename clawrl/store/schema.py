@@ -339,3 +339,14 @@ CREATE TRIGGER counters_memory AFTER INSERT ON turns WHEN NEW.memory IS NOT NULL
         ELSE 'memory:dropped' END;
 END;
 """
+
+# Users (docs/users.md): whose each session is, the name its API key has in `server.users`;
+# `default` for the sessions of a server without users, of the admin key, and from before. A
+# turn's and a judgment's user is their session's; a sample copies it (as it copies its session),
+# so the trainer picks one user's samples without a join. Versions get theirs with the adapter per user.
+M015_USERS = """
+ALTER TABLE sessions ADD COLUMN user TEXT NOT NULL DEFAULT 'default';
+ALTER TABLE samples ADD COLUMN user TEXT NOT NULL DEFAULT 'default';
+CREATE INDEX sessions_user ON sessions(user, updated_at);
+CREATE INDEX samples_user_status ON samples(user, status, id);
+"""

@@ -152,11 +152,13 @@ class TrainingStore:
         with self._write() as conn:
             return conn.execute(_SUPERSEDE, (turn_id, keep_judgment_id)).rowcount
 
-    def ready_samples(self, limit: int | None = None) -> list[Sample]:
-        """Samples with status `ready`, oldest (first inserted) first, at most `limit`."""
+    def ready_samples(self, limit: int | None = None, user: str | None = None) -> list[Sample]:
+        """Samples with status `ready`, oldest (first inserted) first, at most `limit`; only `user`'s
+        (the user of the sample's session, docs/users.md) when one is named, every user's when None."""
+        where, args = ("AND user = ? ", (user,)) if user is not None else ("", ())
         rows = self._read(
-            f"SELECT {SAMPLE_COLUMNS} FROM samples WHERE status = 'ready' ORDER BY id LIMIT ?",
-            (-1 if limit is None else limit,),
+            f"SELECT {SAMPLE_COLUMNS} FROM samples WHERE status = 'ready' {where}ORDER BY id LIMIT ?",
+            (*args, -1 if limit is None else limit),
         )
         return [sample_from_row(row) for row in rows]
 
