@@ -17,6 +17,7 @@ from typing import Any
 
 from clawrl.envs.commands import add_envs_parser  # argparse only; the work imports lazily
 from clawrl.eval.commands import add_eval_parsers  # argparse only; the work imports lazily
+from clawrl.types import DEFAULT_USER
 
 DESCRIPTION = """\
 Serve a self-hosted model through an OpenAI-compatible API, and train it on the
@@ -357,23 +358,25 @@ def cmd_records(args: argparse.Namespace) -> int:
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
-    """`clawrl memory list|forget`: the owner's experiences, or one retired now (the store is written)."""
+    """`clawrl memory list|forget`: every user's experiences (a user's other than `default` shown
+    before the text), or one retired now (the store is written)."""
     import dataclasses
     import time
 
     def act(store: Any) -> int:
         if args.action == "forget":
-            gone = store.forget(args.id, time.time())
+            gone = store.forget(args.id, time.time(), owner=None)
             if gone is None:
                 return fail(f"no experience {args.id} in {args.run_dir / 'clawrl.db'}")
             print(f"#{gone.id} retired: {gone.text}")
             return 0
-        for e in store.experiences(state=args.state):
+        for e in store.experiences(owner=None, state=args.state):
             if args.json:
                 print(json.dumps(dataclasses.asdict(e), ensure_ascii=False))
             else:
                 turns = ", ".join(e.turn_ids[-3:]) + (" ..." if len(e.turn_ids) > 3 else "")
-                print(f"#{e.id:<4} {e.state:<9} seen {e.seen:<3} {e.text}  (from {turns})")
+                whose = f"[{e.owner}] " if e.owner != DEFAULT_USER else ""
+                print(f"#{e.id:<4} {e.state:<9} seen {e.seen:<3} {whose}{e.text}  (from {turns})")
         return 0
 
     return _with_store(args.run_dir, act, readonly=args.action == "list")

@@ -25,7 +25,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from clawrl.api.auth import bearer_guard
+from clawrl.api.auth import Keys, bearer_guard
 from clawrl.api.body import guarded_json_route
 from clawrl.api.errors import NotFound, documented_errors
 from clawrl.api.schemas import SESSION_ID_PATTERN
@@ -64,10 +64,11 @@ class CloseRequest(BaseModel):
     reason: str | None = Field(None, max_length=500, description="Why the other episodes never came.")
 
 
-def episodes_router(api_key: str | None) -> APIRouter:
+def episodes_router(keys: Keys) -> APIRouter:
+    """Track 2's routes; with users on, the admin key's alone (an environment runner's, docs/users.md)."""
     router = APIRouter(
         prefix="/v1/episodes",
-        route_class=guarded_json_route(bearer_guard(api_key)),
+        route_class=guarded_json_route(bearer_guard(keys, admin_only=True)),
         responses=documented_errors(400, 401, 404, 409, 413, 503),
     )
 
