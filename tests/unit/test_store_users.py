@@ -90,3 +90,15 @@ def test_m015_gives_the_rows_from_before_the_default_user(db):
         assert store.session_user("old") == "default"
         plan = store._read("EXPLAIN QUERY PLAN SELECT id FROM samples WHERE status = 'ready' AND user = 'x'")
         assert "samples_user_status" in " ".join(row["detail"] for row in plan)
+
+
+def test_samples_of_a_set_of_users_are_read_and_counted(db):
+    with Store.open(db) as store:
+        two_users(store)
+        a, d = judged(store, "ta"), judged(store, "td")
+        judged(store, "tb")
+        assert [s.id for s in store.ready_samples(users={"alice", "default"})] == a + d
+        assert store.ready_samples(users=set()) == []
+        assert store.count_samples("ready", users={"bob", "default"}) == 2
+        assert store.count_samples(users={"bob"}) == 1 and store.count_samples("ready") == 3
+        assert store.count_samples("trained", users={"bob"}) == 0
