@@ -122,6 +122,7 @@ def _records_parser(sub: Any) -> None:
     export = actions.add_parser("export", help="write one JSON line per turn")
     export.add_argument("--out", type=Path, help="output file (default: standard output)")
     export.add_argument("--session", help="only this session's turns")
+    export.add_argument("--user", help="only this user's turns (server.users, docs/users.md)")
     show = actions.add_parser("show", help="print one session for a human")
     show.add_argument("--session", required=True, help="the session id")
     episodes = actions.add_parser("episodes", help="list the latest Track 2 episodes, one line each")
@@ -424,10 +425,10 @@ def _records_action(store: Any, args: argparse.Namespace) -> None:
     elif args.action == "episodes":
         episodes(store, sys.stdout, args.limit)
     elif args.out is None:
-        export(store, sys.stdout, args.session)
+        export(store, sys.stdout, args.session, args.user)
     else:
         with open(args.out, "w", encoding="utf-8") as out:
-            count = export(store, out, args.session)
+            count = export(store, out, args.session, args.user)
         print(f"clawrl: wrote {count} turns to {args.out}", file=sys.stderr)
 
 
