@@ -25,7 +25,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from clawrl.api.auth import Keys, bearer_guard
+from clawrl.api.auth import Keys, bearer_guard, caller_of
 from clawrl.api.body import guarded_json_route
 from clawrl.api.errors import NotFound, documented_errors
 from clawrl.api.schemas import SESSION_ID_PATTERN
@@ -52,8 +52,10 @@ class EpisodeRequest(BaseModel):
     info: dict[str, Any] = Field(default_factory=dict, description="Anything else the runner reports.")
     train: bool = Field(True, description="False for an evaluation episode: recorded, never trained on.")
 
-    def episode(self) -> Episode:
-        return Episode(**self.model_dump())
+    def episode(self, session_id: str) -> Episode:
+        """The episode, of the session stored as `session_id` (`Caller.session_id`: with users on,
+        the admin's sessions are `default/<name>`)."""
+        return Episode(**self.model_dump() | {"session_id": session_id})
 
 
 class CloseRequest(BaseModel):
@@ -75,7 +77,7 @@ def episodes_router(keys: Keys) -> APIRouter:
     @router.post("")
     async def record(body: EpisodeRequest, request: Request) -> dict[str, Any]:
         book = _book(request)
-        group = await book.record(body.episode())
+        group = await book.record(body.episode(caller_of(request).session_id(body.session_id)))
         return {"object": "episode", "session_id": body.session_id, "group": group_body(group)}
 
     @router.post("/groups/{group_id}/close")

@@ -158,6 +158,20 @@ def test_unknown_keys_and_a_users_key_on_the_admins_routes_are_401s(server):
     assert get(server, "/v1/episodes/groups/g1", KEYS["bob"]).status_code == 401
 
 
+def test_the_admins_episode_finds_the_session_it_named(server):
+    """Track 2's runner holds the admin key: its sessions are default/<name>, found by the name it gave."""
+    client = server.client(api_key=ADMIN, default_headers={"X-Session-Id": "ep-1"})
+    raw = client.chat.completions.with_raw_response.create(
+        model="clawrl", messages=[{"role": "user", "content": "2+2?"}], max_tokens=2
+    )
+    assert raw.headers["x-session-id"] == "ep-1"
+    body = {"session_id": "ep-1", "group_id": "g-users", "group_size": 1, "reward": 1.0, "train": False}
+    assert post(server, "/v1/episodes", KEYS["bob"], body).status_code == 401
+    r = post(server, "/v1/episodes", ADMIN, body)
+    assert r.status_code == 200, r.text
+    assert r.json()["session_id"] == "ep-1" and r.json()["group"]["status"] == "eval"
+
+
 def test_a_user_removed_from_the_file_is_no_longer_served_and_their_data_stays(
     server, answers, users_file, tiny_model_dir
 ):
