@@ -226,7 +226,10 @@ def cmd_serve(config: Any, args: argparse.Namespace | None = None) -> int:
             f"refusing to bind {server.host} without an API key: anyone on the network could use "
             "(and train) this model. Set --server.api-key KEY or $CLAWRL_API_KEY, or bind 127.0.0.1."
         )
-    if server.users is not None and (refused := users_refusal(server)):
+    from clawrl.config.users import users_refusal
+
+    admin = server.api_key.get_secret_value() if server.api_key else None
+    if server.users is not None and (refused := users_refusal(server.users, admin)):
         return fail(refused)
     if config.collect.enabled and config.train.enabled:
         from clawrl.train.group import strategy_refusal
@@ -241,22 +244,6 @@ def cmd_serve(config: Any, args: argparse.Namespace | None = None) -> int:
     from clawrl.wiring.server import run_server  # heavy imports (torch, transformers) start here
 
     return run_server(config)
-
-
-def users_refusal(server: Any) -> str | None:
-    """Why `server.users` cannot be served (docs/users.md), or None: read and checked at start."""
-    from clawrl.config.users import UsersFileError, read_users
-
-    if server.api_key is None:
-        return (
-            f"the users file {server.users} needs an admin key: set --server.api-key KEY or "
-            "$CLAWRL_API_KEY (the admin key sees every user's records)"
-        )
-    try:
-        read_users(server.users, server.api_key.get_secret_value())
-    except UsersFileError as exc:
-        return str(exc)
-    return None
 
 
 def cmd_train(config: Any, args: argparse.Namespace) -> int:

@@ -26,6 +26,20 @@ class UsersFileError(ValueError):
     """The users file cannot be used; the message names the file and the problem."""
 
 
+def users_refusal(path: Path, admin_key: str | None) -> str | None:
+    """Why `clawrl serve` cannot serve the users file at `path` (it exits 2 saying so), or None."""
+    if admin_key is None:
+        return (
+            f"the users file {path} needs an admin key: set --server.api-key KEY or $CLAWRL_API_KEY "
+            "(the admin key sees every user's records)"
+        )
+    try:
+        read_users(path, admin_key)
+    except UsersFileError as exc:
+        return str(exc)
+    return None
+
+
 def read_users(path: Path, admin_key: str | None) -> dict[str, str]:
     """The users of `path`, as API key -> name (see the module)."""
     try:
