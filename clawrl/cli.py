@@ -17,6 +17,7 @@ from typing import Any
 
 from clawrl.envs.commands import add_envs_parser  # argparse only; the work imports lazily
 from clawrl.eval.commands import add_eval_parsers  # argparse only; the work imports lazily
+from clawrl.types import DEFAULT_USER
 
 DESCRIPTION = """\
 Serve a self-hosted model through an OpenAI-compatible API, and train it on the
@@ -121,6 +122,7 @@ def _records_parser(sub: Any) -> None:
     export = actions.add_parser("export", help="write one JSON line per turn")
     export.add_argument("--out", type=Path, help="output file (default: standard output)")
     export.add_argument("--session", help="only this session's turns")
+    export.add_argument("--user", help="only this user's turns (server.users, docs/users.md)")
     show = actions.add_parser("show", help="print one session for a human")
     show.add_argument("--session", required=True, help="the session id")
     episodes = actions.add_parser("episodes", help="list the latest Track 2 episodes, one line each")
@@ -224,6 +226,11 @@ def cmd_serve(config: Any, args: argparse.Namespace | None = None) -> int:
             f"refusing to bind {server.host} without an API key: anyone on the network could use "
             "(and train) this model. Set --server.api-key KEY or $CLAWRL_API_KEY, or bind 127.0.0.1."
         )
+    from clawrl.config.users import users_refusal
+
+    admin = server.api_key.get_secret_value() if server.api_key else None
+    if server.users is not None and (refused := users_refusal(server.users, admin)):
+        return fail(refused)
     if config.collect.enabled and config.train.enabled:
         from clawrl.train.group import strategy_refusal
 
@@ -339,23 +346,25 @@ def cmd_records(args: argparse.Namespace) -> int:
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
-    """`clawrl memory list|forget`: the owner's experiences, or one retired now (the store is written)."""
+    """`clawrl memory list|forget`: every user's experiences (a user's other than `default` shown
+    before the text), or one retired now (the store is written)."""
     import dataclasses
     import time
 
     def act(store: Any) -> int:
         if args.action == "forget":
-            gone = store.forget(args.id, time.time())
+            gone = store.forget(args.id, time.time(), owner=None)
             if gone is None:
                 return fail(f"no experience {args.id} in {args.run_dir / 'clawrl.db'}")
             print(f"#{gone.id} retired: {gone.text}")
             return 0
-        for e in store.experiences(state=args.state):
+        for e in store.experiences(owner=None, state=args.state):
             if args.json:
                 print(json.dumps(dataclasses.asdict(e), ensure_ascii=False))
             else:
                 turns = ", ".join(e.turn_ids[-3:]) + (" ..." if len(e.turn_ids) > 3 else "")
-                print(f"#{e.id:<4} {e.state:<9} seen {e.seen:<3} {e.text}  (from {turns})")
+                whose = f"[{e.owner}] " if e.owner != DEFAULT_USER else ""
+                print(f"#{e.id:<4} {e.state:<9} seen {e.seen:<3} {whose}{e.text}  (from {turns})")
         return 0
 
     return _with_store(args.run_dir, act, readonly=args.action == "list")
@@ -403,10 +412,10 @@ def _records_action(store: Any, args: argparse.Namespace) -> None:
     elif args.action == "episodes":
         episodes(store, sys.stdout, args.limit)
     elif args.out is None:
-        export(store, sys.stdout, args.session)
+        export(store, sys.stdout, args.session, args.user)
     else:
         with open(args.out, "w", encoding="utf-8") as out:
-            count = export(store, out, args.session)
+            count = export(store, out, args.session, args.user)
         print(f"clawrl: wrote {count} turns to {args.out}", file=sys.stderr)
 
 

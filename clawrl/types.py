@@ -149,7 +149,9 @@ class Sample:
 
 
 EXPERIENCE_ACTIVE, EXPERIENCE_DISTILLED, EXPERIENCE_RETIRED = "active", "distilled", "retired"
-DEFAULT_OWNER = "default"  # whose experiences: one owner on a single-user server
+# The user of a server without users (`server.users`), and of the admin key's own requests.
+DEFAULT_USER = "default"
+DEFAULT_OWNER = DEFAULT_USER  # whose experiences: one owner on a single-user server
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from fastapi import FastAPI
 
+from clawrl.api.auth import Keys
 from clawrl.api.body import BodyLimit
 from clawrl.api.completions import ChatService
 from clawrl.api.dashboard import dashboard_router
@@ -48,7 +49,7 @@ class Routes:
     metrics: Metrics
     health: HealthReport
     affinity_keys: bool
-    api_key: str | None
+    keys: Keys  # the admin key and the users' (docs/users.md)
     max_body_bytes: int
     episodes: EpisodeBook | None = None  # Track 2's POST /v1/episodes (None: collection is off)
     memory: MemoryBook | None = None  # GET and DELETE /v1/memory (None: collection is off)
@@ -85,11 +86,11 @@ def create_app(
     app.state.episodes = routes.episodes
     app.state.memory = routes.memory
     install_error_handlers(app)
-    app.include_router(v1_router(routes.api_key))
-    app.include_router(episodes_router(routes.api_key))
-    app.include_router(memory_router(routes.api_key))
-    app.include_router(health_router())
-    app.include_router(metrics_router(routes.api_key))
-    app.include_router(dashboard_router(routes.api_key))
+    app.include_router(v1_router(routes.keys))
+    app.include_router(episodes_router(routes.keys))
+    app.include_router(memory_router(routes.keys))
+    app.include_router(health_router(routes.keys))
+    app.include_router(metrics_router(routes.keys))
+    app.include_router(dashboard_router(routes.keys))
     app.openapi = lambda: without_422(app)  # type: ignore[method-assign]
     return app

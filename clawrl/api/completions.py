@@ -11,7 +11,7 @@ when the engine applies them (`engine.constrained_decoding`): the grammar goes t
 `SamplingParams.grammar` and is recorded on the turn, so the trainer scores it under the same
 mask. Otherwise a forced call only gets its first characters appended to the prompt.
 
-With memory on (`memory.enabled`), `begin` adds the owner's experiences to a main turn's system
+With memory on (`memory.enabled`), `begin` adds the user's experiences to a main turn's system
 prompt once its session is known (`_remember`, clawrl/memory/block.py): the prompt is rendered
 again with the block, and the block is dropped (recorded as dropped, and counted) when the prompt
 with it and the answer's `max_tokens` would pass the window. The turn records the client's
@@ -140,7 +140,7 @@ class ChatService:
             prep.resolution = await self.collector.begin(prep.messages, hints)
         r = prep.resolution
         if memory and self.memory is not None and r is not None and r.turn_type == "main":
-            recalled = await self.memory.recall(prep.messages, r.session_id)
+            recalled = await self.memory.recall(prep.messages, r.session_id, r.user)
             if recalled is not None:
                 self._remember(prep, recalled)
 

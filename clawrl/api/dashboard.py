@@ -16,11 +16,15 @@ or, for a browser, the key typed once into the login form the page shows
 (`POST /dashboard/login`), which sets an HttpOnly, SameSite=Strict cookie
 holding an HMAC of the key (never the key, and never in a URL, so never in a
 log or the browser history). See docs/security.md.
+
+With users on (`server.users`, docs/users.md) each user logs in with their own key and sees their
+own sessions and experiences only (another's session is a 404, as an unknown one is); the figures
+of the policy (versions, rewards, sample counts) are the shared policy's, trained on every user's
+samples until each user has an adapter. The admin key sees every user's.
 """
 
 from __future__ import annotations
 
-import hmac
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs
@@ -28,7 +32,7 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse, RedirectResponse
 
-from clawrl.api.auth import COOKIE, browser_guard, dashboard_token
+from clawrl.api.auth import COOKIE, Keys, browser_guard, caller_of, dashboard_token
 from clawrl.api.errors import NotFound, Unauthorized
 from clawrl.api.state import OFF, Snapshot, to_json
 
@@ -46,9 +50,9 @@ LOGIN_FAILED = "That is not this server's API key."
 MAX_LOGIN_BYTES = 4096
 
 
-def dashboard_router(api_key: str | None) -> APIRouter:
+def dashboard_router(keys: Keys) -> APIRouter:
     router = APIRouter(prefix="/dashboard", include_in_schema=False)
-    guard = browser_guard(api_key)
+    guard = browser_guard(keys)
     files = {name: (STATIC / name).read_bytes() for name in (*PAGES, *ASSETS)}
 
     def page(name: str, status: int = 200, note: str = "") -> Response:
@@ -74,12 +78,12 @@ def dashboard_router(api_key: str | None) -> APIRouter:
     async def login(request: Request) -> Response:
         body = await request.body()
         given = parse_qs(body[:MAX_LOGIN_BYTES].decode(errors="replace")).get("key", [""])[0]
-        if api_key is not None and not hmac.compare_digest(given.encode(), api_key.encode()):
+        if keys.required and keys.who(given) is None:
             return page("login.html", 401, LOGIN_FAILED)
         response = RedirectResponse("/dashboard", status_code=303, headers=HEADERS)
-        if api_key is not None:
+        if keys.required:
             response.set_cookie(
-                COOKIE, dashboard_token(api_key), path="/dashboard", httponly=True, samesite="strict"
+                COOKIE, dashboard_token(given), path="/dashboard", httponly=True, samesite="strict"
             )
         return response
 
@@ -91,11 +95,14 @@ def dashboard_router(api_key: str | None) -> APIRouter:
 
     @router.get("/state.json", dependencies=[Depends(guard)])
     async def state(request: Request) -> JSONResponse:
-        return JSONResponse(state_json(await request.app.state.pipeline.snapshot()), headers=HEADERS)
+        pipeline, owner = request.app.state.pipeline, caller_of(request).owner
+        snap = await pipeline.snapshot() if owner is None else await pipeline.snapshot_for(owner)
+        return JSONResponse(state_json(snap), headers=HEADERS)
 
     @router.get("/session.json", dependencies=[Depends(guard)])
     async def session(request: Request, id: str = "") -> JSONResponse:
-        found: dict[str, Any] | None = await request.app.state.pipeline.session(id)
+        owner = caller_of(request).owner
+        found: dict[str, Any] | None = await request.app.state.pipeline.session(id, owner)
         if found is None:
             raise NotFound(f"no session {id[:80]!r} in this run", param="id", code="session_not_found")
         return JSONResponse(to_json(found), headers=HEADERS)

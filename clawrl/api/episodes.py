@@ -25,7 +25,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from clawrl.api.auth import bearer_guard
+from clawrl.api.auth import Keys, bearer_guard, caller_of
 from clawrl.api.body import guarded_json_route
 from clawrl.api.errors import NotFound, documented_errors
 from clawrl.api.schemas import SESSION_ID_PATTERN
@@ -52,8 +52,10 @@ class EpisodeRequest(BaseModel):
     info: dict[str, Any] = Field(default_factory=dict, description="Anything else the runner reports.")
     train: bool = Field(True, description="False for an evaluation episode: recorded, never trained on.")
 
-    def episode(self) -> Episode:
-        return Episode(**self.model_dump())
+    def episode(self, session_id: str) -> Episode:
+        """The episode, of the session stored as `session_id` (`Caller.session_id`: with users on,
+        the admin's sessions are `default/<name>`)."""
+        return Episode(**self.model_dump() | {"session_id": session_id})
 
 
 class CloseRequest(BaseModel):
@@ -64,17 +66,18 @@ class CloseRequest(BaseModel):
     reason: str | None = Field(None, max_length=500, description="Why the other episodes never came.")
 
 
-def episodes_router(api_key: str | None) -> APIRouter:
+def episodes_router(keys: Keys) -> APIRouter:
+    """Track 2's routes; with users on, the admin key's alone (an environment runner's, docs/users.md)."""
     router = APIRouter(
         prefix="/v1/episodes",
-        route_class=guarded_json_route(bearer_guard(api_key)),
+        route_class=guarded_json_route(bearer_guard(keys, admin_only=True)),
         responses=documented_errors(400, 401, 404, 409, 413, 503),
     )
 
     @router.post("")
     async def record(body: EpisodeRequest, request: Request) -> dict[str, Any]:
         book = _book(request)
-        group = await book.record(body.episode())
+        group = await book.record(body.episode(caller_of(request).session_id(body.session_id)))
         return {"object": "episode", "session_id": body.session_id, "group": group_body(group)}
 
     @router.post("/groups/{group_id}/close")

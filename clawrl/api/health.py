@@ -37,13 +37,17 @@ class HealthReport:
     pipeline: PipelineState | None = None  # the store's counters (samples by status and skip reason)
     run_dir: Path | None = None  # whose checkpoints/ `disk` measures
 
-    async def body(self) -> tuple[dict[str, Any], int]:
-        """The /healthz body and its status code."""
+    async def body(self, detailed: bool = True) -> tuple[dict[str, Any], int]:
+        """The /healthz body and its status code; not `detailed`: the status, model and version only
+        (what a user's key gets on a server with users, docs/users.md)."""
         store = self.collector.writer.health() if self.collector else None
         engine = self.engine.stats()
         status = "degraded" if store is not None and not store.ok else "ok"
         if engine.status != "ok":
             status = f"engine {engine.status}"
+        code = 200 if engine.status == "ok" else 503
+        if not detailed:
+            return {"status": status, "model": self.model, "version": self.engine.version}, code
         body = {
             "status": status,
             "model": self.model,
@@ -57,7 +61,7 @@ class HealthReport:
             "samples": await self._samples(),
             "disk": await self._disk(),
         }
-        return to_json(body), 200 if engine.status == "ok" else 503
+        return to_json(body), code
 
     async def _samples(self) -> dict[str, Any] | None:
         """Samples by status, the skipped ones by reason, and an error when every one was skipped."""

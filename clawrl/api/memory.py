@@ -8,8 +8,9 @@ An experience is `{"id", "object": "memory.experience", "text", "state", "seen",
 the retirement probe's last measure, null until one ran). An erased experience is
 retired, not deleted: it is never injected again, its pending samples are dropped, and it is
 still listed (state "retired") with its provenance. An unknown id, or one that is not the
-key's, is a 404. A chat request opts out of memory with `"memory": false` in its body or an
-`X-Memory: off` header (`memory_wanted`).
+key's, is a 404. With users on (docs/users.md) the key's own are its user's; the admin key's are
+every user's, each with its `owner`. A chat request opts out of memory with `"memory": false` in
+its body or an `X-Memory: off` header (`memory_wanted`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.datastructures import Headers
 
-from clawrl.api.auth import bearer_guard
+from clawrl.api.auth import Keys, bearer_guard, caller_of
 from clawrl.api.body import guarded_json_route
 from clawrl.api.errors import BadRequest, NotFound, documented_errors
 from clawrl.api.schemas import ChatCompletionRequest
@@ -31,10 +32,10 @@ STATES = (EXPERIENCE_ACTIVE, EXPERIENCE_DISTILLED, EXPERIENCE_RETIRED)
 _ON, _OFF = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
 
-def memory_router(api_key: str | None) -> APIRouter:
+def memory_router(keys: Keys) -> APIRouter:
     router = APIRouter(
         prefix="/v1/memory",
-        route_class=guarded_json_route(bearer_guard(api_key)),
+        route_class=guarded_json_route(bearer_guard(keys)),
         responses=documented_errors(400, 401, 404, 503),
     )
 
@@ -42,15 +43,16 @@ def memory_router(api_key: str | None) -> APIRouter:
     async def listed(request: Request, state: str | None = None) -> dict[str, Any]:
         if state is not None and state not in STATES:
             raise BadRequest(f"state must be one of {', '.join(STATES)}", param="state")
-        found = await _book(request).experiences(state)
-        return {"object": "list", "data": [experience_body(e) for e in found]}
+        caller = caller_of(request)
+        found = await _book(request).experiences(state, caller.owner)
+        return {"object": "list", "data": [experience_body(e, caller.several) for e in found]}
 
     @router.delete("/{experience_id}")
     async def forget(experience_id: str, request: Request) -> dict[str, Any]:
         book = _book(request)
         if not experience_id.isdigit():
             raise NotFound(f"no experience {experience_id!r} in your memory", param="id", code="not_found")
-        gone = await book.forget(int(experience_id))
+        gone = await book.forget(int(experience_id), caller_of(request).owner)
         return {"id": gone.id, "object": "memory.experience", "deleted": True, "state": gone.state}
 
     return router
@@ -67,9 +69,11 @@ def memory_wanted(headers: Headers, body: ChatCompletionRequest) -> bool:
     return body.memory is not False
 
 
-def experience_body(e: Experience) -> dict[str, Any]:
+def experience_body(e: Experience, owner: bool = False) -> dict[str, Any]:
+    """An experience as the API shows it; `owner`: with its owner (a server with users)."""
     fields = dataclasses.asdict(e)
-    del fields["owner"]
+    if not owner:
+        del fields["owner"]
     return {"id": e.id, "object": "memory.experience"} | fields
 
 

@@ -30,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.process_collector import ProcessCollector
 
-from clawrl.api.auth import bearer_guard
+from clawrl.api.auth import Keys, bearer_guard
 from clawrl.api.state import PipelineState, Served, Snapshot, Stored, TrainerState
 from clawrl.engine.base import EngineStats
 from clawrl.judge.worker import JudgeHealth
@@ -108,8 +108,9 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def metrics_router(api_key: str | None) -> APIRouter:
-    router = APIRouter(dependencies=[Depends(bearer_guard(api_key))])
+def metrics_router(keys: Keys) -> APIRouter:
+    """/metrics: every user's totals, so with users on the admin key's alone (docs/users.md)."""
+    router = APIRouter(dependencies=[Depends(bearer_guard(keys, admin_only=True))])
 
     @router.get("/metrics", include_in_schema=False)
     async def metrics(request: Request) -> Response:

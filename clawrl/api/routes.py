@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from clawrl.api.auth import bearer_guard
+from clawrl.api.auth import Keys, bearer_guard, caller_of
 from clawrl.api.body import guarded_json_route
 from clawrl.api.completions import ChatService
 from clawrl.api.errors import NotFound, documented_errors
@@ -25,21 +25,22 @@ STREAMED: dict[int | str, dict[str, Any]] = {
 }
 
 
-def v1_router(api_key: str | None) -> APIRouter:
+def v1_router(keys: Keys) -> APIRouter:
     router = APIRouter(
         prefix="/v1",
-        route_class=guarded_json_route(bearer_guard(api_key)),
+        route_class=guarded_json_route(bearer_guard(keys)),
         responses=documented_errors(400, 401, 404, 413, 500, 503),
     )
 
     @router.post("/chat/completions", responses=STREAMED)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         chat: ChatService = request.app.state.chat
-        hints = hints_from(request.headers, body, request.app.state.affinity_keys)
+        caller = caller_of(request)
+        hints = hints_from(request.headers, body, request.app.state.affinity_keys, caller)
         prep = chat.prepare(body)
         request.state.chat = prep  # read by the metrics middleware: tokens and time to first token
         await chat.begin(prep, hints, memory_wanted(request.headers, body))
-        headers = {"X-Session-Id": prep.resolution.session_id} if prep.resolution else {}
+        headers = {"X-Session-Id": caller.shown(prep.resolution.session_id)} if prep.resolution else {}
         if body.stream:
             headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
             return StreamingResponse(chat.stream(prep), media_type="text/event-stream", headers=headers)
@@ -53,12 +54,16 @@ def v1_router(api_key: str | None) -> APIRouter:
         collector = request.app.state.chat.collector
         if collector is None:
             raise NotFound("feedback needs collection on (collect.enabled = true)", code="collect_disabled")
-        turn, fid = await collector.feedback(body.response_id, body.session_id, body.rating, body.comment)
+        caller = caller_of(request)
+        session_id = caller.session_id(body.session_id) if body.session_id is not None else None
+        turn, fid = await collector.feedback(
+            body.response_id, session_id, body.rating, body.comment, caller.owner
+        )
         return {
             "object": "feedback",
             "id": fid,
             "response_id": turn.id,
-            "session_id": turn.session_id,
+            "session_id": caller.shown(turn.session_id),
             "rating": body.rating,
         }
 
@@ -76,13 +81,17 @@ def v1_router(api_key: str | None) -> APIRouter:
     return router
 
 
-def health_router() -> APIRouter:
+def health_router(keys: Keys) -> APIRouter:
     router = APIRouter()
 
     @router.get("/healthz")
     async def healthz(request: Request) -> JSONResponse:
-        """200 while the engine can serve; 503 (same body) while it cannot, e.g. vLLM restarting."""
-        body, status = await request.app.state.health.body()
+        """200 while the engine can serve; 503 (same body) while it cannot, e.g. vLLM restarting. With
+        users on (docs/users.md), only the admin key gets the details; others get the status, the
+        model and the version."""
+        caller = keys.bearer(request) if keys.several else None
+        detailed = not keys.several or (caller is not None and caller.admin)
+        body, status = await request.app.state.health.body(detailed)
         return JSONResponse(body, status_code=status)
 
     return router

@@ -21,6 +21,7 @@ import re
 
 from starlette.datastructures import Headers
 
+from clawrl.api.auth import ANYONE, Caller
 from clawrl.api.errors import BadRequest
 from clawrl.api.schemas import SESSION_ID_PATTERN, ChatCompletionRequest
 from clawrl.sessions.tracker import Hints
@@ -32,7 +33,11 @@ _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 AFFINITY_HEADERS = ("x-session-affinity", "session_id")
 
 
-def hints_from(headers: Headers, body: ChatCompletionRequest, affinity_keys: bool = True) -> Hints:
+def hints_from(
+    headers: Headers, body: ChatCompletionRequest, affinity_keys: bool = True, caller: Caller = ANYONE
+) -> Hints:
+    """What the request says of its session, for `caller`: with several users, a session it names is
+    one of the caller's own (`Caller.session_id`) and inference matches only the caller's sessions."""
     session_id, source = body.session_id, "body"
     header_id = headers.get("x-session-id")
     if header_id is not None:
@@ -46,7 +51,8 @@ def hints_from(headers: Headers, body: ChatCompletionRequest, affinity_keys: boo
     turn_type = _turn_type(headers.get("x-turn-type")) or body.turn_type
     done = _flag(headers.get("x-session-done"))
     return Hints(
-        session_id=session_id,
+        session_id=caller.session_id(session_id) if session_id else None,
+        user=caller.user,
         source=source if session_id else "inferred",
         turn_type=turn_type,
         done=done if done is not None else bool(body.session_done),

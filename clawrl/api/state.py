@@ -218,6 +218,22 @@ class PipelineState:
                 self._cached = (time.monotonic(), self._build(stored))
             return self._cached[1]
 
+    async def snapshot_for(self, user: str) -> Snapshot:
+        """The snapshot as `user` sees it (docs/users.md): their own sessions and experiences only."""
+        snap = await self.snapshot()
+        if snap.store is None:
+            return snap
+        async with self._lock:  # the reader connection is shared with `snapshot`
+            sessions, experiences = await asyncio.to_thread(self._read_own, user)
+        return dataclasses.replace(
+            snap, store=dataclasses.replace(snap.store, sessions=sessions, experiences=experiences)
+        )
+
+    def _read_own(self, user: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        r = self._open_reader()
+        experiences = r.recent_experiences(RECENT_EXPERIENCES, owner=user)
+        return r.recent_sessions(RECENT_SESSIONS, user=user), [dataclasses.asdict(e) for e in experiences]
+
     async def counts(self) -> Counts | None:
         """The store's running totals now (a few counter rows, not a snapshot); None without a store."""
         if self._store_path is None:
@@ -225,17 +241,18 @@ class PipelineState:
         async with self._lock:  # the reader connection is shared with `snapshot`
             return await asyncio.to_thread(lambda: _counts(self._open_reader().counters(), None))
 
-    async def session(self, session_id: str) -> dict[str, Any] | None:
-        """One session for its page: its row and up to `SESSION_TURNS` turns with their judgments."""
+    async def session(self, session_id: str, user: str | None = None) -> dict[str, Any] | None:
+        """One session for its page: its row and up to `SESSION_TURNS` turns with their judgments;
+        None when there is no such session, or it is not `user`'s (None: anyone's)."""
         if self._store_path is None:
             return None
         async with self._lock:  # the reader connection is shared with `snapshot`
-            return await asyncio.to_thread(self._read_session, session_id)
+            return await asyncio.to_thread(self._read_session, session_id, user)
 
-    def _read_session(self, session_id: str) -> dict[str, Any] | None:
+    def _read_session(self, session_id: str, user: str | None) -> dict[str, Any] | None:
         r = self._open_reader()
         row = r.session_row(session_id)
-        if row is None:
+        if row is None or (user is not None and row["user"] != user):
             return None
         turns = list(islice(r.turns(session_id), SESSION_TURNS))
         return row | {"turns": [turn_view(t, r.judgment_for(t.id)) for t in turns]}
@@ -289,7 +306,7 @@ class PipelineState:
             ],
             sessions=r.recent_sessions(RECENT_SESSIONS),
             groups=[dataclasses.asdict(g) for g in r.recent_groups(RECENT_GROUPS)],
-            experiences=[dataclasses.asdict(e) for e in r.recent_experiences(RECENT_EXPERIENCES)],
+            experiences=[dataclasses.asdict(e) for e in r.recent_experiences(RECENT_EXPERIENCES, owner=None)],
         )
 
 

@@ -84,6 +84,7 @@ class Collector:
                     last.id if last else None,
                     last.messages if last else [],
                     last.answer_message() if last else None,
+                    s.user,
                 )
             )
         log.info("tracking %d open sessions from the store", len(self.tracker))
@@ -121,7 +122,7 @@ class Collector:
             )
 
     def _write_begin(self, r: Resolution, now: float) -> None:
-        self.store.upsert_session(r.session_id, r.source, now)
+        self.store.upsert_session(r.session_id, r.source, now, r.user)
         if r.previous_turn_id is not None and r.next_state:
             self.store.set_next_state(r.previous_turn_id, r.next_state, now)
 
@@ -161,11 +162,18 @@ class Collector:
         self.tracker.abandon(r)
 
     async def feedback(
-        self, response_id: str | None, session_id: str | None, rating: int, comment: str | None
+        self,
+        response_id: str | None,
+        session_id: str | None,
+        rating: int,
+        comment: str | None,
+        owner: str | None = None,
     ) -> tuple[Turn, int]:
+        """Rate a recorded answer; `owner`: only one of that user's (None: anyone's, the admin's).
+        Another user's answer is NotRecorded, as an unknown one is (docs/users.md)."""
         self._admit(most=0)  # its turn may still be waiting; and its id must be known to answer
         try:
-            turn, fid = await self.db(self._write_feedback, response_id, session_id, rating, comment)
+            turn, fid = await self.db(self._write_feedback, response_id, session_id, rating, comment, owner)
         except TRANSIENT as exc:  # never kept for later: the reply carries the rating's id
             self.writer.failed(exc)
             raise RecordingRefused(
@@ -176,21 +184,30 @@ class Collector:
         return turn, fid
 
     def _write_feedback(
-        self, response_id: str | None, session_id: str | None, rating: int, comment: str | None
+        self,
+        response_id: str | None,
+        session_id: str | None,
+        rating: int,
+        comment: str | None,
+        owner: str | None,
     ) -> tuple[Turn, int]:
         if response_id is not None:
             turn = self.store.get_turn(response_id)
-            if turn is None:
+            if turn is None or not self._owns(owner, turn.session_id):
                 raise NotRecorded(f"no answer with id {response_id!r} was recorded", param="response_id")
         else:
             assert session_id is not None
             turn = self.store.latest_main_turn(session_id)
-            if turn is None:
+            if turn is None or not self._owns(owner, session_id):
                 raise NotRecorded(
                     f"no session {session_id!r} with a main turn was recorded", param="session_id"
                 )
         fid = self.store.add_feedback(Feedback(turn.id, rating, comment, self._clock()))
         return turn, fid
+
+    def _owns(self, owner: str | None, session_id: str) -> bool:
+        """Whether `owner` may see the session (None: the admin, who sees every user's)."""
+        return owner is None or self.store.session_user(session_id) == owner
 
     async def _expire_forever(self) -> None:
         while True:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
@@ -17,6 +18,12 @@ class ServerConfig(Section):
     port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on (0 picks a free one).")
     api_key: SecretStr | None = Field(
         None, description=f"Bearer key every /v1 route requires. Also read from ${API_KEY_ENV}."
+    )
+    users: Path | None = Field(
+        None,
+        description="A JSON file mapping each user's name to their API key: turns on several users, "
+        "each seeing only their own records; server.api_key is then the admin key, which sees all "
+        "(docs/users.md). None: one user.",
     )
     served_model_name: str = Field("clawrl", description="Model id reported by /v1/models and in responses.")
     default_max_tokens: int = Field(

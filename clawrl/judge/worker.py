@@ -54,7 +54,7 @@ from clawrl.judge.votes import hint_vote, judgment, prm_vote, state_hint_vote
 from clawrl.memory import lessons
 from clawrl.store.db import Store
 from clawrl.store.writer import StoreWriter
-from clawrl.types import DEFAULT_OWNER, Feedback, Judgment, Turn, Vote
+from clawrl.types import Feedback, Judgment, Turn, Vote
 from clawrl.version_folder import version_rank
 
 log = logging.getLogger(__name__)
@@ -237,7 +237,15 @@ class JudgeLoop:
             found = dict.fromkeys(lesson for t in texts for lesson in lessons(t, max_chars=m.max_chars))
             for lesson in found:
                 now = time.time()
-                args = (lesson, turn.id, turn.session_id, now, DEFAULT_OWNER, m.merge_at, m.max_chars)
+                args = (
+                    lesson,
+                    turn.id,
+                    turn.session_id,
+                    now,
+                    None,
+                    m.merge_at,
+                    m.max_chars,
+                )  # the session's user
                 await self.writer.write(self.store.learn, *args)
                 self.lessons += 1
         except Exception:  # degrade on purpose: memory is a bonus, judging and serving must go on

@@ -23,6 +23,11 @@ greedy answer), continuations take them oldest first: their (state, answer)
 pairs are identical, so each next state is still attached to a turn with
 exactly that context.
 
+With several users (docs/users.md) every request carries its user (`Hints.user`), and inference
+matches only that user's sessions: one user's request never continues, nor gives feedback to,
+another's conversation. (The sessions a client names are kept apart before they get here: the
+gateway names them within their user, `api.auth.Caller.session_id`.)
+
 Side turns (see `turn_type`) join the session they continue, but neither take
 its tip nor become anyone's next state. Messages a client injects around the
 conversation (`injected`) are left out of every match and next state.
@@ -44,7 +49,7 @@ from typing import Literal
 from clawrl.sessions.injected import InjectedContext
 from clawrl.sessions.messages import extend_hash, prefix_hashes
 from clawrl.sessions.turn_type import SidePatterns, infer_turn_type
-from clawrl.types import Message, TurnType
+from clawrl.types import DEFAULT_USER, Message, TurnType
 
 Source = Literal["header", "body", "affinity", "inferred"]
 
@@ -57,6 +62,7 @@ class Hints:
     source: Source = "inferred"
     turn_type: TurnType | None = None
     done: bool = False
+    user: str = DEFAULT_USER  # whose request: inference matches only this user's sessions
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,7 @@ class Resolution:
     history: str  # hash of the request's messages
     history_len: int  # how many messages the request had
     taken_tip: tuple[str, int, str] | None = None  # (tip, length, turn id) consumed, for `abandon`
+    user: str = DEFAULT_USER  # whose session
 
 
 @dataclass
@@ -83,6 +90,7 @@ class _Session:
     tip: str | None = None
     tip_len: int = 0
     last_active: float = 0.0
+    user: str = DEFAULT_USER
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,7 @@ class Restored:
     last_turn_id: str | None = None
     messages: list[Message] = field(default_factory=list)  # the last main turn's request
     answer: Message | None = None  # and the answer it got
+    user: str = DEFAULT_USER  # whose session
 
 
 def _new_id() -> str:
@@ -130,7 +139,7 @@ class SessionTracker:
         session, cut, attach = self._find(hints, hashes)
         is_new = session is None
         if session is None:
-            session = _Session(hints.session_id or self._new_id(), hints.source)
+            session = _Session(hints.session_id or self._new_id(), hints.source, user=hints.user)
             if hints.session_id or turn_type == "main":  # an unnamed side request has no future
                 self._sessions[session.id] = session
                 self._enforce_cap()
@@ -155,6 +164,7 @@ class SessionTracker:
             hashes[-1],
             len(messages),
             taken,
+            session.user,
         )
 
     def answered(self, resolution: Resolution, turn_id: str, answer: Message, now: float) -> None:
@@ -208,7 +218,9 @@ class SessionTracker:
             self.end(oldest)
 
     def restore(self, item: Restored) -> None:
-        session = _Session(item.session_id, item.source, item.turn_count, last_active=item.last_active)
+        session = _Session(
+            item.session_id, item.source, item.turn_count, last_active=item.last_active, user=item.user
+        )
         self._sessions[session.id] = session
         self._sessions.move_to_end(session.id)
         messages = self._injected.conversation(item.messages)
@@ -223,18 +235,19 @@ class SessionTracker:
         """The session; where the next state starts (None: after the last assistant message);
         whether to attach a next state at all."""
         if not hints.session_id:
-            return (*self._infer(hashes), True)
+            return (*self._infer(hashes, hints.user), True)
         session = self._sessions.get(hints.session_id)
         cut = _continues(session, hashes) if session is not None else None
         if cut is not None or hints.source != "affinity":
             return session, cut, True
-        inferred, cut = self._infer(hashes)  # an affinity key that does not continue its session
+        inferred, cut = self._infer(hashes, hints.user)  # an affinity key that does not continue its session
         return (inferred, cut, True) if inferred is not None else (session, None, False)
 
-    def _infer(self, hashes: list[str]) -> tuple[_Session | None, int | None]:
-        """The session whose history plus last answer is the longest prefix of the request."""
+    def _infer(self, hashes: list[str], user: str) -> tuple[_Session | None, int | None]:
+        """The user's session whose history plus last answer is the longest prefix of the request
+        (another user's never: the same opening must not join two users' conversations)."""
         for k in range(len(hashes) - 1, 0, -1):  # the longest known history, shorter than the request
-            waiting = self._by_tip.get(hashes[k - 1])
+            waiting = [s for s in self._by_tip.get(hashes[k - 1], ()) if self._sessions[s].user == user]
             if waiting:
                 return self._sessions[waiting[0]], k
         return None, None

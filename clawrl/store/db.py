@@ -62,7 +62,7 @@ from clawrl.store.rows import (
 from clawrl.store.stats import StatsStore
 from clawrl.store.training import TrainingStore
 from clawrl.store.versions import VersionStore
-from clawrl.types import Feedback, Message, Turn
+from clawrl.types import DEFAULT_USER, Feedback, Message, Turn
 
 __all__ = [
     "EpisodeConflict",
@@ -90,6 +90,7 @@ class OpenSession:
     last_turn: Turn | None  # the latest main turn that was not aborted
     turn_count: int  # main and side turns alike
     updated_at: float
+    user: str = DEFAULT_USER  # whose session: the name of the API key that opened it (server.users)
 
 
 def _error(exc: sqlite3.Error, path: Path) -> StoreError:
@@ -238,10 +239,10 @@ class Store(TrainingStore, VersionStore, StatsStore, EpisodeStore, MemoryStore):
 
     # -- sessions ------------------------------------------------------------------------------
 
-    def upsert_session(self, id: str, source: str, now: float) -> None:
-        """Insert a new session, or bump its updated_at; one ended by `shutdown` is reopened."""
+    def upsert_session(self, id: str, source: str, now: float, user: str = DEFAULT_USER) -> None:
+        """Insert a new session of `user`, or bump its updated_at; one ended by `shutdown` is reopened."""
         with self._write() as conn:
-            conn.execute(UPSERT_SESSION, (id, now, now, source))
+            conn.execute(UPSERT_SESSION, (id, now, now, source, user))
 
     def end_session(self, id: str, reason: str, now: float) -> bool:
         """Mark a session ended (done, idle, shutdown, ...); False if unknown or already ended."""
@@ -255,6 +256,11 @@ class Store(TrainingStore, VersionStore, StatsStore, EpisodeStore, MemoryStore):
     def session_exists(self, id: str) -> bool:
         return bool(self._read("SELECT 1 FROM sessions WHERE id = ?", (id,)))
 
+    def session_user(self, id: str) -> str | None:
+        """Whose session `id` is (None: no such session)."""
+        rows = self._read("SELECT user FROM sessions WHERE id = ?", (id,))
+        return rows[0]["user"] if rows else None
+
     def open_sessions(self, since: float) -> list[OpenSession]:
         """Sessions not ended (or ended by `shutdown`) and updated at or after `since`, oldest first."""
         return [
@@ -264,6 +270,7 @@ class Store(TrainingStore, VersionStore, StatsStore, EpisodeStore, MemoryStore):
                 last_turn=self.get_turn(row["last_id"]) if row["last_id"] else None,
                 turn_count=row["turn_count"],
                 updated_at=row["updated_at"],
+                user=row["user"],
             )
             for row in self._read(OPEN_SESSIONS, (since,))
         ]

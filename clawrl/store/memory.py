@@ -92,13 +92,17 @@ class MemoryStore:
         turn_id: str,
         session_id: str,
         now: float,
-        owner: str = DEFAULT_OWNER,
+        owner: str | None = None,
         merge_at: float = MERGE_AT,
         max_chars: int = MAX_CHARS,
     ) -> Experience:
-        """Merge `lesson` (taught by `turn_id`) into the owner's most similar experience, or add it."""
+        """Merge `lesson` (taught by `turn_id`) into the owner's most similar experience, or add it.
+        The owner is, unless named, the session's user (docs/users.md)."""
         text = cap(lesson, max_chars)
         with self._write() as conn:
+            if owner is None:
+                row = conn.execute("SELECT user FROM sessions WHERE id = ?", (session_id,)).fetchone()
+                owner = row[0] if row is not None else DEFAULT_OWNER
             found = _fts(
                 lambda sql, args: conn.execute(sql, args).fetchall(), text, owner, "", MERGE_CANDIDATES
             )
@@ -120,22 +124,21 @@ class MemoryStore:
             )
             return e
 
-    def experiences(self, owner: str = DEFAULT_OWNER, state: str | None = None) -> list[Experience]:
-        """The owner's experiences (of one state, or all), last seen first."""
-        where, args = ("AND state = ?", (owner, state)) if state else ("", (owner,))
+    def experiences(self, owner: str | None = DEFAULT_OWNER, state: str | None = None) -> list[Experience]:
+        """The owner's experiences (every owner's: None; of one state, or all), last seen first."""
+        where, args = _owned(owner, state)
         rows = self._read(
-            f"SELECT {EXPERIENCE_COLUMNS} FROM experiences WHERE owner = ? {where} "
-            "ORDER BY last_seen DESC, id DESC",
-            args,
+            f"SELECT {EXPERIENCE_COLUMNS} FROM experiences {where} ORDER BY last_seen DESC, id DESC", args
         )
         return [experience_from_row(row) for row in rows]
 
-    def recent_experiences(self, limit: int, owner: str = DEFAULT_OWNER) -> list[Experience]:
-        """The owner's `limit` experiences last seen most recently, every state (the dashboard's)."""
+    def recent_experiences(self, limit: int, owner: str | None = DEFAULT_OWNER) -> list[Experience]:
+        """The owner's (None: every owner's) `limit` experiences last seen most recently, every state
+        (the dashboard's)."""
+        where, args = _owned(owner, None)
         rows = self._read(
-            f"SELECT {EXPERIENCE_COLUMNS} FROM experiences WHERE owner = ? ORDER BY last_seen DESC, id DESC "
-            "LIMIT ?",
-            (owner, limit),
+            f"SELECT {EXPERIENCE_COLUMNS} FROM experiences {where} ORDER BY last_seen DESC, id DESC LIMIT ?",
+            (*args, limit),
         )
         return [experience_from_row(row) for row in rows]
 
@@ -157,11 +160,12 @@ class MemoryStore:
         known = {e.id for e in hits}
         return hits + [e for e in map(experience_from_row, rows) if e.id not in known]
 
-    def forget(self, experience_id: int, now: float, owner: str = DEFAULT_OWNER) -> Experience | None:
-        """Retire an experience and skip its ready samples; None if the owner has no such experience."""
+    def forget(self, experience_id: int, now: float, owner: str | None = DEFAULT_OWNER) -> Experience | None:
+        """Retire an experience and skip its ready samples; None if the owner (None: any owner) has no
+        such experience."""
         with self._write() as conn:
             row = conn.execute(
-                f"SELECT {EXPERIENCE_COLUMNS} FROM experiences WHERE id = ? AND owner = ?",
+                f"SELECT {EXPERIENCE_COLUMNS} FROM experiences WHERE id = ? AND owner = coalesce(?, owner)",
                 (experience_id, owner),
             ).fetchone()
             if row is None:
@@ -224,6 +228,16 @@ class MemoryStore:
 
 
 Rows = Callable[[str, tuple[Any, ...]], list[sqlite3.Row]]
+
+
+def _owned(owner: str | None, state: str | None) -> tuple[str, tuple[Any, ...]]:
+    """The WHERE clause and its arguments: the owner's (None: every owner's), of `state` (None: any)."""
+    terms = [
+        (term, value) for term, value in (("owner = ?", owner), ("state = ?", state)) if value is not None
+    ]
+    if not terms:
+        return "", ()
+    return "WHERE " + " AND ".join(t for t, _ in terms), tuple(v for _, v in terms)
 
 
 def _fts(read: Rows, text: str, owner: str, state: str, limit: int) -> list[Experience]:

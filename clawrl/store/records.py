@@ -18,17 +18,21 @@ import json
 from typing import Any, TextIO
 
 from clawrl.store.db import Store, StoreError
-from clawrl.types import Episode, Judgment, Message, Turn, Vote
+from clawrl.types import DEFAULT_USER, Episode, Judgment, Message, Turn, Vote
 
 JUDGMENT_KEYS = ("score", "votes", "hint", "judge")
 CLIP = 300  # characters of a prompt or next-state message that `show` prints
 
 
-def record(store: Store, turn: Turn, episode: Episode | None = None) -> dict[str, Any]:
-    """One export line: the turn, its feedback, its latest judgment and its session's episode."""
+def record(
+    store: Store, turn: Turn, episode: Episode | None = None, user: str = DEFAULT_USER
+) -> dict[str, Any]:
+    """One export line: the turn, its user (docs/users.md), its feedback, its latest judgment and its
+    session's episode."""
     judgment = store.judgment_for(turn.id)
     return {
         "id": turn.id,
+        "user": user,
         "session_id": turn.session_id,
         "turn": turn.index,
         "turn_type": turn.turn_type,
@@ -60,14 +64,18 @@ def record(store: Store, turn: Turn, episode: Episode | None = None) -> dict[str
     }
 
 
-def export(store: Store, out: TextIO, session_id: str | None = None) -> int:
-    """Write one JSON line per turn (all, or one session's) to `out`; return how many."""
+def export(store: Store, out: TextIO, session_id: str | None = None, user: str | None = None) -> int:
+    """Write one JSON line per turn (all, one session's, or one user's) to `out`; return how many."""
     count = 0
-    episodes: dict[str, Episode | None] = {}
+    sessions: dict[str, tuple[Episode | None, str]] = {}
     for turn in store.turns(session_id):
-        if turn.session_id not in episodes:
-            episodes[turn.session_id] = store.session_episode(turn.session_id)
-        out.write(json.dumps(record(store, turn, episodes[turn.session_id]), ensure_ascii=False) + "\n")
+        if turn.session_id not in sessions:
+            whose = store.session_user(turn.session_id) or DEFAULT_USER
+            sessions[turn.session_id] = (store.session_episode(turn.session_id), whose)
+        episode, whose = sessions[turn.session_id]
+        if user is not None and whose != user:
+            continue
+        out.write(json.dumps(record(store, turn, episode, whose), ensure_ascii=False) + "\n")
         count += 1
     return count
 

@@ -106,10 +106,12 @@ DISTILL_IDS = "(CASE WHEN json_valid(payload) THEN json_extract(payload, '$.expe
 # True for a sample that is not a memory distillation sample: the rules that keep a turn trained once
 # per kind, and a newer judgment superseding older samples, leave those alone.
 NOT_DISTILL = f"({DISTILL_IDS} IS NULL)"
-# session_id is copied from the turn (?1 is turn_id), so per-session counts need no join.
+# session_id and user are copied from the turn (?1 is turn_id) and its session, so per-session
+# counts and one user's samples need no join.
 INSERT_SAMPLE = (
-    f"INSERT INTO samples ({', '.join(_SAMPLE_COLUMNS)}, payload, session_id) "
-    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, (SELECT session_id FROM turns WHERE id = ?1))"
+    f"INSERT INTO samples ({', '.join(_SAMPLE_COLUMNS)}, payload, session_id, user) "
+    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, (SELECT session_id FROM turns WHERE id = ?1), coalesce("
+    "(SELECT s.user FROM turns t JOIN sessions s ON s.id = t.session_id WHERE t.id = ?1), 'default'))"
 )
 
 
@@ -127,7 +129,7 @@ def sample_from_row(row: sqlite3.Row) -> Sample:
 
 # A known session is touched; one that ended only because the server stopped is reopened.
 UPSERT_SESSION = """
-INSERT INTO sessions (id, created_at, updated_at, source) VALUES (?, ?, ?, ?)
+INSERT INTO sessions (id, created_at, updated_at, source, user) VALUES (?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET
     updated_at = max(updated_at, excluded.updated_at),
     ended_at = CASE WHEN end_reason = 'shutdown' THEN NULL ELSE ended_at END,
@@ -141,7 +143,7 @@ ON CONFLICT (id) DO UPDATE SET updated_at = max(updated_at, excluded.updated_at)
 """
 
 OPEN_SESSIONS = """
-SELECT s.id, s.source, s.updated_at,
+SELECT s.id, s.source, s.updated_at, s.user,
     (SELECT count(*) FROM turns t WHERE t.session_id = s.id) AS turn_count,
     (SELECT t.id FROM turns t
         WHERE t.session_id = s.id AND t.turn_type = 'main' AND t.finish_reason != 'abort'

@@ -20,14 +20,14 @@ _REWARD = "judged, scored, score_sum, positive, negative, hinted"
 # (each turn's latest judgment). `INDEXED BY` pins each sub-query to one session's rows, so
 # no statistics can ever talk the planner into scanning every turn.
 RECENT_SESSIONS = """
-SELECT s.id, s.source, s.created_at, s.updated_at, s.ended_at, s.end_reason,
+SELECT s.id, s.user, s.source, s.created_at, s.updated_at, s.ended_at, s.end_reason,
     (SELECT count(*) FROM turns t INDEXED BY turns_session_idx WHERE t.session_id = s.id) AS turns,
     (SELECT count(*) FROM turns t INDEXED BY turns_session_idx
         WHERE t.session_id = s.id AND t.turn_type = 'main') AS main_turns,
     (SELECT avg(j.score) FROM turns t INDEXED BY turns_session_idx JOIN judgments j
         ON j.id = (SELECT max(id) FROM judgments WHERE turn_id = t.id)
         WHERE t.session_id = s.id) AS mean_score
-FROM sessions s ORDER BY s.updated_at DESC LIMIT ?
+FROM sessions s {where} ORDER BY s.updated_at DESC LIMIT ?
 """
 
 
@@ -55,9 +55,12 @@ class StatsStore:
         )
         return [{"minute": row["minute"], **_reward(row)} for row in rows]
 
-    def recent_sessions(self, limit: int) -> list[dict[str, Any]]:
-        """The `limit` sessions most recently active, newest first."""
-        return [dict(row) for row in self._read(RECENT_SESSIONS, (limit,))]
+    def recent_sessions(self, limit: int, user: str | None = None) -> list[dict[str, Any]]:
+        """The `limit` sessions most recently active, newest first: `user`'s only, or everyone's (None)."""
+        if user is None:
+            return [dict(row) for row in self._read(RECENT_SESSIONS.format(where=""), (limit,))]
+        rows = self._read(RECENT_SESSIONS.format(where="WHERE s.user = ?"), (user, limit))
+        return [dict(row) for row in rows]
 
     def recent_versions(self, limit: int) -> list[dict[str, Any]]:
         """The `limit` latest published versions, newest first, every column (metrics parsed).

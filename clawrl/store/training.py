@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +55,7 @@ from clawrl.types import Judgment, Sample, Turn
 STATUSES = frozenset({"ready", "training", "trained", "stale", "skipped", "superseded"})
 KINDS = frozenset({"rl", "opd"})
 
+_USERS = "user IN (SELECT value FROM json_each(?))"  # the samples of a JSON list of users
 _TRAINED_KINDS = (
     f"SELECT DISTINCT kind FROM samples WHERE turn_id = ? AND status = 'trained' AND {NOT_DISTILL}"
 )
@@ -156,11 +157,16 @@ class TrainingStore:
         with self._write() as conn:
             return conn.execute(_SUPERSEDE, (turn_id, keep_judgment_id)).rowcount
 
-    def ready_samples(self, limit: int | None = None) -> list[Sample]:
-        """Samples with status `ready`, oldest (first inserted) first, at most `limit`."""
+    def ready_samples(
+        self, limit: int | None = None, user: str | None = None, users: Collection[str] | None = None
+    ) -> list[Sample]:
+        """Samples with status `ready`, oldest (first inserted) first, at most `limit`; only `user`'s
+        (the user of the sample's session, docs/users.md) when one is named, only those of `users`
+        when they are given; every user's when neither is."""
+        where, args = _of_users(user, users)
         rows = self._read(
-            f"SELECT {SAMPLE_COLUMNS} FROM samples WHERE status = 'ready' ORDER BY id LIMIT ?",
-            (-1 if limit is None else limit,),
+            f"SELECT {SAMPLE_COLUMNS} FROM samples WHERE status = 'ready' {where} ORDER BY id LIMIT ?",
+            (*args, -1 if limit is None else limit),
         )
         return [sample_from_row(row) for row in rows]
 
@@ -229,11 +235,17 @@ class TrainingStore:
             raise StoreError(f"no sample {sample_id}")
         return rows[0][0], rows[0][1]
 
-    def count_samples(self, status: str | None = None, kind: str | None = None) -> int:
-        """How many samples there are, of one status and/or kind if given."""
+    def count_samples(
+        self, status: str | None = None, kind: str | None = None, users: Collection[str] | None = None
+    ) -> int:
+        """How many samples there are, of one status and/or kind if given, of `users` if given."""
         filters = {"status": status, "kind": kind}
-        where = " AND ".join(f"{name} = ?" for name, value in filters.items() if value is not None)
+        clauses = [f"{name} = ?" for name, value in filters.items() if value is not None]
         args = tuple(value for value in filters.values() if value is not None)
+        if users is not None:
+            clauses.append(_USERS)
+            args += (json.dumps(sorted(users)),)
+        where = " AND ".join(clauses)
         rows = self._read(f"SELECT count(*) FROM samples{' WHERE ' + where if where else ''}", args)
         return int(rows[0][0])
 
@@ -246,6 +258,15 @@ class TrainingStore:
             (session_id,),
         )
         return int(rows[0][0])
+
+
+def _of_users(user: str | None, users: Collection[str] | None) -> tuple[str, tuple[Any, ...]]:
+    """The `AND ...` that keeps one user's samples, or those of a set of users ("" keeps all)."""
+    if user is not None:
+        return "AND user = ?", (user,)
+    if users is not None:
+        return f"AND {_USERS}", (json.dumps(sorted(users)),)
+    return "", ()
 
 
 def _check(value: str, allowed: frozenset[str], what: str) -> None:

@@ -8,7 +8,11 @@ Each pass:
    version was held), load it, weights and optimizer state, and go on from
    there.
 2. Count the ready samples; with fewer than `batch_size`, wait (`poll_s`)
-   and count again (a wait costs one count, not a read of the samples).
+   and count again (a wait costs one count, not a read of the samples). With users
+   (`server.users`, docs/users.md) only the samples of the users in the file and of the
+   `default` user count: a user removed from the file is no longer trained on (their samples
+   stay `ready` in the store). Every user's samples train the one shared policy until each
+   user has an adapter of their own.
 3. Look at the oldest ready samples (earliest deadline first: each is trained
    while it is still inside the staleness bound; newest first was measured and
    left out, see below). Defective ones (empty response,
@@ -112,8 +116,10 @@ class TrainLoop:
         canary: Check | None = None,
         on_hold: Callable[[Version], object] | None = None,
         after_publish: Callable[[Version], object] | None = None,
+        users: frozenset[str] | None = None,
     ) -> None:
         self.store = store
+        self.users = users  # whose samples are trained (None: every user's)
         self.policy = policy
         self.cfg = policy.cfg
         self.run_dir = Path(run_dir)
@@ -243,7 +249,7 @@ class TrainLoop:
             self._follow(target)
             follow = self._current
         # Count first: while waiting, each poll is one count, not a read of every sample's tokens.
-        ready = self.store.count_samples("ready")
+        ready = self.store.count_samples("ready", users=self.users)
         usable = self._usable() if ready >= self.cfg.batch_size else []
         if len(usable) < self.cfg.batch_size:
             waiting = len(usable) if ready >= self.cfg.batch_size else ready
@@ -262,7 +268,7 @@ class TrainLoop:
     def _usable(self) -> list[Sample]:
         """The usable ready samples, oldest first; the rest are marked stale or skipped, with a reason."""
         t = triage(
-            self.store.ready_samples(limit=4 * self.cfg.batch_size),
+            self.store.ready_samples(limit=4 * self.cfg.batch_size, users=self.users),
             self.version,
             self.cfg,
             self.policy.vocab_size,

@@ -22,6 +22,7 @@ import uvicorn
 from clawrl.algo import GroupRelative, Method, get_method
 from clawrl.algo.teacher import bare_prompt, teacher_prompt
 from clawrl.api.app import Routes, Service, create_app
+from clawrl.api.auth import Keys
 from clawrl.api.completions import ChatService
 from clawrl.api.health import HealthReport
 from clawrl.api.metrics import Metrics
@@ -31,6 +32,7 @@ from clawrl.collect.collector import Collector
 from clawrl.collect.episodes import EpisodeBook
 from clawrl.collect.memory import MemoryBook
 from clawrl.config import Config
+from clawrl.config.users import read_users
 from clawrl.engine.base import Engine, EngineUnavailable
 from clawrl.engine.registry import build_engine
 from clawrl.engine.watcher import VersionWatcher
@@ -152,7 +154,7 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
             config.run_dir,
         ),
         affinity_keys=config.collect.affinity_keys,
-        api_key=s.api_key.get_secret_value() if s.api_key else None,
+        keys=server_keys(s),
         max_body_bytes=s.max_body_bytes,
         episodes=episodes,
         memory=memory,
@@ -162,6 +164,12 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
         services,
         lambda: f"serving {s.served_model_name!r} ({engine.version}) on http://{s.host}:{s.port}/v1",
     )
+
+
+def server_keys(s: Any) -> Keys:
+    """The admin key and, with `server.users`, the users' keys (read again: `clawrl serve` checked it)."""
+    admin = s.api_key.get_secret_value() if s.api_key else None
+    return Keys(admin, read_users(s.users, admin) if s.users is not None else None)
 
 
 def token_counter(tokenizer: Any) -> Any:

@@ -42,6 +42,7 @@ import transformers
 
 from clawrl.chat.template import ChatRenderer
 from clawrl.config import Config, launched_world_size
+from clawrl.config.users import read_users
 from clawrl.guard import trainer_hooks
 from clawrl.model.gpu import cap_process, cuda_index
 from clawrl.model.load import ModelNotFound, model_folder, served_context
@@ -52,7 +53,7 @@ from clawrl.train.loop import TrainLoop
 from clawrl.train.memory_probe import MemoryProbe
 from clawrl.train.policy import build_policy
 from clawrl.train.ranks import RankStatus
-from clawrl.types import Version
+from clawrl.types import DEFAULT_USER, Version
 
 log = logging.getLogger("clawrl.trainer")
 LOCK = "trainer.lock"
@@ -133,6 +134,15 @@ def run_trainer(
             lock.close()
 
 
+def trained_users(config: Config) -> frozenset[str] | None:
+    """Whose samples are trained: with `server.users`, the users in the file and `default` (the admin
+    key's and the rows from before); None (every user's) without it. Read at start, as `clawrl serve`
+    reads it, so a user removed from the file is no longer trained on after a restart."""
+    if config.server.users is None:
+        return None
+    return frozenset(read_users(config.server.users, None).values()) | {DEFAULT_USER}
+
+
 def _launcher(config: Config, parent_pid: int | None, steps: int | None) -> int:
     from clawrl.train.launch import launch_group
 
@@ -176,7 +186,10 @@ def _train(config: Config, group: Group, parent_pid: int | None, steps: int | No
         loggers = StepLoggers(config.train.loggers if group.is_main else [], config.run_dir)
         canary, on_hold = trainer_hooks(config, store, policy, base, check=guarded, group=group)
         probe = memory_probe(config, store, policy.model, base, group)
-        loop = TrainLoop(store, policy, config.run_dir, group, status, loggers, canary, on_hold, probe)
+        users = trained_users(config)
+        loop = TrainLoop(
+            store, policy, config.run_dir, group, status, loggers, canary, on_hold, probe, users=users
+        )
         loop.resume()
         loop.run(lambda: parent_pid is not None and os.getppid() != parent_pid, steps)
         log.info("stopping" if steps is not None else "the server is gone; stopping")

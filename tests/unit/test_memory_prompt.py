@@ -53,7 +53,7 @@ class Memory:
     def __init__(self, recalled: Recalled | None) -> None:
         self.recalled, self.calls = recalled, 0
 
-    async def recall(self, messages: list[dict], session_id: str) -> Recalled | None:
+    async def recall(self, messages: list[dict], session_id: str, owner: str = "default") -> Recalled | None:
         self.calls += 1
         return self.recalled
 

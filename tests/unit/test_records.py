@@ -19,7 +19,7 @@ KEYS = {
     "id", "session_id", "turn", "turn_type", "messages", "tools", "response", "tool_calls", "prompt_ids",
     "response_ids", "logprobs", "policy_version", "versions", "temperature", "finish_reason", "next_state",
     "next_state_at", "feedback", "judgment", "reward", "episode", "created_at", "first_token_at",
-    "finished_at", "memory", "sampling",
+    "finished_at", "memory", "sampling", "user",
 }  # fmt: skip
 VOTES = [
     Vote("prm", 1, "Correct. \\boxed{1}", None, 1.5),
@@ -40,7 +40,7 @@ def run_dir(tmp_path: Path) -> Path:
         )
         store.set_next_state("t0", [{"role": "tool", "tool_call_id": "call_0", "content": "12 °C"}], 15.0)
         store.add_feedback(Feedback("t0", 1, "parfait", 16.0))
-        store.upsert_session("s2", "inferred", 1.0)
+        store.upsert_session("s2", "inferred", 1.0, "alice")
         store.insert_turn(make_turn("u0", "s2", 0, created_at=15.0, turn_type="side", versions=[]))
         store.insert_judgment(Judgment("t0", "openai:judge", VOTES, 1, "Give the unit.", 17.0))
     return run
@@ -184,3 +184,16 @@ def test_cli_refuses_unknown_options(run_dir, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["records", "export", "--run-dir", str(run_dir), "--server.port", "1"])
     assert exit_.value.code == 2 and "--server.port" in capsys.readouterr().err
+
+
+def test_export_names_each_turns_user_and_takes_one_user(store):
+    out = io.StringIO()
+    assert export(store, out) == 3
+    assert {json.loads(line)["id"]: json.loads(line)["user"] for line in out.getvalue().splitlines()} == {
+        "t0": "default",
+        "t1": "default",
+        "u0": "alice",
+    }
+    out = io.StringIO()
+    assert export(store, out, user="alice") == 1
+    assert [json.loads(line)["id"] for line in out.getvalue().splitlines()] == ["u0"]

@@ -232,3 +232,28 @@ def test_restore_after_restart_continues_the_session():
     r = t.resolve([SYS, user("q1"), bot("a1"), user("q2"), bot("a2"), user("q3")], Hints(), 6.0)
     assert r.session_id == "sess-old" and r.turn_index == 2 and r.previous_turn_id == "t-1"
     assert r.next_state == [user("q3")]
+
+
+def test_inference_never_joins_two_users_conversations():
+    """Bob sends exactly what continues Alice's conversation (her history and the answer she got): it
+    opens a session of his own, and Alice's answer gets no next state from him (docs/users.md)."""
+    t = tracker()
+    alice = Client(t, SYS, user("hi"), hints=Hints(user="alice"))
+    a1 = alice.send(answer="hello")
+    bob = Client(t, SYS, user("hi"), bot("hello"), user("tell me more"), hints=Hints(user="bob"))
+    b1 = bob.send()
+    assert b1.is_new and b1.session_id != a1.session_id and b1.user == "bob"
+    assert b1.previous_turn_id is None and b1.next_state is None
+    a2 = alice.say(user("tell me more")).send()  # Alice's own continuation still finds her session
+    assert a2.session_id == a1.session_id and a2.user == "alice"
+    assert a2.previous_turn_id == f"turn-{a1.session_id}-0"
+
+
+def test_a_restored_session_keeps_its_user():
+    t = tracker()
+    hello = bot("hello")
+    t.restore(Restored("s-old", "inferred", 1, 0.0, "turn-0", [SYS, user("hi")], hello, user="alice"))
+    r = t.resolve([SYS, user("hi"), hello, user("more")], Hints(user="bob"), 1.0)
+    assert r.is_new and r.user == "bob"
+    r = t.resolve([SYS, user("hi"), hello, user("more")], Hints(user="alice"), 1.0)
+    assert r.session_id == "s-old" and r.previous_turn_id == "turn-0"

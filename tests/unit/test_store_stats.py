@@ -76,8 +76,9 @@ def test_recent_sessions_and_versions_are_newest_first(db):
 def test_m005_backfills_a_database_made_before_it(db, monkeypatch):
     with monkeypatch.context() as m:
         # Before m005, but with the columns today's Turn is written with (m007's rope_scaled, m008's
-        # grammar, m010's sampling, m012's memory).
+        # grammar, m010's sampling, m012's memory, m015's user).
         keep = [*migrations.MIGRATIONS[:4], *migrations.MIGRATIONS[6:8], *migrations.MIGRATIONS[9:12:2]]
+        keep.append(next(m for m in migrations.MIGRATIONS if m[0] == "m015_users"))
         m.setattr(migrations, "MIGRATIONS", keep)
         with Store.open(db) as s:
             fill(s)
@@ -95,7 +96,8 @@ DASHBOARD_QUERIES = [
     ("SELECT name, n FROM counters", ()),
     ("SELECT * FROM reward_by_version", ()),
     ("SELECT * FROM reward_by_minute WHERE minute >= ? ORDER BY minute", (0,)),
-    (RECENT_SESSIONS, (20,)),
+    (RECENT_SESSIONS.format(where=""), (20,)),
+    (RECENT_SESSIONS.format(where="WHERE s.user = ?"), ("alice", 20)),  # one user's (docs/users.md)
     ("SELECT * FROM versions ORDER BY rowid DESC LIMIT ?", (20,)),
     ("SELECT coalesce(max(rowid), 0) FROM versions", ()),
 ]

@@ -421,3 +421,23 @@ def test_each_servable_version_runs_the_memory_retirement_probe(run):
     assert store.recall_candidates("short answers") == []
     config.memory.probe = False
     assert memory_probe(config, store, policy.model, Path(config.model.path), Group()) is None
+
+
+def test_only_the_samples_of_the_users_in_the_file_are_trained(run):
+    """With users (docs/users.md) the trainer takes the samples of the users it is given: a user
+    removed from the users file (carol) is not trained on, and her samples stay ready in the store."""
+    config, store = run
+    store.upsert_session("s2", "header", 1.0, "carol")
+    for i in range(4):
+        store.insert_turn(make_turn(f"c{i}", "s2", i, created_at=60.0 + i))
+    carols = store.insert_samples(
+        [Sample(f"c{i}", "rl", PROMPT[:8], [4093, 30], [-3.0, -3.0], "v0", 1.0, reward=1.0) for i in range(4)]
+    )
+    policy = build_policy(config.model.path, config.train, "cpu")
+    loop = TrainLoop(store, policy, config.run_dir, users=frozenset({"default", "alice"}))
+    loop.resume()
+    assert loop.run_once() is False  # four ready samples, none of them a trained user's
+    mine = add(store, 4)
+    assert loop.run_once() is True
+    assert [store.sample_status(i)[0] for i in mine] == ["trained"] * 4
+    assert [store.sample_status(i)[0] for i in carols] == ["ready"] * 4
