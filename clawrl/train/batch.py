@@ -55,6 +55,21 @@ def pack(lengths: Sequence[int], budget: int) -> list[list[int]]:
     return groups
 
 
+def even_out(groups: list[list[int]], count: int) -> list[list[int]]:
+    """`groups` split until there are `count` of them, where they can be: the group with the most
+    members is halved (in order) each time; a list of single members stays as it is. Ranks in
+    lockstep (FSDP) then make the same number of passes, each with samples of its own, where
+    otherwise a rank short of micro-batches passes one again at zero weight."""
+    out = [list(g) for g in groups]
+    while len(out) < count:
+        widest = max(range(len(out)), key=lambda i: len(out[i]))
+        if len(out[widest]) < 2:
+            break
+        g = out[widest]
+        out[widest : widest + 1] = [g[: len(g) // 2], g[len(g) // 2 :]]
+    return out
+
+
 @dataclass
 class Padded:
     """A left-padded batch of prompt + response sequences."""

@@ -49,7 +49,7 @@ from clawrl.config import TrainConfig
 from clawrl.model.gpu import release_cached
 from clawrl.model.heap import mapped_large_allocations, release_free_memory
 from clawrl.train.advantages import GapStats, batch_advantages
-from clawrl.train.batch import left_pad, pack, pad_rows, score
+from clawrl.train.batch import even_out, left_pad, pack, pad_rows, score
 from clawrl.train.group import Group, split_by_tokens
 from clawrl.train.importance import WeightSums, truncated_weights
 from clawrl.train.loss import policy_loss
@@ -218,13 +218,16 @@ class Trainer:
         lengths = [
             _row_length(p, r, row) for p, r, row in zip(layout.prompts, layout.responses, rows, strict=True)
         ]
+        shares = split_by_tokens(lengths, self.group.world)
+        plans = [pack([lengths[r] for r in share], budget) for share in shares]
+        if self.group.lockstep:  # as many passes on every rank, each its own samples where it can
+            plans = [even_out(p, max(len(q) for q in plans)) for p in plans]
         out = []
-        for share in split_by_tokens(lengths, self.group.world):
+        for share, groups in zip(shares, plans, strict=True):
             mine = [s for r in share for s in rows[r]]
             starts = [0]
             for r in share:
                 starts.append(starts[-1] + len(rows[r]))
-            groups = pack([lengths[r] for r in share], budget)
             out.append(
                 (mine, [[i for g in group for i in range(starts[g], starts[g + 1])] for group in groups])
             )
@@ -235,8 +238,9 @@ class Trainer:
 
         Alone or under DDP: one per micro-batch, a teacher pass where it has opd samples. In a
         lockstep group (FSDP: every forward is a collective) every rank makes as many passes as
-        the rank with the most, and a teacher pass wherever any rank's pass has opd samples; a
-        rank past its own micro-batches passes its last one again, at zero weight."""
+        the rank with the most (`even_out` splits a rank's micro-batches to match, where it has
+        rows enough), and a teacher pass wherever any rank's pass has opd samples; a rank with
+        fewer rows than passes passes its last one again, at zero weight."""
         mine, groups = plans[self.group.rank]
         if not self.group.lockstep:
             return [any(mine[i].kind == "opd" for i in g) for g in groups]

@@ -203,6 +203,15 @@ def test_samples_are_split_across_ranks_by_tokens():
     assert max(loads) - min(loads) <= 1
 
 
+def test_lockstep_ranks_split_their_micro_batches_to_make_as_many_passes():
+    from clawrl.train.batch import even_out
+
+    assert even_out([[0, 1, 2, 3], [4]], 3) == [[0, 1], [2, 3], [4]]
+    assert even_out([[0, 1, 2]], 3) == [[0], [1], [2]]  # the widest is halved until there are enough
+    assert even_out([[0], [1]], 4) == [[0], [1]]  # one sample each: a zero-weight pass is left
+    assert even_out([[0, 1], [2]], 2) == [[0, 1], [2]]  # enough already: unchanged
+
+
 def test_a_batch_smaller_than_the_group_is_refused():
     with pytest.raises(ValueError, match="at least train.distributed.num_processes"):
         Config(train={"batch_size": 2, "distributed": {"num_processes": 3}})
