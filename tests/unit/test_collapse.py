@@ -1,0 +1,54 @@
+"""The collapse figures (clawrl/guard/collapse.py): ROUGE-L, self-ROUGE-L, entropy ratio, drift, limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from clawrl.guard.collapse import Limits, drift, entropy_ratio, judge, lcs_length, rouge_l, self_rouge_l
+
+
+def test_rouge_l_is_the_f_measure_of_the_longest_common_subsequence_of_words():
+    assert lcs_length("the cat sat on the mat".split(), "the cat on the mat".split()) == 5
+    # P = 5/5, R = 5/6: F = 2 * 1 * 5/6 / (1 + 5/6) = 10/11
+    assert rouge_l("The cat sat on the mat", "the cat on the mat") == pytest.approx(10 / 11)
+    # LCS "b d": P = 2/3, R = 2/4, F = 4/7
+    assert rouge_l("a b c d", "b d e") == pytest.approx(4 / 7)
+    assert rouge_l("b d e", "a b c d") == pytest.approx(4 / 7)  # symmetric
+    assert rouge_l("Paris is in France", "paris IS in france") == 1.0
+    assert rouge_l("one two", "three four") == 0.0
+
+
+def test_two_empty_answers_are_alike_and_an_empty_one_shares_nothing_with_words():
+    assert rouge_l("", "  ") == 1.0
+    assert rouge_l("", "an answer") == 0.0
+
+
+def test_self_rouge_l_is_the_mean_over_pairs_of_answers_to_different_prompts():
+    # pairs: (a b, a b) 1.0, (a b, c d) 0.0, (a b, c d) 0.0
+    assert self_rouge_l(["a b", "a b", "c d"]) == pytest.approx(1 / 3)
+    assert self_rouge_l(["same words"] * 4) == 1.0
+    assert self_rouge_l(["only one"]) is None and self_rouge_l([]) is None
+
+
+def test_entropy_ratio_and_drift():
+    assert entropy_ratio(0.5, 2.0) == 0.25
+    assert entropy_ratio(None, 2.0) is None and entropy_ratio(0.5, 0.0) is None
+    assert drift([-1.0, -3.0], [-1.5, -1.0]) == pytest.approx((0.5 + 2.0) / 2)
+    assert drift([], []) is None
+    with pytest.raises(ValueError, match="1 probe logprobs for 2"):
+        drift([-1.0], [-1.0, -2.0])
+
+
+def test_the_verdict_names_each_crossed_limit_and_why():
+    healthy = judge(1.8, 2.0, 0.3, 0.25, 0.4, Limits())
+    assert healthy.crossed == () and healthy.reasons == () and healthy.entropy_ratio == pytest.approx(0.9)
+    collapsed = judge(0.5, 2.0, 0.9, 0.25, 2.5, Limits())
+    assert collapsed.crossed == ("entropy", "self_rouge_l", "drift")
+    assert collapsed.reasons == (
+        "answer entropy 0.500 is 0.25 of the base's 2.000 (min 0.6)",
+        "self-ROUGE-L 0.900 between answers > 0.85",
+        "logprob drift 2.500 nats/token on the probes > 2",
+    )
+    assert collapsed.figures()["crossed"] == ["entropy", "self_rouge_l", "drift"]
+    assert judge(1.2, 2.0, 0.85, None, 2.0, Limits()).crossed == ()  # at a limit is not past it
+    assert judge(None, None, None, None, None, Limits()).crossed == ()
