@@ -10,6 +10,10 @@ the base model (v0):
     self_rouge_l  = mean over pairs i < j of ROUGE-L(answer_i, answer_j)
                                             between the version's answers to *different*
                                             prompts; collapse when above `max_self_rouge_l`
+                                            and above the base's own (answers *growing*
+                                            alike: a base that already answers every
+                                            prompt alike, as a tiny random model does, is
+                                            not a collapse the version made)
     drift         = mean over probes of | mean_t log p_version(a_t) - mean_t log p_base(a_t) |
                                             on the base's own greedy answers a to the same
                                             prompts (nats per token); collapse when above `max_drift`
@@ -27,6 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
+
+from clawrl.types import HELD
 
 ENTROPY, SELF_ROUGE_L, DRIFT = "entropy", "self_rouge_l", "drift"
 
@@ -137,10 +143,18 @@ def judge(
             f"answer entropy {entropy:.3f} is {ratio:.2f} of the base's {base_entropy:.3f} "
             f"(min {limits.min_entropy_ratio:g})"
         )
-    if rouge is not None and rouge > limits.max_self_rouge_l:
+    if rouge is not None and rouge > limits.max_self_rouge_l and (base_rouge is None or rouge > base_rouge):
         crossed.append(SELF_ROUGE_L)
         reasons.append(f"self-ROUGE-L {rouge:.3f} between answers > {limits.max_self_rouge_l:g}")
     if drifted is not None and drifted > limits.max_drift:
         crossed.append(DRIFT)
         reasons.append(f"logprob drift {drifted:.3f} nats/token on the probes > {limits.max_drift:g}")
     return Collapse(entropy, base_entropy, ratio, rouge, base_rouge, drifted, tuple(crossed), tuple(reasons))
+
+
+def hold(status: str, reason: str | None, found: Collapse, hold_on_collapse: bool) -> tuple[str, str | None]:
+    """(status, reason) after the collapse limits: held, with their reasons added, only when
+    `hold_on_collapse` and a limit was crossed; otherwise the canary's own verdict stands."""
+    if not hold_on_collapse or not found.reasons:
+        return status, reason
+    return HELD, "; ".join([*([reason] if reason else []), *(f"collapse: {r}" for r in found.reasons)])

@@ -11,6 +11,10 @@
   (`general.is_right`). Unlike the likelihood, it does not rise when a
   version merely learns to answer in fewer words: a model trained to be brief
   gives the one-sentence references more probability without knowing more.
+- `answer_scores`: the same per-token mean logprob of any answers, and the
+  mean entropy of the model's distribution along them: the canary's collapse
+  figures (`collapse.py`) read the model's own greedy answers (`as_answers`)
+  and the base's answers to the same prompts this way.
 - `forward_kl`: the mean per-token forward KL(pi_base || pi_new), summed over
   the full vocabulary, at the response positions of real turns:
 
@@ -57,15 +61,39 @@ def reference_batches(
         yield group, left_pad([r.prompt_ids for r in rows], [r.reference_ids for r in rows], device)
 
 
-@torch.no_grad()
 def reference_logprobs(model: nn.Module, items: Sequence[Encoded], budget: int) -> list[float]:
     """Mean log-probability per reference token of each item, in item order."""
+    return answer_scores(model, items, budget, with_entropy=False)[0]
+
+
+@torch.no_grad()
+def answer_scores(
+    model: nn.Module, items: Sequence[Encoded], budget: int, with_entropy: bool = True
+) -> tuple[list[float], list[float]]:
+    """(mean logprob, mean entropy) per token of each item's `reference_ids` as its answer, in item
+    order; the entropies (nats, full vocabulary, temperature 1) are empty without `with_entropy`."""
     device = device_of(model)
-    out: list[float] = [0.0] * len(items)
+    logps: list[float] = [0.0] * len(items)
+    entropies: list[float] = [0.0] * len(items) if with_entropy else []
     for group, batch in reference_batches(items, budget, device):
-        logp, _ = score(model, batch, torch.ones(len(group), device=device), with_entropy=False)
+        logp, entropy = score(model, batch, torch.ones(len(group), device=device), with_entropy)
         for row, i in enumerate(group):
-            out[i] = float(logp[row, : len(items[i].reference_ids)].mean())
+            n = len(items[i].reference_ids)
+            logps[i] = float(logp[row, :n].mean())
+            if entropy is not None:
+                entropies[i] = float(entropy[row, :n].mean())
+    return logps, entropies
+
+
+def as_answers(items: Sequence[Encoded], answers: Sequence[list[int]], eos_id: int | None) -> list[Encoded]:
+    """`items` with greedy `answers` in place of their references, to be scored as answers are.
+
+    An answer that ended (shorter than ANSWER_TOKENS) gets its end-of-turn token back, so an
+    empty answer is still one token to score."""
+    out = []
+    for item, answer in zip(items, answers, strict=True):
+        ended = eos_id is not None and len(answer) < ANSWER_TOKENS
+        out.append(Encoded(item.id, item.prompt_ids, list(answer) + ([eos_id] if ended else []), item.key))
     return out
 
 

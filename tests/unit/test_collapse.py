@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from clawrl.guard.collapse import Limits, drift, entropy_ratio, judge, lcs_length, rouge_l, self_rouge_l
+from clawrl.guard.collapse import Limits, drift, entropy_ratio, hold, judge, lcs_length, rouge_l, self_rouge_l
 
 
 def test_rouge_l_is_the_f_measure_of_the_longest_common_subsequence_of_words():
-    assert lcs_length("the cat sat on the mat".split(), "the cat on the mat".split()) == 5
+    assert lcs_length(["the", "cat", "sat", "on", "the", "mat"], ["the", "cat", "on", "the", "mat"]) == 5
     # P = 5/5, R = 5/6: F = 2 * 1 * 5/6 / (1 + 5/6) = 10/11
     assert rouge_l("The cat sat on the mat", "the cat on the mat") == pytest.approx(10 / 11)
     # LCS "b d": P = 2/3, R = 2/4, F = 4/7
@@ -52,3 +52,20 @@ def test_the_verdict_names_each_crossed_limit_and_why():
     assert collapsed.figures()["crossed"] == ["entropy", "self_rouge_l", "drift"]
     assert judge(1.2, 2.0, 0.85, None, 2.0, Limits()).crossed == ()  # at a limit is not past it
     assert judge(None, None, None, None, None, Limits()).crossed == ()
+    # answers no more alike than the base's own are not growing alike
+    assert judge(1.8, 2.0, 0.95, 0.95, 0.1, Limits()).crossed == ()
+    assert judge(1.8, 2.0, 0.96, 0.95, 0.1, Limits()).crossed == ("self_rouge_l",)
+
+
+def test_a_crossed_limit_holds_only_when_hold_on_collapse_and_keeps_the_canarys_reason():
+    found = judge(1.8, 2.0, 0.3, 0.25, 2.5, Limits())
+    assert hold("passed", None, found, hold_on_collapse=False) == ("passed", None)
+    assert hold("passed", None, found, hold_on_collapse=True) == (
+        "held",
+        "collapse: logprob drift 2.500 nats/token on the probes > 2",
+    )
+    assert hold("held", "KL too high", found, True) == (
+        "held",
+        "KL too high; collapse: logprob drift 2.500 nats/token on the probes > 2",
+    )
+    assert hold("passed", None, judge(1.8, 2.0, 0.3, 0.25, 0.1, Limits()), True) == ("passed", None)

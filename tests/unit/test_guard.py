@@ -164,11 +164,54 @@ def test_a_version_that_forgets_is_held_and_the_trainer_goes_on_from_the_last_se
     assert loop.run_once()
     v1 = store.latest_version()
     assert v1.held and v1.canary["reason"] and v1.canary["kl"] > config.guard.max_kl
-    assert set(v1.canary) >= {"score", "base_score", "drop", "kl", "kl_tokens", "seconds", "items"}
+    assert set(v1.canary) >= {
+        "score",
+        "base_score",
+        "drop",
+        "kl",
+        "kl_tokens",
+        "seconds",
+        "items",
+        "collapse",
+    }
     assert 0 <= v1.canary["accuracy"] <= 1 and 0 <= v1.canary["base_accuracy"] <= 1
     assert loop.run_once()  # the next step starts from v0 again, not from the held v1
     v2 = store.latest_version()
     assert v2.parent == "v0" and v2.step == 1
+
+
+def test_a_version_past_a_collapse_limit_is_marked_and_held_only_with_hold_on_collapse(run):  # noqa: F811
+    """The same forgetting step (lr 0.5), with the canary's own limits wide open: a drift limit of
+    0.001 nats marks it; `guard.hold_on_collapse` turns the mark into a hold that names the figure.
+    (The tiny random model answers every prompt alike already, self-ROUGE-L 1.0 at the base, so
+    self-ROUGE-L, which counts only answers growing more alike than the base's, marks nothing.)"""
+    config, store = run
+    wide = {"max_drop": 1.0, "max_accuracy_drop": 1.0, "max_kl": 100.0, "kl_turns": 0}
+    watch = GuardConfig(**wide, collapse_max_drift=0.001)
+    cfg = config.train.model_copy(update={"lr": 0.5})
+    statuses = {}
+    for hold in (False, True):
+        add(store, 8, start=8 * hold)  # each round's own samples: the second trains v2 from v1
+        policy = build_policy(config.model.path, cfg, "cpu", keep_base=True)
+        guard = watch.model_copy(update={"hold_on_collapse": hold})
+        canary = Canary.build(store, _tokenizer(config), guard, policy.cfg.micro_batch_tokens)
+        status, figures = canary.check(policy)  # the base itself: nothing drifted
+        assert status == PASSED and figures["collapse"]["drift"] == 0.0, (
+            figures["collapse"],
+            figures["reason"],
+        )
+        assert figures["collapse"]["entropy_ratio"] == pytest.approx(1.0, abs=1e-4)
+        loop = TrainLoop(store, policy, config.run_dir, canary=canary.check)
+        loop.resume()
+        assert loop.run_once()
+        version = store.latest_version()
+        statuses[hold] = version.status
+        found = version.canary["collapse"]
+        assert found["drift"] > 0.001 and "drift" in found["crossed"]
+        assert found["base_entropy"] > 0 and 0 <= found["self_rouge_l"] <= 1
+    assert statuses == {False: PASSED, True: HELD}
+    assert "collapse: logprob drift" in store.latest_version().canary["reason"]
+    assert "nats/token on the probes > 0.001" in store.latest_version().canary["reason"]
 
 
 def _tokenizer(config: Config):
