@@ -59,6 +59,7 @@ class Point:
     scores: list[float]  # per held-out task, in task order
     answer_versions: list[str]  # the versions that wrote the answers (one, unless a swap came mid-way)
     elapsed_s: float  # since the experiment began
+    self_rouge_l: float | None = None  # between the answers to different held-out tasks (guard/collapse.py)
 
 
 @dataclass
@@ -80,18 +81,19 @@ class Outcome:
 
 async def measure(
     client: EvalClient, persona: Persona, tasks: list[Task], max_tokens: int, label: str
-) -> tuple[list[float], list[str]]:
-    """(scores, answer versions): the persona's score of each task's first greedy answer."""
+) -> tuple[list[float], list[str], list[str]]:
+    """(scores, answer versions, answers): the persona's score of each task's first greedy answer,
+    and the answers, in task order."""
 
-    async def one(task: Task) -> tuple[float, str]:
+    async def one(task: Task) -> tuple[float, str, str]:
         messages = [{"role": "user", "content": persona.first_message(task)}]
         answer = await client.chat(
             messages, f"eval-{label}-{task.id}", temperature=0.0, max_tokens=max_tokens, side=True, done=True
         )
-        return await asyncio.to_thread(persona.score, task, answer.text), answer.version
+        return await asyncio.to_thread(persona.score, task, answer.text), answer.version, answer.text
 
     results = await asyncio.gather(*(one(task) for task in tasks))
-    return [score for score, _ in results], sorted({version for _, version in results})
+    return [r[0] for r in results], sorted({r[1] for r in results}), [r[2] for r in results]
 
 
 class Traffic:

@@ -90,6 +90,8 @@ class Canary:
         tok = self.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         greedy = greedy_answers(model, self.items, pad, tok.eos_token_id, self.budget, self.synced)
+        if self.share is not None:  # every rank packs the same answers into the same collective passes
+            greedy = self.share(greedy)
         texts = [tok.decode(a, skip_special_tokens=True) for a in greedy]
         right = [is_right(text, item.key) for text, item in zip(texts, self.items, strict=True)]
         answers = as_answers(self.items, greedy, tok.eos_token_id)
