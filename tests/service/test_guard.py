@@ -52,6 +52,9 @@ def test_a_deliberately_broken_version_is_held_never_served_and_training_restart
         wait_for(lambda: dashboard_v1() is not None, 30, "v1 on the dashboard")
         shown = dashboard_v1()
         assert shown["status"] == "held" and "KL(base || version)" in shown["canary"]["reason"]
+        # the collapse column's figures (its drift off 0: the broken step moved the probes' logprobs)
+        collapse = shown["canary"]["collapse"]
+        assert {"entropy_ratio", "self_rouge_l", "crossed"} <= set(collapse) and collapse["drift"] > 0
 
         # Never served: the engine stays on v0, and so does every answer after the hold.
         answer = server.client().chat.completions.create(
