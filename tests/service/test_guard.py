@@ -43,6 +43,7 @@ def test_a_deliberately_broken_version_is_held_never_served_and_training_restart
         assert guard["status"] == "on" and guard["last_held"]["version"] == "v1"
         assert guard["last_check"]["version"] == "v1" and guard["last_check"]["status"] == "held"
         assert 0 <= guard["last_check"]["accuracy"] <= 1 and guard["max_accuracy_drop"] > 0
+        assert guard["hold_on_collapse"] is False and guard["collapse_max_drift"] == 2.0
         assert "not serving v1: the canary gate held it" in server.output()
 
         def dashboard_v1() -> dict | None:  # the dashboard's snapshot is cached for a second

@@ -69,3 +69,12 @@ def test_a_crossed_limit_holds_only_when_hold_on_collapse_and_keeps_the_canarys_
         "KL too high; collapse: logprob drift 2.500 nats/token on the probes > 2",
     )
     assert hold("passed", None, judge(1.8, 2.0, 0.3, 0.25, 0.1, Limits()), True) == ("passed", None)
+
+
+def test_the_versions_line_and_trainer_log_name_the_crossed_collapse_limits():
+    from clawrl.types import canary_figures
+
+    figures = {"score": 0.41, "drop": 0.01, "kl": 0.0123, "collapse": {"crossed": []}}
+    assert canary_figures(figures) == "canary 0.4100 (-1.0%), KL 0.0123"
+    figures["collapse"]["crossed"] = ["entropy", "drift"]
+    assert canary_figures(figures) == "canary 0.4100 (-1.0%), KL 0.0123, collapse: entropy, drift"
