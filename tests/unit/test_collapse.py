@@ -78,3 +78,13 @@ def test_the_versions_line_and_trainer_log_name_the_crossed_collapse_limits():
     assert canary_figures(figures) == "canary 0.4100 (-1.0%), KL 0.0123"
     figures["collapse"]["crossed"] = ["entropy", "drift"]
     assert canary_figures(figures) == "canary 0.4100 (-1.0%), KL 0.0123, collapse: entropy, drift"
+
+
+def test_clawrl_canary_describes_the_collapse_figures_in_one_phrase():
+    from clawrl.guard.collapse import describe
+
+    found = judge(0.5, 2.0, 0.3, 0.25, 0.1234, Limits())
+    assert describe(found.figures()) == (
+        "answer entropy 0.25 of the base's, self-ROUGE-L 0.30 (base 0.25), drift 0.123 nats: COLLAPSE entropy"
+    )
+    assert describe({}) == "answer entropy - of the base's, self-ROUGE-L - (base -), drift - nats"

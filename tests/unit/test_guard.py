@@ -302,6 +302,11 @@ def test_clawrl_canary_measures_every_version_again_without_changing_its_status(
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["version"], r["recorded"]) for r in rows] == [("v0", "unchecked"), ("v1", "held")]
     assert rows[0]["drop"] == 0.0 and rows[0]["kl"] == 0.0 and rows[1]["now"] in ("passed", "held")
+    assert rows[0]["collapse"]["drift"] == 0.0 and rows[0]["collapse"]["crossed"] == []  # v0 is the base
+    assert main(["canary", "v0", "--run-dir", str(config.run_dir)]) == 0
+    line = capsys.readouterr().out
+    assert line.startswith("v0") and "; answer entropy 1.00 of the base's, self-ROUGE-L" in line
+    assert "drift 0.000 nats" in line and "COLLAPSE" not in line
     assert store.versions()[1].status == "held"  # read-only: the recorded verdict stays
     assert main(["canary", "v9", "--run-dir", str(config.run_dir)]) == 2
     assert "no version v9" in capsys.readouterr().err
