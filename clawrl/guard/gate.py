@@ -86,7 +86,8 @@ class Canary:
         return cls(store, items, cfg, budget, tokenizer, share, synced=share is not None)
 
     def measure(self, model: Any, probes: list[Encoded] | None = None) -> Measured:
-        """`model`'s figures on the canary items; `probes` (the base's answers) scored too."""
+        """`model`'s figures on the canary items; `probes` (the base's answers) scored too, or,
+        without them, its own answers are its probes (the base's case)."""
         tok = self.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         greedy = greedy_answers(model, self.items, pad, tok.eos_token_id, self.budget, self.synced)
@@ -95,13 +96,14 @@ class Canary:
         texts = [tok.decode(a, skip_special_tokens=True) for a in greedy]
         right = [is_right(text, item.key) for text, item in zip(texts, self.items, strict=True)]
         answers = as_answers(self.items, greedy, tok.eos_token_id)
-        probes = answers if probes is None else probes
         n, m = len(self.items), len(answers)
         # one packed pass: the references, the model's own answers (entropy), the probes (drift)
-        logps, entropies = answer_scores(model, [*self.items, *answers, *probes], self.budget)
+        logps, entropies = answer_scores(model, [*self.items, *answers, *(probes or [])], self.budget)
         entropy = collapse.mean_entropy(entropies[n : n + m])
-        score = canary_score(logps[:n])
-        return Measured(score, sum(right) / len(right), answers, texts, entropy, logps[n + m :])
+        probe_logprobs = logps[n + m :] if probes is not None else logps[n : n + m]  # no probes: its own
+        return Measured(
+            canary_score(logps[:n]), sum(right) / len(right), answers, texts, entropy, probe_logprobs
+        )
 
     def base(self, policy: Any) -> Measured:
         """The base model's figures, measured on first use, then kept: the base never changes.
