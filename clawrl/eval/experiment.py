@@ -100,7 +100,8 @@ async def _point(
     scores, seen, answers = await measure(client, persona, tasks, settings.max_tokens, f"{start}-{version}")
     step = version_number(version) - version_number(start)
     elapsed = time.monotonic() - started
-    point = Point(step, version, sum(scores) / len(scores), scores, seen, elapsed, self_rouge_l(answers))
+    alike = self_rouge_l([a for a in answers if a is not None])
+    point = Point(step, version, sum(scores) / len(scores), scores, seen, elapsed, alike)
     log.info("step %d (%s): held-out score %.3f", step, version, point.score)
     print(f"clawrl eval: step {step} ({version}): held-out score {point.score:.3f}", flush=True)
     return point

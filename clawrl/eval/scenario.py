@@ -81,11 +81,11 @@ class Outcome:
 
 async def measure(
     client: EvalClient, persona: Persona, tasks: list[Task], max_tokens: int, label: str
-) -> tuple[list[float], list[str], list[str]]:
+) -> tuple[list[float], list[str], list[str | None]]:
     """(scores, answer versions, answers): the persona's score of each task's first greedy answer,
-    and the answers, in task order."""
+    and the answers, in task order (None for a task left unanswered: it is like no other answer)."""
 
-    async def one(task: Task) -> tuple[float, str, str]:
+    async def one(task: Task) -> tuple[float, str, str | None]:
         messages = [{"role": "user", "content": persona.first_message(task)}]
         answer = await client.chat(
             messages, f"eval-{label}-{task.id}", temperature=0.0, max_tokens=max_tokens, side=True, done=True
