@@ -16,11 +16,11 @@ Right after a step, on the weights the trainer already holds:
 
 3. the collapse figures (`collapse.py`) on the same canary prompts, from the
    greedy answers step 1 already made: the entropy along the version's own
-   answers against the base's, the self-ROUGE-L between its answers to
-   different prompts, and the drift of the logprob of the base's answers. They
-   cost one forward pass over the answers and the base's answers, packed with
-   the references' pass. A version past a limit is marked (`collapse.crossed`);
-   with `guard.hold_on_collapse` it is held, the reason naming the figure.
+   answers (read from the decoding steps) against the base's, the self-ROUGE-L
+   between its answers to different prompts, and the drift of the logprob of
+   the base's answers, which ride in the references' forward pass. A version
+   past a limit is marked (`collapse.crossed`); with `guard.hold_on_collapse`
+   it is held, the reason naming the figure.
 
 `clawrl.guard.verdict.decide` turns the figures into `passed` or `held`; the
 trainer publishes the version with its status and figures in one transaction
@@ -87,23 +87,20 @@ class Canary:
 
     def measure(self, model: Any, probes: list[Encoded] | None = None) -> Measured:
         """`model`'s figures on the canary items; `probes` (the base's answers) scored too, or,
-        without them, its own answers are its probes (the base's case)."""
+        without them, its own answers are its probes (the base's case, once per process)."""
         tok = self.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        greedy = greedy_answers(model, self.items, pad, tok.eos_token_id, self.budget, self.synced)
+        greedy, entropies = greedy_answers(model, self.items, pad, tok.eos_token_id, self.budget, self.synced)
         if self.share is not None:  # every rank packs the same answers into the same collective passes
-            greedy = self.share(greedy)
+            greedy, entropies = self.share((greedy, entropies))
         texts = [tok.decode(a, skip_special_tokens=True) for a in greedy]
         right = [is_right(text, item.key) for text, item in zip(texts, self.items, strict=True)]
         answers = as_answers(self.items, greedy, tok.eos_token_id)
-        n, m = len(self.items), len(answers)
-        # one packed pass: the references, the model's own answers (entropy), the probes (drift)
-        logps, entropies = answer_scores(model, [*self.items, *answers, *(probes or [])], self.budget)
-        entropy = collapse.mean_entropy(entropies[n : n + m])
-        probe_logprobs = logps[n + m :] if probes is not None else logps[n : n + m]  # no probes: its own
-        return Measured(
-            canary_score(logps[:n]), sum(right) / len(right), answers, texts, entropy, probe_logprobs
-        )
+        probes = answers if probes is None else probes
+        # one packed pass: the references (the canary score) and the probes (drift)
+        logps, _ = answer_scores(model, [*self.items, *probes], self.budget, with_entropy=False)
+        n, entropy = len(self.items), collapse.mean_entropy(entropies)
+        return Measured(canary_score(logps[:n]), sum(right) / len(right), answers, texts, entropy, logps[n:])
 
     def base(self, policy: Any) -> Measured:
         """The base model's figures, measured on first use, then kept: the base never changes.

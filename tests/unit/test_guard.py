@@ -13,7 +13,15 @@ from clawrl.chat.template import ChatRenderer
 from clawrl.config import Config, GuardConfig
 from clawrl.guard.gate import Canary
 from clawrl.guard.general import encode, is_right, load_items
-from clawrl.guard.measure import canary_score, forward_kl, reference_logprobs
+from clawrl.guard.measure import (
+    ANSWER_TOKENS,
+    answer_scores,
+    as_answers,
+    canary_score,
+    forward_kl,
+    greedy_answers,
+    reference_logprobs,
+)
 from clawrl.guard.replay import Replay
 from clawrl.guard.verdict import decide
 from clawrl.store.db import Store
@@ -109,6 +117,23 @@ def test_reference_logprobs_packed_and_padded_equal_each_item_scored_alone(polic
         alone = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(item.reference_ids)[:, None])
         assert got == pytest.approx(float(alone.mean()), abs=1e-4)
     assert canary_score(packed) == pytest.approx(sum(math.exp(x) for x in packed) / 5)
+
+
+def test_the_entropy_read_while_decoding_equals_a_forward_pass_along_the_answers(policy, smol_tokenizer):
+    """`greedy_answers` reads each answer's mean entropy from its decoding steps; scoring the same
+    answers (end of turn included where one ended) in a forward pass gives the same numbers. The
+    tiny random model never says its end-of-turn token, so a token its first answer says at step 4
+    plays that part: that answer ends there, the others wherever they say it."""
+    items = encode(load_items("canary")[:4], smol_tokenizer)
+    nudge(policy.model, 0.5)
+    pad = smol_tokenizer.eos_token_id
+    first, _ = greedy_answers(policy.model, items, pad, pad, budget=160)
+    end = first[0][3]
+    answers, entropies = greedy_answers(policy.model, items, pad, end, budget=160)
+    assert len(answers[0]) <= 3 and len(answers[0]) < ANSWER_TOKENS
+    _, forward = answer_scores(policy.model, as_answers(items, answers, end), budget=160)
+    assert len(entropies) == 4 and all(e > 0 for e in entropies)
+    assert entropies == pytest.approx(forward, rel=1e-3)
 
 
 def test_forward_kl_is_zero_for_the_base_itself_and_matches_a_direct_sum_after_training(policy):
