@@ -9,7 +9,9 @@ prompts, 128-token answers, as `clawrl eval` makes), then the gate's check
 machine noise hits both alike. The first check also measures the base model
 (once per trainer process); the rest are what every later version pays. The
 check is split into its parts: the likelihood of the 32 reference answers, 32
-greedy answers (24 tokens at most), and the KL on the store's 8 newest turns.
+greedy answers (24 tokens at most, their entropy read as they are decoded)
+with the base's answers scored in the references' pass (the collapse
+figures), and the KL on the store's 8 newest turns.
 
 Printed: median step and check seconds, their ratio (the share of a version's
 time the gate adds), the first check, and the parts.
@@ -100,7 +102,9 @@ def main() -> None:
             steps.append(step_s)
             checks.append(check_s)
         parts = {
-            "likelihood + greedy": timed(lambda: canary.measure(policy.model))[0],
+            "likelihood + greedy + collapse": timed(
+                lambda: canary.measure(policy.model, canary.base(policy).answers)
+            )[0],
             "kl": timed(
                 lambda: forward_kl(
                     lambda: nullcontext(policy.model),

@@ -309,6 +309,10 @@ def _canary_line(r: dict[str, Any]) -> str:
     line = f"{r['version']:<5} step {r['step']:<4} canary {r['score']:.4f} ({-r['drop']:+.1%} vs base "
     line += f"{r['base_score']:.4f}), right {r['accuracy']:.1%} (base {r['base_accuracy']:.1%}), KL {kl} "
     line += f"on {r['kl_tokens']} tokens: {r['now']} (recorded {r['recorded']})"
+    if r.get("collapse"):
+        from clawrl.guard.collapse import describe
+
+        line += f"; {describe(r['collapse'])}"
     return line + canary_reason(r)
 
 

@@ -269,9 +269,12 @@ class Version:
 
 
 def canary_figures(canary: dict[str, Any]) -> str:
-    """'canary 0.4120 (-1.2%), KL 0.0123' from a version's canary figures (KL '-' when not measured)."""
+    """'canary 0.4120 (-1.2%), KL 0.0123' from a version's canary figures (KL '-' when not measured),
+    with ', collapse: entropy, drift' when it crossed collapse limits (clawrl/guard/collapse.py)."""
     kl = "-" if canary.get("kl") is None else f"{canary['kl']:.4f}"
-    return f"canary {canary['score']:.4f} ({-canary['drop']:+.1%}), KL {kl}"
+    crossed = (canary.get("collapse") or {}).get("crossed")
+    marked = f", collapse: {', '.join(crossed)}" if crossed else ""
+    return f"canary {canary['score']:.4f} ({-canary['drop']:+.1%}), KL {kl}{marked}"
 
 
 def canary_reason(canary: dict[str, Any]) -> str:

@@ -81,5 +81,8 @@ class HealthReport:
         """The canary gate (run by the trainer): its limits, the held versions, the newest check."""
         if self.watcher is None or self.guard is None:  # nothing collected, nothing trained here
             return OFF
-        limits = self.guard.model_dump(include={"max_drop", "max_accuracy_drop", "max_kl"})
+        limits = self.guard.model_dump(
+            include={"max_drop", "max_accuracy_drop", "max_kl", "hold_on_collapse"}
+            | {"collapse_min_entropy_ratio", "collapse_max_self_rouge_l", "collapse_max_drift"}
+        )
         return {"status": "on" if self.guard.enabled else "off"} | limits | to_json(self.watcher.guard())

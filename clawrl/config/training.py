@@ -272,6 +272,32 @@ class GuardConfig(Section):
         "agent's long prompts keep the check cheap.",
     )
     kl_tokens: int = Field(32, gt=0, description="Response tokens per turn the KL reads (the first ones).")
+    collapse_min_entropy_ratio: float = Field(
+        0.6,
+        ge=0,
+        description="Mark a version as collapsing when the mean per-token entropy along its greedy answers "
+        "to the canary prompts falls below this fraction of the base model's.",
+    )
+    collapse_max_self_rouge_l: float = Field(
+        0.85,
+        ge=0,
+        le=1,
+        description="Mark a version as collapsing when the mean ROUGE-L between its answers to different "
+        "canary prompts exceeds this (its answers grow alike).",
+    )
+    collapse_max_drift: float = Field(
+        2.0,
+        gt=0,
+        description="Mark a version as collapsing when the mean absolute change of the per-token logprob "
+        "of the base's own answers to the canary prompts exceeds this many nats.",
+    )
+    hold_on_collapse: bool = Field(
+        False,
+        description="Hold a version that crosses a collapse limit, as the canary holds one that forgets. "
+        "Off by default: the limits are peers' rules of thumb, not calibrated on this general set, and "
+        "a persona that wants short, fixed-form answers lowers entropy on purpose; the figures and the "
+        "mark are recorded either way.",
+    )
     on_hold: Literal["continue", "rollback"] = Field(
         "continue",
         description="After a held version: 'continue' trains on from the last served version (its weights "

@@ -12,6 +12,7 @@ persona's score on held-out tasks at v0 and after every training step.
     scenario     measurement and the users' training conversations
     experiment   one method's loop: measure, train until a new version, measure again
     report       report.json / report.md (pure); plot: the PNGs
+    panel        the report's collapse panel: the canary's collapse figures, held-out self-ROUGE-L (pure)
     history      a run folder's rewards and hint acceptance, for `clawrl report`
     run          `clawrl eval`; commands: the argparse side of `eval` and `report`
 """

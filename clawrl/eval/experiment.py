@@ -23,6 +23,7 @@ from clawrl.eval.client import EvalClient, EvalError
 from clawrl.eval.personas.base import Persona
 from clawrl.eval.scenario import Outcome, Point, Settings, Traffic, measure
 from clawrl.eval.tasks import Task
+from clawrl.guard.collapse import self_rouge_l
 from clawrl.version_folder import version_number
 
 log = logging.getLogger(__name__)
@@ -97,9 +98,11 @@ async def _point(
     version: str,
     started: float,
 ) -> Point:
-    scores, seen = await measure(client, persona, tasks, settings.max_tokens, f"{start}-{version}")
+    scores, seen, answers = await measure(client, persona, tasks, settings.max_tokens, f"{start}-{version}")
     step = version_number(version) - version_number(start)
-    point = Point(step, version, sum(scores) / len(scores), scores, seen, time.monotonic() - started)
+    elapsed = time.monotonic() - started
+    alike = self_rouge_l([a for a in answers if a is not None])
+    point = Point(step, version, sum(scores) / len(scores), scores, seen, elapsed, alike)
     log.info("step %d (%s): held-out score %.3f", step, version, point.score)
     print(f"clawrl eval: step {step} ({version}): held-out score {point.score:.3f}", flush=True)
     return point

@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from clawrl.eval.panel import collapse_panel, collapse_rows, limits_json, limits_of
 from clawrl.eval.scenario import Outcome, Settings
 
 
@@ -45,6 +46,7 @@ def method_entry(outcome: Outcome, run_dir: str | None) -> dict[str, Any]:
         "elapsed_s": [round(p.elapsed_s, 1) for p in points],
         "task_scores": [[round(s, 4) for s in p.scores] for p in points],
         "answer_versions": [p.answer_versions for p in points],
+        "self_rouge_l": [None if p.self_rouge_l is None else round(p.self_rouge_l, 4) for p in points],
         "wall_s": round(outcome.wall_s, 1),
         "conversations": outcome.conversations,
         "answers": outcome.answers,
@@ -91,7 +93,10 @@ def build_report(
     command: str,
     config: dict[str, Any],
 ) -> dict[str, Any]:
-    """The whole report.json; `methods` maps a method name to its `method_entry`."""
+    """The whole report.json; `methods` maps a method name to its `method_entry` (with its
+    `canary` rows, when its run had a store to read), to which its collapse panel is added."""
+    limits = limits_of(config)
+    methods = {name: entry | {"collapse": collapse_rows(entry, limits)} for name, entry in methods.items()}
     judges = sorted({entry["judge"] for entry in methods.values()})
     judge = judges[0] if len(judges) == 1 else ",".join(judges)
     return {
@@ -101,6 +106,7 @@ def build_report(
         "signal": signal(judge, settings.feedback),
         "methods": methods,
         "held_out": held_out,
+        "collapse_limits": limits_json(config),
         "settings": dataclasses.asdict(settings),
         "command": command,
         "config": config,
@@ -138,13 +144,14 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         *_method_table(report),
         *_canary_tables(report),
+        *collapse_panel(report),
     ]
     return "\n".join(lines) + "\n"
 
 
 def canary_rows(versions: list[Any]) -> list[dict[str, Any]]:
     """What the canary gate measured on each version of a run (store `Version`s), for report.json."""
-    keys = ("score", "base_score", "drop", "accuracy", "base_accuracy", "kl", "seconds", "reason")
+    keys = ("score", "base_score", "drop", "accuracy", "base_accuracy", "kl", "seconds", "reason", "collapse")
     return [
         {"version": v.name, "status": v.status} | {k: (v.canary or {}).get(k) for k in keys}
         for v in versions

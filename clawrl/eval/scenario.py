@@ -60,6 +60,7 @@ class Point:
     scores: list[float]  # per held-out task, in task order
     answer_versions: list[str]  # the versions that wrote the answers (one, unless a swap came mid-way)
     elapsed_s: float  # since the experiment began
+    self_rouge_l: float | None = None  # between the answers to different held-out tasks (guard/collapse.py)
 
 
 @dataclass
@@ -82,10 +83,11 @@ class Outcome:
 
 async def measure(
     client: EvalClient, persona: Persona, tasks: list[Task], max_tokens: int, label: str
-) -> tuple[list[float], list[str]]:
-    """(scores, answer versions): the persona's score of each task's first greedy answer."""
+) -> tuple[list[float], list[str], list[str | None]]:
+    """(scores, answer versions, answers): the persona's score of each task's first greedy answer,
+    and the answers, in task order (None for a task left unanswered: it is like no other answer)."""
 
-    async def one(task: Task) -> tuple[float, str]:
+    async def one(task: Task) -> tuple[float, str, str | None]:
         messages = [{"role": "user", "content": persona.first_message(task)}]
         try:
             answer = await client.chat(
@@ -98,11 +100,11 @@ async def measure(
             )
         except Unanswered as exc:  # counted by the client; no answer scores nothing
             log.warning("held-out task %s: no answer (%s)", task.id, exc)
-            return 0.0, ""
-        return await asyncio.to_thread(persona.score, task, answer.text), answer.version
+            return 0.0, "", None
+        return await asyncio.to_thread(persona.score, task, answer.text), answer.version, answer.text
 
     results = await asyncio.gather(*(one(task) for task in tasks))
-    return [score for score, _ in results], sorted({version for _, version in results if version})
+    return [r[0] for r in results], sorted({r[1] for r in results if r[1]}), [r[2] for r in results]
 
 
 class Traffic:

@@ -3,6 +3,7 @@
 - `general.py`, `general.jsonl`: the general capability set (canary and replay halves);
 - `measure.py`: reference log-likelihoods, greedy answers and the forward KL(base || new), in torch;
 - `verdict.py`: the pure rule that holds a version;
+- `collapse.py`: the collapse figures (entropy ratio, self-ROUGE-L, drift) and their limits, pure;
 - `gate.py`: the check the trainer runs after each step;
 - `replay.py`: `train.replay_fraction`, KL-anchored replay of the general set;
 - `recheck.py`: `clawrl canary`, the same check on published versions, read-only.

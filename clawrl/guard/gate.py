@@ -14,6 +14,14 @@ Right after a step, on the weights the trainer already holds:
    read the same cut context, and the positions next to the answer are where
    a changed policy shows.
 
+3. the collapse figures (`collapse.py`) on the same canary prompts, from the
+   greedy answers step 1 already made: the entropy along the version's own
+   answers (read from the decoding steps) against the base's, the self-ROUGE-L
+   between its answers to different prompts, and the drift of the logprob of
+   the base's answers, which ride in the references' forward pass. A version
+   past a limit is marked (`collapse.crossed`); with `guard.hold_on_collapse`
+   it is held, the reason naming the figure.
+
 `clawrl.guard.verdict.decide` turns the figures into `passed` or `held`; the
 trainer publishes the version with its status and figures in one transaction
 (`Store.publish_version`), and the server only ever serves versions that are
@@ -31,10 +39,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clawrl.config import GuardConfig
+from clawrl.guard import collapse
 from clawrl.guard.general import Encoded, encode, is_right, load_items
-from clawrl.guard.measure import canary_score, forward_kl, greedy_answers, reference_logprobs
+from clawrl.guard.measure import answer_scores, as_answers, canary_score, forward_kl, greedy_answers
 from clawrl.guard.verdict import decide
 from clawrl.store.db import Store
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One model's figures on the canary items."""
+
+    score: float  # canary_score of the references
+    accuracy: float  # share of greedy answers that are right
+    answers: list[Encoded]  # the greedy answers, as items (`as_answers`): the base's are the probes
+    texts: list[str]  # the greedy answers, decoded
+    entropy: float | None  # mean per-token entropy along the greedy answers
+    probe_logprobs: list[float]  # mean logprob per token of each probe answer given to `measure`
 
 
 @dataclass
@@ -50,7 +71,7 @@ class Canary:
     tokenizer: Any = None
     share: Callable[[Any], Any] | None = None  # rank 0's object on every rank (the group's broadcast)
     synced: bool = False
-    _base: tuple[float, float] | None = field(default=None, repr=False)
+    _base: Measured | None = field(default=None, repr=False)
 
     @classmethod
     def build(
@@ -64,18 +85,26 @@ class Canary:
         items = encode(load_items("canary"), tokenizer)
         return cls(store, items, cfg, budget, tokenizer, share, synced=share is not None)
 
-    def measure(self, model: Any) -> tuple[float, float]:
-        """(likelihood score, accuracy) of `model` on the canary items."""
-        score = canary_score(reference_logprobs(model, self.items, self.budget))
+    def measure(self, model: Any, probes: list[Encoded] | None = None) -> Measured:
+        """`model`'s figures on the canary items; `probes` (the base's answers) scored too, or,
+        without them, its own answers are its probes (the base's case, once per process)."""
         tok = self.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        answers = greedy_answers(model, self.items, pad, tok.eos_token_id, self.budget, self.synced)
-        texts = [tok.decode(a, skip_special_tokens=True) for a in answers]
+        greedy, entropies = greedy_answers(model, self.items, pad, tok.eos_token_id, self.budget, self.synced)
+        if self.share is not None:  # every rank packs the same answers into the same collective passes
+            greedy, entropies = self.share((greedy, entropies))
+        texts = [tok.decode(a, skip_special_tokens=True) for a in greedy]
         right = [is_right(text, item.key) for text, item in zip(texts, self.items, strict=True)]
-        return score, sum(right) / len(right)
+        answers = as_answers(self.items, greedy, tok.eos_token_id)
+        probes = answers if probes is None else probes
+        # one packed pass: the references (the canary score) and the probes (drift)
+        logps, _ = answer_scores(model, [*self.items, *probes], self.budget, with_entropy=False)
+        n, entropy = len(self.items), collapse.mean_entropy(entropies)
+        return Measured(canary_score(logps[:n]), sum(right) / len(right), answers, texts, entropy, logps[n:])
 
-    def base(self, policy: Any) -> tuple[float, float]:
-        """The base model's (score, accuracy), measured on first use, then kept: the base never changes."""
+    def base(self, policy: Any) -> Measured:
+        """The base model's figures, measured on first use, then kept: the base never changes.
+        Its probes are its own answers."""
         if self._base is None:
             with policy.trainer.reference() as base:
                 self._base = self.measure(base)
@@ -84,8 +113,8 @@ class Canary:
     def check(self, policy: Any) -> tuple[str, dict[str, Any]]:
         """(status, figures) of the weights `policy` holds now."""
         start = time.perf_counter()
-        base, base_accuracy = self.base(policy)
-        score, accuracy = self.measure(policy.model)
+        base = self.base(policy)
+        new = self.measure(policy.model, base.answers)
         turns = self.store.recent_token_ids(self.cfg.kl_turns) if self.cfg.kl_turns and self.store else []
         if self.share is not None:
             turns = self.share(turns)
@@ -94,20 +123,32 @@ class Canary:
         if turns:
             kl, tokens = forward_kl(lambda: nullcontext(policy.model), policy.trainer.reference, turns)
         c = self.cfg
-        verdict = decide(
-            base, score, kl, c.max_drop, c.max_kl, (base_accuracy, accuracy), c.max_accuracy_drop
-        )
-        return verdict.status, {
-            "score": score,
-            "base_score": base,
+        accuracy = (base.accuracy, new.accuracy)
+        verdict = decide(base.score, new.score, kl, c.max_drop, c.max_kl, accuracy, c.max_accuracy_drop)
+        watched = self.watch(base, new)
+        status, reason = collapse.hold(verdict.status, verdict.reason, watched, c.hold_on_collapse)
+        return status, {
+            "score": new.score,
+            "base_score": base.score,
             "drop": verdict.drop,
-            "accuracy": accuracy,
-            "base_accuracy": base_accuracy,
+            "accuracy": new.accuracy,
+            "base_accuracy": base.accuracy,
             "accuracy_drop": verdict.accuracy_drop,
             "kl": kl,
             "kl_turns": len(turns),
             "kl_tokens": tokens,
             "items": len(self.items),
+            "collapse": watched.figures(),
             "seconds": time.perf_counter() - start,
-            "reason": verdict.reason,
+            "reason": reason,
         }
+
+    def watch(self, base: Measured, new: Measured) -> collapse.Collapse:
+        """The collapse figures of `new` against the base, judged by the guard's limits."""
+        c = self.cfg
+        limits = collapse.Limits(
+            c.collapse_min_entropy_ratio, c.collapse_max_self_rouge_l, c.collapse_max_drift
+        )
+        rouge, base_rouge = collapse.self_rouge_l(new.texts), collapse.self_rouge_l(base.texts)
+        drifted = collapse.drift(new.probe_logprobs, base.probe_logprobs)
+        return collapse.judge(new.entropy, base.entropy, rouge, base_rouge, drifted, limits)

@@ -6,11 +6,15 @@
   `exp(mean logprob)`, the per-token geometric-mean probability of the
   references, a number in [0, 1] that falls smoothly as a model forgets,
   where exact-match on a few dozen items would move in steps of 3%.
-- `greedy_answers`: each item's greedy answer (up to `ANSWER_TOKENS` tokens);
+- `greedy_answers`: each item's greedy answer (up to `ANSWER_TOKENS` tokens),
+  with the mean entropy along it read from the decoding steps (`AnswerEntropy`);
   the canary's *accuracy* is the share whose answer contains the item's key
   (`general.is_right`). Unlike the likelihood, it does not rise when a
   version merely learns to answer in fewer words: a model trained to be brief
   gives the one-sentence references more probability without knowing more.
+- `answer_scores`: the same per-token mean logprob of any answers (and the
+  mean entropy of the model's distribution along them): the canary's drift
+  (`collapse.py`) reads the base's greedy answers (`as_answers`) this way.
 - `forward_kl`: the mean per-token forward KL(pi_base || pi_new), summed over
   the full vocabulary, at the response positions of real turns:
 
@@ -35,6 +39,7 @@ from contextlib import AbstractContextManager
 
 import torch
 from torch import Tensor, nn
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from clawrl.guard.general import Encoded
 from clawrl.train.batch import Padded, left_pad, pack, response_logits, score
@@ -57,15 +62,39 @@ def reference_batches(
         yield group, left_pad([r.prompt_ids for r in rows], [r.reference_ids for r in rows], device)
 
 
-@torch.no_grad()
 def reference_logprobs(model: nn.Module, items: Sequence[Encoded], budget: int) -> list[float]:
     """Mean log-probability per reference token of each item, in item order."""
+    return answer_scores(model, items, budget, with_entropy=False)[0]
+
+
+@torch.no_grad()
+def answer_scores(
+    model: nn.Module, items: Sequence[Encoded], budget: int, with_entropy: bool = True
+) -> tuple[list[float], list[float]]:
+    """(mean logprob, mean entropy) per token of each item's `reference_ids` as its answer, in item
+    order; the entropies (nats, full vocabulary, temperature 1) are empty without `with_entropy`."""
     device = device_of(model)
-    out: list[float] = [0.0] * len(items)
+    logps: list[float] = [0.0] * len(items)
+    entropies: list[float] = [0.0] * len(items) if with_entropy else []
     for group, batch in reference_batches(items, budget, device):
-        logp, _ = score(model, batch, torch.ones(len(group), device=device), with_entropy=False)
+        logp, entropy = score(model, batch, torch.ones(len(group), device=device), with_entropy)
         for row, i in enumerate(group):
-            out[i] = float(logp[row, : len(items[i].reference_ids)].mean())
+            n = len(items[i].reference_ids)
+            logps[i] = float(logp[row, :n].mean())
+            if entropy is not None:
+                entropies[i] = float(entropy[row, :n].mean())
+    return logps, entropies
+
+
+def as_answers(items: Sequence[Encoded], answers: Sequence[list[int]], eos_id: int | None) -> list[Encoded]:
+    """`items` with greedy `answers` in place of their references, to be scored as answers are.
+
+    An answer that ended (shorter than ANSWER_TOKENS) gets its end-of-turn token back, so an
+    empty answer is still one token to score."""
+    out = []
+    for item, answer in zip(items, answers, strict=True):
+        ended = eos_id is not None and len(answer) < ANSWER_TOKENS
+        out.append(Encoded(item.id, item.prompt_ids, list(answer) + ([eos_id] if ended else []), item.key))
     return out
 
 
@@ -77,16 +106,21 @@ def greedy_answers(
     eos_id: int | None,
     budget: int,
     synced: bool = False,
-) -> list[list[int]]:
-    """Each item's greedy answer tokens (at most ANSWER_TOKENS, up to the end of the turn), in item order.
+) -> tuple[list[list[int]], list[float]]:
+    """(answers, entropies): each item's greedy answer tokens (at most ANSWER_TOKENS, up to the end of
+    the turn), and the mean per-token entropy of the model's distribution along it (end-of-turn
+    position included), in item order. The entropy is read from the decoding steps themselves
+    (`AnswerEntropy`), so it costs no forward pass.
 
     `synced`: the model is sharded over a group of ranks (FSDP), each decoding step a collective:
     every rank steps until all are done, so a numeric difference cannot leave one waiting."""
     device = device_of(model)
     out: list[list[int]] = [[] for _ in items]
+    entropies: list[float] = [0.0 for _ in items]
     for group in pack([len(i.prompt_ids) + ANSWER_TOKENS for i in items], budget):
         prompts = left_pad([items[i].prompt_ids for i in group], [[] for _ in group], device)
         width = prompts.input_ids.shape[1]
+        meter = AnswerEntropy(width, eos_id)
         made = model.generate(
             input_ids=prompts.input_ids,
             attention_mask=prompts.attention_mask,
@@ -95,11 +129,37 @@ def greedy_answers(
             pad_token_id=pad_id,
             eos_token_id=eos_id,
             synced_gpus=synced,
+            logits_processor=LogitsProcessorList([meter]),
         )[:, width:]
-        for row, i in enumerate(group):
+        for row, (i, entropy) in enumerate(zip(group, meter.means(), strict=True)):
             tokens = made[row].tolist()
             out[i] = tokens[: tokens.index(eos_id)] if eos_id in tokens else tokens
-    return out
+            entropies[i] = entropy
+    return out, entropies
+
+
+class AnswerEntropy(LogitsProcessor):
+    """Leaves each decoding step's logits as they are, and adds up per row the entropy (nats, full
+    vocabulary, temperature 1) of the step's distribution while the row's answer has not ended."""
+
+    def __init__(self, width: int, eos_id: int | None) -> None:
+        self.width, self.eos_id = width, eos_id
+        self.total: Tensor | None = None  # [B] summed entropy
+        self.steps: Tensor | None = None  # [B] steps counted
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        logp = torch.log_softmax(scores.float(), dim=-1)
+        entropy = -(logp.exp() * logp).sum(-1)  # [B]
+        made = input_ids[:, self.width :]
+        live = torch.ones_like(entropy) if self.eos_id is None else (made != self.eos_id).all(-1).float()
+        self.total = entropy * live if self.total is None else self.total + entropy * live
+        self.steps = live if self.steps is None else self.steps + live
+        return scores
+
+    def means(self) -> list[float]:
+        if self.total is None or self.steps is None:
+            return []
+        return (self.total / self.steps.clamp(min=1)).tolist()
 
 
 def canary_score(logprobs: Sequence[float]) -> float:

@@ -43,6 +43,7 @@ def test_a_deliberately_broken_version_is_held_never_served_and_training_restart
         assert guard["status"] == "on" and guard["last_held"]["version"] == "v1"
         assert guard["last_check"]["version"] == "v1" and guard["last_check"]["status"] == "held"
         assert 0 <= guard["last_check"]["accuracy"] <= 1 and guard["max_accuracy_drop"] > 0
+        assert guard["hold_on_collapse"] is False and guard["collapse_max_drift"] == 2.0
         assert "not serving v1: the canary gate held it" in server.output()
 
         def dashboard_v1() -> dict | None:  # the dashboard's snapshot is cached for a second
@@ -52,6 +53,9 @@ def test_a_deliberately_broken_version_is_held_never_served_and_training_restart
         wait_for(lambda: dashboard_v1() is not None, 30, "v1 on the dashboard")
         shown = dashboard_v1()
         assert shown["status"] == "held" and "KL(base || version)" in shown["canary"]["reason"]
+        # the collapse column's figures (its drift off 0: the broken step moved the probes' logprobs)
+        collapse = shown["canary"]["collapse"]
+        assert {"entropy_ratio", "self_rouge_l", "crossed"} <= set(collapse) and collapse["drift"] > 0
 
         # Never served: the engine stays on v0, and so does every answer after the hold.
         answer = server.client().chat.completions.create(

@@ -235,3 +235,63 @@ def test_the_canary_figures_of_each_version_make_a_table_in_report_md():
     text = markdown(report)
     assert "Canary gate, `rl` (base: score 0.4400, right answers 50.0%)" in text
     assert "| v2 | held | 0.4500 | +2.0% | 50.0% | 0.9000 | 3.0 s |" in text
+
+
+def test_the_collapse_panel_shows_each_versions_figures_and_marks_the_crossed_limits():
+    """The canary's collapse figures (v1 passed, v2 held for a collapse it crossed) and the eval's
+    own held-out self-ROUGE-L, v2's answers grown alike past 0.85: report.json rows and report.md."""
+    from clawrl.eval.report import canary_rows
+    from clawrl.types import Version
+
+    base = {"base_entropy": 2.0, "base_self_rouge_l": 0.2}
+    healthy = base | {"entropy": 1.8, "entropy_ratio": 0.9, "self_rouge_l": 0.25, "drift": 0.3, "crossed": []}
+    collapsed = base | {"entropy": 0.8, "entropy_ratio": 0.4, "self_rouge_l": 0.3, "drift": 2.5}
+    collapsed["crossed"] = ["entropy", "drift"]
+    figures = {"score": 0.45, "base_score": 0.44, "drop": -0.02, "accuracy": 0.5, "base_accuracy": 0.5}
+    versions = [
+        Version("v0", 0),
+        Version("v1", 1, status="passed", canary=figures | {"kl": 0.01, "seconds": 3.0, "collapse": healthy}),
+        Version("v2", 2, status="held", canary=figures | {"kl": 0.02, "seconds": 3.0, "collapse": collapsed}),
+    ]
+    outcome = _outcome("rl", [0.2, 0.4, 0.6], [0, 1, 2])
+    for point, rouge in zip(outcome.points, [0.3, 0.5, 0.9], strict=True):
+        point.self_rouge_l = rouge
+    entry = method_entry(outcome, "/runs/rl") | {"canary": canary_rows(versions)}
+    guard = {"collapse_max_self_rouge_l": 0.85, "collapse_max_drift": 2.0, "hold_on_collapse": True}
+    report = build_report("brief", {"rl": entry}, Settings(steps=2), ["m03"], "clawrl eval", {"guard": guard})
+    assert report["collapse_limits"] == {
+        "min_entropy_ratio": 0.6,
+        "max_self_rouge_l": 0.85,
+        "max_drift": 2.0,
+        "hold_on_collapse": True,
+    }
+    rows = report["methods"]["rl"]["collapse"]
+    assert [(r["version"], r["entropy"], r["drift"], r["crossed"]) for r in rows] == [
+        ("v0", 2.0, 0.0, []),  # the base's figures, which every check keeps
+        ("v1", 1.8, 0.3, []),
+        ("v2", 0.8, 2.5, ["entropy", "drift", "held_out_self_rouge_l"]),
+    ]
+    assert [r["held_out_self_rouge_l"] for r in rows] == [0.3, 0.5, 0.9]
+    text = markdown(report)
+    assert "Collapse panel (limits: answer entropy at least 0.6 of v0's, self-ROUGE-L at most 0.85" in text
+    assert "the canary gate holds a version past one" in text
+    assert "| v0 | served | 2.000 (1.00×) | 0.200 | 0.300 | 0.000 | - |" in text
+    assert "| v1 | passed | 1.800 (0.90×) | 0.250 | 0.500 | 0.300 | - |" in text
+    assert (
+        "| v2 | held | 0.800 (0.40×) | 0.300 | 0.900 | 2.500 | **entropy, drift, held_out_self_rouge_l** |"
+        in text
+    )
+
+
+def test_without_canary_figures_the_panel_says_so_and_keeps_the_held_out_figure():
+    outcome = _outcome("rl", [0.2, 0.4], [0, 1])
+    outcome.points[0].self_rouge_l, outcome.points[1].self_rouge_l = 0.3, 0.95
+    report = _report(rl=outcome)
+    rows = report["methods"]["rl"]["collapse"]
+    assert [(r["version"], r["entropy"], r["crossed"]) for r in rows] == [
+        ("v0", None, []),
+        ("v1", None, ["held_out_self_rouge_l"]),
+    ]
+    text = markdown(report)
+    assert "(no canary figures: the canary gate was off" in text and "marks, does not hold," in text
+    assert "| v1 | served | - | - | 0.950 | - | **held_out_self_rouge_l** |" in text

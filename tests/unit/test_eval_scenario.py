@@ -99,6 +99,11 @@ def test_every_step_is_measured_once_and_scores_follow_the_served_version(method
     # brief: 60 - 10 N filler words + 3; credit 1 up to 30 words, falling to 0 at 120
     expected = [1 - (63 - 10 * n - 30) / 90 for n in range(4)]
     assert [p.score for p in outcome.points] == pytest.approx(expected)
+    # Three held-out answers, alike but for their different numbers: ROUGE-L (W - 1) / W of W words.
+    assert len({t.answer for t in held}) == 3
+    assert [p.self_rouge_l for p in outcome.points] == pytest.approx(
+        [(62 - 10 * n) / (63 - 10 * n) for n in range(4)]
+    )
     assert outcome.method == method and outcome.judge == "feedback" and outcome.stopped == "done"
     # Every session's first answer is rated: v0's 63 words already score 0.63, a thumbs up.
     firsts = {c.session_id for c in server.calls if not c.side and c.session_id.startswith("train-")}

@@ -13,7 +13,15 @@ from clawrl.chat.template import ChatRenderer
 from clawrl.config import Config, GuardConfig
 from clawrl.guard.gate import Canary
 from clawrl.guard.general import encode, is_right, load_items
-from clawrl.guard.measure import canary_score, forward_kl, reference_logprobs
+from clawrl.guard.measure import (
+    ANSWER_TOKENS,
+    answer_scores,
+    as_answers,
+    canary_score,
+    forward_kl,
+    greedy_answers,
+    reference_logprobs,
+)
 from clawrl.guard.replay import Replay
 from clawrl.guard.verdict import decide
 from clawrl.store.db import Store
@@ -111,6 +119,23 @@ def test_reference_logprobs_packed_and_padded_equal_each_item_scored_alone(polic
     assert canary_score(packed) == pytest.approx(sum(math.exp(x) for x in packed) / 5)
 
 
+def test_the_entropy_read_while_decoding_equals_a_forward_pass_along_the_answers(policy, smol_tokenizer):
+    """`greedy_answers` reads each answer's mean entropy from its decoding steps; scoring the same
+    answers (end of turn included where one ended) in a forward pass gives the same numbers. The
+    tiny random model never says its end-of-turn token, so a token its first answer says at step 4
+    plays that part: that answer ends there, the others wherever they say it."""
+    items = encode(load_items("canary")[:4], smol_tokenizer)
+    nudge(policy.model, 0.5)
+    pad = smol_tokenizer.eos_token_id
+    first, _ = greedy_answers(policy.model, items, pad, pad, budget=160)
+    end = first[0][3]
+    answers, entropies = greedy_answers(policy.model, items, pad, end, budget=160)
+    assert len(answers[0]) <= 3 and len(answers[0]) < ANSWER_TOKENS
+    _, forward = answer_scores(policy.model, as_answers(items, answers, end), budget=160)
+    assert len(entropies) == 4 and all(e > 0 for e in entropies)
+    assert entropies == pytest.approx(forward, rel=1e-3)
+
+
 def test_forward_kl_is_zero_for_the_base_itself_and_matches_a_direct_sum_after_training(policy):
     turns = [([1, 9690, 198, 4093, 198, 1780], [4093, 30, 2]), ([1, 520, 9531], [25, 26, 27, 28])]
     base = policy.trainer.reference
@@ -164,11 +189,54 @@ def test_a_version_that_forgets_is_held_and_the_trainer_goes_on_from_the_last_se
     assert loop.run_once()
     v1 = store.latest_version()
     assert v1.held and v1.canary["reason"] and v1.canary["kl"] > config.guard.max_kl
-    assert set(v1.canary) >= {"score", "base_score", "drop", "kl", "kl_tokens", "seconds", "items"}
+    assert set(v1.canary) >= {
+        "score",
+        "base_score",
+        "drop",
+        "kl",
+        "kl_tokens",
+        "seconds",
+        "items",
+        "collapse",
+    }
     assert 0 <= v1.canary["accuracy"] <= 1 and 0 <= v1.canary["base_accuracy"] <= 1
     assert loop.run_once()  # the next step starts from v0 again, not from the held v1
     v2 = store.latest_version()
     assert v2.parent == "v0" and v2.step == 1
+
+
+def test_a_version_past_a_collapse_limit_is_marked_and_held_only_with_hold_on_collapse(run):  # noqa: F811
+    """The same forgetting step (lr 0.5), with the canary's own limits wide open: a drift limit of
+    0.001 nats marks it; `guard.hold_on_collapse` turns the mark into a hold that names the figure.
+    (The tiny random model answers every prompt alike already, self-ROUGE-L 1.0 at the base, so
+    self-ROUGE-L, which counts only answers growing more alike than the base's, marks nothing.)"""
+    config, store = run
+    wide = {"max_drop": 1.0, "max_accuracy_drop": 1.0, "max_kl": 100.0, "kl_turns": 0}
+    watch = GuardConfig(**wide, collapse_max_drift=0.001)
+    cfg = config.train.model_copy(update={"lr": 0.5})
+    statuses = {}
+    for hold in (False, True):
+        add(store, 8, start=8 * hold)  # each round's own samples: the second trains v2 from v1
+        policy = build_policy(config.model.path, cfg, "cpu", keep_base=True)
+        guard = watch.model_copy(update={"hold_on_collapse": hold})
+        canary = Canary.build(store, _tokenizer(config), guard, policy.cfg.micro_batch_tokens)
+        status, figures = canary.check(policy)  # the base itself: nothing drifted
+        assert status == PASSED and figures["collapse"]["drift"] == 0.0, (
+            figures["collapse"],
+            figures["reason"],
+        )
+        assert figures["collapse"]["entropy_ratio"] == pytest.approx(1.0, abs=1e-4)
+        loop = TrainLoop(store, policy, config.run_dir, canary=canary.check)
+        loop.resume()
+        assert loop.run_once()
+        version = store.latest_version()
+        statuses[hold] = version.status
+        found = version.canary["collapse"]
+        assert found["drift"] > 0.001 and "drift" in found["crossed"]
+        assert found["base_entropy"] > 0 and 0 <= found["self_rouge_l"] <= 1
+    assert statuses == {False: PASSED, True: HELD}
+    assert "collapse: logprob drift" in store.latest_version().canary["reason"]
+    assert "nats/token on the probes > 0.001" in store.latest_version().canary["reason"]
 
 
 def _tokenizer(config: Config):
@@ -259,6 +327,11 @@ def test_clawrl_canary_measures_every_version_again_without_changing_its_status(
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["version"], r["recorded"]) for r in rows] == [("v0", "unchecked"), ("v1", "held")]
     assert rows[0]["drop"] == 0.0 and rows[0]["kl"] == 0.0 and rows[1]["now"] in ("passed", "held")
+    assert rows[0]["collapse"]["drift"] == 0.0 and rows[0]["collapse"]["crossed"] == []  # v0 is the base
+    assert main(["canary", "v0", "--run-dir", str(config.run_dir)]) == 0
+    line = capsys.readouterr().out
+    assert line.startswith("v0") and "; answer entropy 1.00 of the base's, self-ROUGE-L" in line
+    assert "drift 0.000 nats" in line and "COLLAPSE" not in line
     assert store.versions()[1].status == "held"  # read-only: the recorded verdict stays
     assert main(["canary", "v9", "--run-dir", str(config.run_dir)]) == 2
     assert "no version v9" in capsys.readouterr().err

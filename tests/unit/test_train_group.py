@@ -186,6 +186,9 @@ def test_two_fsdp_ranks_train_versions_as_one_process(tmp_path, tiny_model_dir, 
     assert m2["status"] == m1["status"] and m1["canary"] is not None
     for key in ("score", "accuracy", "kl"):
         assert m2["canary"][key] == pytest.approx(m1["canary"][key], rel=1e-3, abs=1e-6), key
+    c1, c2 = m1["canary"]["collapse"], m2["canary"]["collapse"]  # rank 0's answers, packed on both ranks
+    for key in ("entropy", "self_rouge_l", "drift"):
+        assert c2[key] == pytest.approx(c1[key], rel=1e-3, abs=1e-6), key
     opt1, opt2 = (torch.load(c.run_dir / "checkpoints" / f"v{step}" / "optimizer.pt") for c in (one, two))
     assert opt1["state"].keys() == opt2["state"].keys() and opt1["state"]
     for i, state in opt1["state"].items():

@@ -207,18 +207,30 @@ function canaryText(c) {
   return c.reason ? `${text}: ${c.reason}` : text;
 }
 
+// The canary's collapse figures (clawrl/guard/collapse.py): "H 0.92× · self-ROUGE-L 0.31 · drift 0.12",
+// with "collapse: entropy, drift" after them when a limit was crossed; "–" when none were measured.
+function collapseText(c) {
+  const f = (c || {}).collapse;
+  if (!f) return ["–", false];
+  const ratio = f.entropy_ratio == null ? "–" : `${num(f.entropy_ratio, 2)}×`;
+  const text = `H ${ratio} · self-ROUGE-L ${num(f.self_rouge_l, 2)} · drift ${num(f.drift, 2)}`;
+  const crossed = f.crossed || [];
+  return [crossed.length ? `${text}: collapse: ${crossed.join(", ")}` : text, crossed.length > 0];
+}
+
 function renderVersions(versions, now) {
   const rows = versions.map((v) => {
     const m = v.metrics || {}, s = v.served || {}, canary = canaryText(v.canary);
+    const [collapse, collapsing] = collapseText(v.canary);
     return el("tr", { "data-version": v.name, class: v.status === "held" ? "held" : "" },
       el("td", {}, v.name), el("td", {}, v.step), el("td", {}, ago(v.created_at, now)), el("td", {}, v.status),
       el("td", {}, m.samples ?? "–"), el("td", {}, num(m.loss, 4)), el("td", {}, num(m.kl, 4)),
       el("td", {}, num(m.clip_frac)), el("td", {}, num(m.tokens_per_s, 0)), el("td", {}, num(m.mean_reward, 2)),
       el("td", {}, s.judged ?? 0), el("td", {}, num(s.mean_score, 2)), el("td", {}, pct(s.hint_rate)),
-      el("td", {}, canary));
+      el("td", {}, canary), el("td", { class: collapsing ? "collapse" : "" }, collapse));
   });
   fill("versions", table(["version", "step", "published", "status", "samples", "loss", "KL", "clip", "tokens/s",
-    "train reward", "turns judged", "served score", "hints", "canary"], rows));
+    "train reward", "turns judged", "served score", "hints", "canary", "collapse"], rows));
 }
 
 // Track 2: G episodes of one task; used (its samples), dropped (why), eval, or still open.
