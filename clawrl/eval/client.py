@@ -71,7 +71,7 @@ class EvalClient(ServerClient):
         done: bool = False,
     ) -> Answer:
         """One answer to `messages` in session `session_id`."""
-        headers = {"X-Session-Id": session_id, "X-Turn-Type": "side" if side else "main"}
+        headers = turn_headers(session_id, side)
         body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
@@ -99,6 +99,11 @@ class EvalClient(ServerClient):
         if comment:
             body["comment"] = comment
         _json(await self.send("POST", "/v1/feedback", json=body), "POST /v1/feedback")
+
+
+def turn_headers(session_id: str, side: bool) -> dict[str, str]:
+    """The headers that name a request's session and type its turn (eval answers are `side`)."""
+    return {"X-Session-Id": session_id, "X-Turn-Type": "side" if side else "main"}
 
 
 def _json(response: httpx.Response, what: str) -> dict[str, Any]:

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clawrl.eval.client import Answer, EvalClient, EvalError, Unanswered
+from clawrl.eval.client import Answer, EvalClient, EvalError, Unanswered, turn_headers
 from clawrl.eval.openclaw import SETUP_SCRIPT, installed_openclaw, openclaw_config, run_agent, write_home
 
 RECORDED_WITHIN_S = 30.0  # an answered turn is in the store well within this
@@ -79,7 +79,7 @@ class OpenClawClient(EvalClient):
         done: bool = False,
     ) -> Answer:
         home = self.folder / "homes" / session_id
-        headers = {"X-Session-Id": session_id, "X-Turn-Type": "side" if side else "main"}
+        headers = turn_headers(session_id, side)
         if done:
             headers["X-Session-Done"] = "true"
         config = openclaw_config(
