@@ -58,8 +58,8 @@ from bench.scale_table import Shape, load_config  # noqa: E402
 
 GPU_SCALE = Scale(streams=(1, 8, 32), decode_prompt=256, decode_tokens=128, prefill=16384,
                   train_seq=16384, train_response=512)  # fmt: skip
-CPU_SCALE = Scale(streams=(1, 4, 8), decode_prompt=32, decode_tokens=32, prefill=512,
-                  train_seq=512, train_response=64, long_prompt=384, long_streams=4)  # fmt: skip
+CPU_SCALE = Scale(streams=(1, 4, 8), decode_prompt=32, decode_tokens=16, prefill=256,
+                  train_seq=256, train_response=32, long_prompt=256, long_streams=4)  # fmt: skip
 TINY = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 4096}  # fmt: skip
 SHAPES = {"4b": ("qwen3-4b", {}), "8b": ("qwen3-8b", {}), "tiny": ("qwen3-4b", TINY)}

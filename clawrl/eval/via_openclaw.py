@@ -48,6 +48,31 @@ def find_openclaw(cache_dir: Path) -> Path:
     return found
 
 
+def session_config(
+    base_url: str,
+    api_key: str | None,
+    workspace: Path,
+    session_id: str,
+    temperature: float,
+    max_tokens: int,
+    side: bool,
+    done: bool,
+) -> dict[str, Any]:
+    """The openclaw.json of one eval call: what a bare request says in its body and headers, as the
+    provider's static headers and the model's params (see the module's doc)."""
+    headers = turn_headers(session_id, side)
+    if done:
+        headers["X-Session-Done"] = "true"
+    return openclaw_config(
+        base_url,
+        max_tokens=max_tokens,
+        workspace=str(workspace),
+        temperature=0.0 if temperature == 0 else None,
+        api_key=api_key,
+        headers=headers,
+    )
+
+
 class OpenClawClient(EvalClient):
     """An eval client whose answers come through `openclaw agent --local` (see the module's doc)."""
 
@@ -79,16 +104,8 @@ class OpenClawClient(EvalClient):
         done: bool = False,
     ) -> Answer:
         home = self.folder / "homes" / session_id
-        headers = turn_headers(session_id, side)
-        if done:
-            headers["X-Session-Done"] = "true"
-        config = openclaw_config(
-            f"{self.root}/v1",
-            max_tokens=max_tokens,
-            workspace=str(self.workspace),
-            temperature=0.0 if temperature == 0 else None,
-            api_key=self.api_key,
-            headers=headers,
+        config = session_config(
+            f"{self.root}/v1", self.api_key, self.workspace, session_id, temperature, max_tokens, side, done
         )
         write_home(home, config)
         before = len(await self._turns(session_id))

@@ -203,10 +203,10 @@ def test_compaction_housekeeping_is_side_and_opens_a_new_session(openclaw_bin, t
 def test_eval_via_openclaw_sends_each_turn_through_the_agent_and_names_its_answer(
     openclaw_bin, tmp_path, server, workspace
 ):
-    """`clawrl eval --via openclaw`'s channel (clawrl/eval/via_openclaw.py): a training turn at
-    OpenClaw's own sampling is a main turn of the eval's session, and the answer's id is the
-    recorded turn's, so the user's rating lands on it; a held-out answer is a side turn at
-    temperature 0 that ends its session. Short answers: what is tested is the channel."""
+    """`clawrl eval --via openclaw`'s channel (clawrl/eval/via_openclaw.py): one turn through the
+    agent at OpenClaw's own sampling is a main turn of the eval's session, ended as asked, and the
+    answer's id is the recorded turn's, so the user's rating lands on it. (What each call's
+    openclaw.json says, side turns and temperature 0 included: tests/unit/test_eval_via_openclaw.py.)"""
     import asyncio
 
     from clawrl.eval.via_openclaw import OpenClawClient
@@ -215,22 +215,18 @@ def test_eval_via_openclaw_sends_each_turn_through_the_agent_and_names_its_answe
         async with OpenClawClient(
             server.url, None, openclaw_bin, tmp_path, limit(TURN_LIMIT), workspace
         ) as client:
-            train = await client.chat(
-                [{"role": "user", "content": "What is 2 + 3?"}], "ev-train-1", temperature=1.0, max_tokens=8
-            )
-            await client.feedback(train.id, 1, None)  # a 404 (an id the server does not know) would raise
-            held = await client.chat(
-                [{"role": "user", "content": "What is the capital of France?"}],
-                "ev-eval-v0-1", temperature=0.0, max_tokens=8, side=True, done=True,
+            answer = await client.chat(
+                [{"role": "user", "content": "What is 2 + 3?"}], "ev-train-1", temperature=1.0, max_tokens=8,
+                done=True,
             )  # fmt: skip
-            return train, held, client.unanswered
+            await client.feedback(answer.id, 1, None)  # a 404 (an id the server does not know) would raise
+            return answer, client.unanswered
 
-    train, held, unanswered = asyncio.run(talk())
-    assert unanswered == 0 and train.version == held.version == "v0" and train.text
+    answer, unanswered = asyncio.run(talk())
+    assert unanswered == 0 and answer.version == "v0" and answer.text
     with Store.open(server.run_dir / "clawrl.db", readonly=True) as store:
-        turns = {t.id: t for t in store.turns()}
-        first, second = turns[train.id], turns[held.id]
-        assert (first.session_id, first.turn_type) == ("ev-train-1", "main")
-        assert len(first.response_ids) <= 8 and first.temperature != 0  # OpenClaw sent no temperature
-        assert (second.session_id, second.turn_type, second.temperature) == ("ev-eval-v0-1", "side", 0.0)
-        assert store.session_row("ev-eval-v0-1")["end_reason"] == "done"
+        turn = next(t for t in store.turns() if t.id == answer.id)
+        assert (turn.session_id, turn.turn_type) == ("ev-train-1", "main")
+        assert len(turn.response_ids) <= 8 and turn.temperature != 0  # OpenClaw sent no temperature
+        assert store.session_row("ev-train-1")["end_reason"] == "done"
+        assert [(f.rating, f.comment) for f in store.feedback_for(answer.id)] == [(1, None)]
