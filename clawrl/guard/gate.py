@@ -54,6 +54,7 @@ class Measured:
     accuracy: float  # share of greedy answers that are right
     answers: list[Encoded]  # the greedy answers, as items (`as_answers`): the base's are the probes
     texts: list[str]  # the greedy answers, decoded
+    self_rouge_l: float  # between the answers to different prompts (kept: the base's is measured once)
     entropy: float | None  # mean per-token entropy along the greedy answers
     probe_logprobs: list[float]  # mean logprob per token of each probe answer given to `measure`
 
@@ -100,7 +101,10 @@ class Canary:
         # one packed pass: the references (the canary score) and the probes (drift)
         logps, _ = answer_scores(model, [*self.items, *probes], self.budget, with_entropy=False)
         n, entropy = len(self.items), collapse.mean_entropy(entropies)
-        return Measured(canary_score(logps[:n]), sum(right) / len(right), answers, texts, entropy, logps[n:])
+        rouge = collapse.self_rouge_l(texts)
+        return Measured(
+            canary_score(logps[:n]), sum(right) / len(right), answers, texts, rouge, entropy, logps[n:]
+        )
 
     def base(self, policy: Any) -> Measured:
         """The base model's figures, measured on first use, then kept: the base never changes.
@@ -149,6 +153,6 @@ class Canary:
         limits = collapse.Limits(
             c.collapse_min_entropy_ratio, c.collapse_max_self_rouge_l, c.collapse_max_drift
         )
-        rouge, base_rouge = collapse.self_rouge_l(new.texts), collapse.self_rouge_l(base.texts)
+        rouge, base_rouge = new.self_rouge_l, base.self_rouge_l
         drifted = collapse.drift(new.probe_logprobs, base.probe_logprobs)
         return collapse.judge(new.entropy, base.entropy, rouge, base_rouge, drifted, limits)
