@@ -11,6 +11,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+# How a next state was told to follow its answer (clawrl/sessions/tracker.py): the request resent the
+# answer's request and the answer (`history`); that request and, in the answer's place, another text
+# (`rewritten`: the client folded, trimmed or truncated the answer; sessions a request names only);
+# or only named the session, its history changed otherwise (`named`: what followed its last answer).
+NextStateMatch = Literal["history", "rewritten", "named"]
+
 PASSED, HELD, UNCHECKED = "passed", "held", "unchecked"  # what the canary gate made of a version
 
 TurnType = Literal["main", "side"]
@@ -40,6 +46,7 @@ class Turn:
     first_token_at: float | None = None
     next_state: list[Message] | None = None
     next_state_at: float | None = None
+    next_state_match: NextStateMatch | None = None  # how it matched; None: no next state, or before m016
     rope_scaled: bool | None = None  # RoPE scaled past the trained window (model/rope.py); None: unknown
     grammar: dict[str, Any] | None = None  # the constraint it was decoded under (chat/grammar.py); None: free
     # What the sampler did beyond the temperature (top_p, top_k, the penalties) and what `logprobs`

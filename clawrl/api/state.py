@@ -365,6 +365,7 @@ def turn_view(t: Turn, judgment: dict[str, Any] | None) -> dict[str, Any]:
         "response": t.response_text,
         "tool_calls": t.tool_calls,
         "next_state": t.next_state,
+        "next_state_match": t.next_state_match,
         "judgment": judgment,
     }
 

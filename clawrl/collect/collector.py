@@ -124,7 +124,7 @@ class Collector:
     def _write_begin(self, r: Resolution, now: float) -> None:
         self.store.upsert_session(r.session_id, r.source, now, r.user)
         if r.previous_turn_id is not None and r.next_state:
-            self.store.set_next_state(r.previous_turn_id, r.next_state, now)
+            self.store.set_next_state(r.previous_turn_id, r.next_state, now, r.next_state_match)
 
     async def finish(self, r: Resolution, turn: Turn) -> None:
         """Record a finished turn (awaited before the client gets the end of the answer)."""

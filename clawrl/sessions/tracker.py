@@ -8,14 +8,29 @@ A pure state machine (the caller passes the clock). Resolution, in order:
    the `prompt_cache_key` body field): it names the session too, but proves less,
    since a client may share one key across conversations. A request that continues
    the named session's history attaches its next state; one that does not is
-   matched by inference (3) instead, and failing that joins the named session
-   without a next state, so no feedback is ever paired with the wrong answer.
+   matched by inference (3) instead, then by a rewritten answer (below), and failing
+   those joins the named session without a next state, so no feedback is ever paired
+   with the wrong answer.
 3. Otherwise inference from the history: a request whose messages begin with a
    known session's last main request *plus the answer we gave* continues that
    session. The longest such history wins; everything after it is the next
    state of that answer. Anything else opens a new session, so a client that
    edits or truncates its history (memory compaction) starts afresh, and two
    clients never share a session unless their histories are identical.
+
+A *rewritten answer* is matched only in a session the request names (1 or 2): the
+request resends the last main request's messages unchanged, then one assistant message
+where our answer stood, with other text (OpenClaw folds repeated paragraphs of a long
+answer; a client may trim or truncate it) but the same tool calls, then new messages
+starting with a user or tool message. Those are the answer's next state, and the match
+is recorded as `rewritten` (`Resolution.next_state_match`), so a reader knows the client
+kept, and may have shown, another text than the recorded answer. Any other difference
+(an edited earlier message, a message more or less, another role, other tool calls) is
+no rewrite: an affinity key's request then gets no next state, as before, and a named
+session's falls back to what follows its last assistant message (`named`). Inference
+(3) never matches a rewritten answer: without a name, the messages before it are all
+that tie a request to a conversation, and two clients asking the same question must
+stay apart.
 
 Each session's last answer (its *tip*) can be continued once. When several
 sessions share a tip (two clients sent the same messages and got the same
@@ -49,7 +64,7 @@ from typing import Literal
 from clawrl.sessions.injected import InjectedContext
 from clawrl.sessions.messages import extend_hash, prefix_hashes
 from clawrl.sessions.turn_type import SidePatterns, infer_turn_type
-from clawrl.types import DEFAULT_USER, Message, TurnType
+from clawrl.types import DEFAULT_USER, Message, NextStateMatch, TurnType
 
 Source = Literal["header", "body", "affinity", "inferred"]
 
@@ -77,8 +92,20 @@ class Resolution:
     done: bool
     history: str  # hash of the request's messages
     history_len: int  # how many messages the request had
-    taken_tip: tuple[str, int, str] | None = None  # (tip, length, turn id) consumed, for `abandon`
+    taken_tip: Tip | None = None  # the tip this request consumed, for `abandon`
     user: str = DEFAULT_USER  # whose session
+    next_state_match: NextStateMatch | None = None  # how `next_state` matched (None: no next state)
+
+
+@dataclass(frozen=True)
+class Tip:
+    """A session's last main answer, waiting for its next state."""
+
+    turn_id: str
+    prompt: str  # hash of the request's messages (the conversation, without injected context)
+    length: int  # how many messages: the request's, plus the answer
+    answer: str  # hash of the request's messages plus the answer
+    calls: tuple[str, ...]  # the names of the answer's tool calls
 
 
 @dataclass
@@ -86,9 +113,7 @@ class _Session:
     id: str
     source: Source
     turn_count: int = 0
-    last_turn_id: str | None = None
-    tip: str | None = None
-    tip_len: int = 0
+    tip: Tip | None = None
     last_active: float = 0.0
     user: str = DEFAULT_USER
 
@@ -136,7 +161,7 @@ class SessionTracker:
         messages = self._injected.conversation(messages)
         turn_type = infer_turn_type(hints.turn_type, messages, self._patterns)
         hashes = prefix_hashes(messages)
-        session, cut, attach = self._find(hints, hashes)
+        session, cut, how = self._find(hints, messages, hashes)
         is_new = session is None
         if session is None:
             session = _Session(hints.session_id or self._new_id(), hints.source, user=hints.user)
@@ -144,27 +169,27 @@ class SessionTracker:
                 self._sessions[session.id] = session
                 self._enforce_cap()
         next_state, taken = None, None
-        if turn_type == "main" and session.last_turn_id is not None and attach:
+        if turn_type == "main" and session.tip is not None and how is not None:
             next_state = messages[cut:] if cut is not None else _after_last_answer(messages)
             if next_state:
                 taken = self._take_tip(session)
         index = session.turn_count
         session.turn_count += 1
         self._touch(session, now)
-        previous = taken[2] if taken else None
         return Resolution(
             session.id,
             session.source,
             is_new,
             turn_type,
             index,
-            previous,
+            taken.turn_id if taken else None,
             next_state or None,
             hints.done,
             hashes[-1],
             len(messages),
             taken,
             session.user,
+            how if taken else None,
         )
 
     def answered(self, resolution: Resolution, turn_id: str, answer: Message, now: float) -> None:
@@ -173,10 +198,7 @@ class SessionTracker:
         if session is None or resolution.turn_type != "main":
             return
         self._drop_tip(session)
-        session.tip = extend_hash(resolution.history, answer)
-        session.tip_len = resolution.history_len + 1
-        session.last_turn_id = turn_id
-        self._by_tip.setdefault(session.tip, []).append(session.id)
+        self._set_tip(session, _tip(turn_id, resolution.history, resolution.history_len, answer))
         self._touch(session, now)
 
     def abandon(self, resolution: Resolution) -> None:
@@ -184,8 +206,8 @@ class SessionTracker:
         session = self._sessions.get(resolution.session_id)
         if session is None or resolution.taken_tip is None or session.tip is not None:
             return
-        session.tip, session.tip_len, session.last_turn_id = resolution.taken_tip
-        self._by_tip.setdefault(session.tip, []).insert(0, session.id)
+        session.tip = resolution.taken_tip
+        self._by_tip.setdefault(session.tip.answer, []).insert(0, session.id)
 
     def end(self, session_id: str) -> bool:
         session = self._sessions.pop(session_id, None)
@@ -225,23 +247,27 @@ class SessionTracker:
         self._sessions.move_to_end(session.id)
         messages = self._injected.conversation(item.messages)
         if item.last_turn_id and item.answer is not None and messages:
-            history = prefix_hashes(messages)[-1]
-            session.tip = extend_hash(history, item.answer)
-            session.tip_len = len(messages) + 1
-            session.last_turn_id = item.last_turn_id
-            self._by_tip.setdefault(session.tip, []).append(session.id)
+            prompt = prefix_hashes(messages)[-1]
+            self._set_tip(session, _tip(item.last_turn_id, prompt, len(messages), item.answer))
 
-    def _find(self, hints: Hints, hashes: list[str]) -> tuple[_Session | None, int | None, bool]:
-        """The session; where the next state starts (None: after the last assistant message);
-        whether to attach a next state at all."""
+    def _find(
+        self, hints: Hints, messages: list[Message], hashes: list[str]
+    ) -> tuple[_Session | None, int | None, NextStateMatch | None]:
+        """The session; where the next state starts (None: after the last assistant message); how it
+        matched (None: attach no next state)."""
         if not hints.session_id:
-            return (*self._infer(hashes, hints.user), True)
+            inferred, cut = self._infer(hashes, hints.user)
+            return inferred, cut, "history"
         session = self._sessions.get(hints.session_id)
-        cut = _continues(session, hashes) if session is not None else None
-        if cut is not None or hints.source != "affinity":
-            return session, cut, True
-        inferred, cut = self._infer(hashes, hints.user)  # an affinity key that does not continue its session
-        return (inferred, cut, True) if inferred is not None else (session, None, False)
+        if session is not None and (cut := _continues(session, hashes)) is not None:
+            return session, cut, "history"
+        if hints.source == "affinity":  # an affinity key that does not continue its session
+            inferred, cut = self._infer(hashes, hints.user)
+            if inferred is not None:
+                return inferred, cut, "history"
+        if session is not None and (cut := _rewritten(session, messages, hashes)) is not None:
+            return session, cut, "rewritten"
+        return session, None, (None if hints.source == "affinity" else "named")
 
     def _infer(self, hashes: list[str], user: str) -> tuple[_Session | None, int | None]:
         """The user's session whose history plus last answer is the longest prefix of the request
@@ -252,20 +278,23 @@ class SessionTracker:
                 return self._sessions[waiting[0]], k
         return None, None
 
-    def _take_tip(self, session: _Session) -> tuple[str, int, str] | None:
-        if session.tip is None or session.last_turn_id is None:
-            return None
-        taken = (session.tip, session.tip_len, session.last_turn_id)
+    def _set_tip(self, session: _Session, tip: Tip) -> None:
+        session.tip = tip
+        self._by_tip.setdefault(tip.answer, []).append(session.id)
+
+    def _take_tip(self, session: _Session) -> Tip | None:
+        taken = session.tip
         self._drop_tip(session)
-        session.tip, session.tip_len, session.last_turn_id = None, 0, None
+        session.tip = None
         return taken
 
     def _drop_tip(self, session: _Session) -> None:
-        waiting = self._by_tip.get(session.tip or "")
+        key = session.tip.answer if session.tip is not None else ""
+        waiting = self._by_tip.get(key)
         if waiting and session.id in waiting:
             waiting.remove(session.id)
             if not waiting:
-                del self._by_tip[session.tip or ""]
+                del self._by_tip[key]
 
     def _touch(self, session: _Session, now: float) -> None:
         session.last_active = now
@@ -273,11 +302,33 @@ class SessionTracker:
             self._sessions.move_to_end(session.id)
 
 
+def _tip(turn_id: str, prompt: str, prompt_len: int, answer: Message) -> Tip:
+    return Tip(turn_id, prompt, prompt_len + 1, extend_hash(prompt, answer), _call_names(answer))
+
+
+def _call_names(message: Message) -> tuple[str, ...]:
+    return tuple(str(call.get("function", {}).get("name")) for call in message.get("tool_calls") or [])
+
+
 def _continues(session: _Session, hashes: list[str]) -> int | None:
     """How many messages of the request are the session's history plus last answer, if it continues it."""
-    if session.tip and 0 < session.tip_len < len(hashes) and hashes[session.tip_len - 1] == session.tip:
-        return session.tip_len
+    tip = session.tip
+    if tip is not None and 0 < tip.length < len(hashes) and hashes[tip.length - 1] == tip.answer:
+        return tip.length
     return None
+
+
+def _rewritten(session: _Session, messages: list[Message], hashes: list[str]) -> int | None:
+    """How many messages of the request are the session's last main request plus, in the answer's place,
+    an assistant message with other text but the same tool calls (a client's rewrite of the answer),
+    if a user or tool message follows it."""
+    tip = session.tip
+    if tip is None or not 1 < tip.length < len(messages) or hashes[tip.length - 2] != tip.prompt:
+        return None
+    stand_in, after = messages[tip.length - 1], messages[tip.length]
+    if stand_in.get("role") != "assistant" or _call_names(stand_in) != tip.calls:
+        return None
+    return tip.length if after.get("role") in ("user", "tool") else None
 
 
 def _after_last_answer(messages: list[Message]) -> list[Message]:

@@ -62,7 +62,7 @@ from clawrl.store.rows import (
 from clawrl.store.stats import StatsStore
 from clawrl.store.training import TrainingStore
 from clawrl.store.versions import VersionStore
-from clawrl.types import DEFAULT_USER, Feedback, Message, Turn
+from clawrl.types import DEFAULT_USER, Feedback, Message, NextStateMatch, Turn
 
 __all__ = [
     "EpisodeConflict",
@@ -287,12 +287,16 @@ class Store(TrainingStore, VersionStore, StatsStore, EpisodeStore, MemoryStore):
             conn.execute(TOUCH_SESSION, (turn.session_id, turn.created_at, turn.finished_at))
             conn.execute(INSERT_TURN, turn_row(turn))
 
-    def set_next_state(self, turn_id: str, messages: list[Message], now: float) -> bool:
-        """Attach the messages that followed a turn; only the first call sets them (returns whether)."""
+    def set_next_state(
+        self, turn_id: str, messages: list[Message], now: float, match: NextStateMatch | None = None
+    ) -> bool:
+        """Attach the messages that followed a turn, and how they were matched to it (`match`: see
+        `NextStateMatch`); only the first call sets them (returns whether)."""
         with self._write() as conn:
             cur = conn.execute(
-                "UPDATE turns SET next_state = ?, next_state_at = ? WHERE id = ? AND next_state IS NULL",
-                (dumps(messages), now, turn_id),
+                "UPDATE turns SET next_state = ?, next_state_at = ?, next_state_match = ? "
+                "WHERE id = ? AND next_state IS NULL",
+                (dumps(messages), now, match, turn_id),
             )
         return cur.rowcount == 1
 

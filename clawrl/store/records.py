@@ -1,9 +1,10 @@
 """The store seen from outside: one JSON line per turn, and one session shown for a human.
 
 `export` writes what a training or analysis script needs for each turn: the
-exact token IDs and logprobs, the messages and tools, the next state, explicit
-feedback and the latest judgment: its score, hint, judge and every vote (kind,
-value, raw text, hint, latency, error); `reward` is the score. Lines are UTF-8
+exact token IDs and logprobs, the messages and tools, the next state and how it was
+matched to the answer (`next_state_match`; `show` says so when the client resent the
+answer rewritten), explicit feedback and the latest judgment: its score, hint, judge
+and every vote (kind, value, raw text, hint, latency, error); `reward` is the score. Lines are UTF-8
 (`ensure_ascii=False`) and in store order: by creation time, or by index
 within one session. `show` prints one session turn by turn, text clipped.
 A turn whose prompt carried a memory block has `memory` (the experience ids and the block, or
@@ -50,6 +51,7 @@ def record(
         "finish_reason": turn.finish_reason,
         "next_state": turn.next_state,
         "next_state_at": turn.next_state_at,
+        "next_state_match": turn.next_state_match,
         "feedback": [
             {"rating": fb.rating, "comment": fb.comment, "created_at": fb.created_at}
             for fb in store.feedback_for(turn.id)
@@ -124,6 +126,12 @@ def show(store: Store, session_id: str, out: TextIO) -> None:
         out.write("\n" + "\n".join(_turn_lines(store, turn)) + "\n")
 
 
+_MATCHED = {  # how the next state was matched, where a reader should know (NextStateMatch)
+    "rewritten": " (the client resent this answer rewritten; matched by the request before it)",
+    "named": " (the session named, its history changed: what followed the last answer)",
+}
+
+
 def _turn_lines(store: Store, turn: Turn) -> list[str]:
     lines = [
         f"[{turn.index}] {turn.turn_type}  {turn.policy_version}  finish: {turn.finish_reason}  id: {turn.id}"
@@ -136,7 +144,7 @@ def _turn_lines(store: Store, turn: Turn) -> list[str]:
     if turn.next_state is None:
         lines.append("  next state: (none)")
     else:
-        lines.append("  next state:")
+        lines.append("  next state:" + _MATCHED.get(turn.next_state_match or "", ""))
         lines += [f"    {m.get('role', '?')}: {_clip(_text(m.get('content')))}" for m in turn.next_state]
     lines += _memory_lines(store, turn.memory)
     if older := (turn.sampling or {}).get("prefix_kv_version"):

@@ -369,3 +369,10 @@ ALTER TABLE samples ADD COLUMN user TEXT NOT NULL DEFAULT 'default';
 CREATE INDEX sessions_user ON sessions(user, updated_at);
 CREATE INDEX samples_user_status ON samples(user, status, id);
 """
+
+# How each next state was matched to its answer (`clawrl.types.NextStateMatch`): `history`,
+# `rewritten` (the client resent another text in the answer's place) or `named`; NULL for the next
+# states recorded before (all `history` or `named`) and for the turns without one.
+M016_NEXT_STATE_MATCH = """
+ALTER TABLE turns ADD COLUMN next_state_match TEXT NULL;
+"""

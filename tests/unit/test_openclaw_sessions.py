@@ -98,6 +98,119 @@ def test_an_affinity_key_shared_by_two_conversations_never_pairs_feedback_with_t
     assert a2.next_state is None
 
 
+# An answer that ran to the token limit repeating itself, and what OpenClaw resends of it in its history:
+# its text projection collapses duplicate paragraphs (collapseDuplicateParagraphs, OpenClaw 2026.9.6).
+RAMBLE = "The capital of France is Paris.\n\n" + "The answer is: Paris.\n\n" * 40
+FOLDED = "The capital of France is Paris.\n\nThe answer is: Paris."
+CALL = {"id": "call_1", "type": "function", "function": {"name": "read", "arguments": '{"path": "a"}'}}
+
+
+def test_a_folded_answer_under_its_affinity_key_still_gets_its_next_state():
+    t = tracker()
+    key = Hints(session_id="oc-1:0", source="affinity")
+    first = [SYSTEM, user("What is the capital of France?")]
+    r1 = turn(t, first, key, answer=RAMBLE)
+    r2 = turn(t, [*first, bot(FOLDED), user("What is 2 + 3?")], key, answer="5")
+    r3 = turn(t, [*first, bot(FOLDED), user("What is 2 + 3?"), bot("5"), user("Thanks!")], key)
+    assert r1.session_id == r2.session_id == r3.session_id == "oc-1:0"
+    assert r2.turn_type == "main" and r2.previous_turn_id == "turn-0"
+    assert r2.next_state == [user("What is 2 + 3?")] and r2.next_state_match == "rewritten"
+    # The next turn's request held the folded text, so the one after continues it exactly.
+    assert r3.previous_turn_id == "turn-1" and r3.next_state_match == "history"
+
+
+@pytest.mark.parametrize(
+    "stand_in",
+    [FOLDED.replace("\n\n", " "), "", RAMBLE[:100], RAMBLE.strip()],
+    ids=["rewrapped", "emptied", "truncated", "trimmed"],
+)
+def test_any_text_in_the_answers_place_is_a_rewrite(stand_in):
+    t = tracker()
+    key = Hints(session_id="oc-1:0", source="affinity")
+    turn(t, [SYSTEM, user("hi")], key, answer=RAMBLE)
+    r = t.resolve([SYSTEM, user("hi"), bot(stand_in), user("bye"), CONTEXT], key, 1.0)
+    assert r.previous_turn_id == "turn-0" and r.next_state == [user("bye")]
+    assert r.next_state_match == ("history" if stand_in == RAMBLE.strip() else "rewritten")
+
+
+@pytest.mark.parametrize(
+    "resent",
+    [
+        [SYSTEM, user("What is the capital of Italy?"), bot(FOLDED), user("What is 2 + 3?")],  # edited
+        [SYSTEM, user("What is the capital of France?"), user("What is 2 + 3?")],  # answer dropped
+        [SYSTEM, user("What is the capital of France?"), bot(FOLDED), bot("more"), user("What is 2 + 3?")],
+        [user("What is the capital of France?"), bot(FOLDED), user("What is 2 + 3?")],  # no system prompt
+        [SYSTEM, user("What is the capital of France?"), {**bot(FOLDED), "tool_calls": [CALL]}, user("go")],
+    ],
+    ids=[
+        "earlier-user-message-edited",
+        "answer-dropped",
+        "message-added",
+        "message-removed",
+        "tool-call-added",
+    ],
+)
+def test_any_other_change_under_an_affinity_key_gets_no_next_state(resent):
+    t = tracker()
+    key = Hints(session_id="oc-1:0", source="affinity")
+    turn(t, [SYSTEM, user("What is the capital of France?")], key, answer=RAMBLE)
+    r = t.resolve([*resent, CONTEXT], key, 1.0)
+    assert r.session_id == "oc-1:0" and r.turn_type == "main"  # it joins the named session, as before
+    assert r.previous_turn_id is None and r.next_state is None and r.next_state_match is None
+
+
+def test_a_rewritten_tool_call_answer_keeps_its_calls_or_is_no_rewrite():
+    t = tracker()
+    key = Hints(session_id="oc-1:0", source="affinity")
+    r1 = t.resolve([SYSTEM, user("read a")], key, 0.0)
+    t.answered(r1, "turn-0", {"role": "assistant", "content": "Reading " * 50, "tool_calls": [CALL]}, 0.0)
+    other = {**CALL, "function": {"name": "write", "arguments": "{}"}}
+    result = {"role": "tool", "tool_call_id": "call_1", "content": "file a"}
+    wrong = t.resolve([SYSTEM, user("read a"), {**bot("Reading"), "tool_calls": [other]}, result], key, 1.0)
+    assert wrong.next_state is None  # a result of another call is no feedback on ours
+    kept = t.resolve([SYSTEM, user("read a"), {**bot("Reading"), "tool_calls": [CALL]}, result], key, 2.0)
+    assert kept.previous_turn_id == "turn-0" and kept.next_state == [result]
+    assert kept.next_state_match == "rewritten"
+
+
+def test_without_a_session_key_a_folded_answer_still_opens_a_new_session():
+    t = tracker()
+    first = [SYSTEM, user("What is the capital of France?")]
+    r1 = turn(t, first, answer=RAMBLE)
+    r2 = turn(t, [*first, bot(FOLDED), user("What is 2 + 3?")])
+    assert r2.is_new and r2.session_id != r1.session_id  # inference matches exact histories only
+    assert r2.previous_turn_id is None and r2.next_state is None
+
+
+def test_a_static_affinity_key_never_takes_a_rewrite_for_another_conversations_answer():
+    t = tracker()
+    key = Hints(session_id="my-app", source="affinity")  # one key for every conversation
+    turn(t, [SYSTEM, user("question A")], key, answer="answer A " * 50)
+    turn(t, [SYSTEM, user("question B")], key, answer="answer B " * 50)  # the key's tip is now B's
+    a2 = turn(t, [SYSTEM, user("question A"), bot("answer A"), user("A was wrong")], key)
+    assert a2.previous_turn_id is None and a2.next_state is None
+
+
+def test_a_rewritten_answer_is_matched_after_a_restart():
+    t = tracker()
+    history = [SYSTEM, user("What is the capital of France?")]
+    t.restore(Restored("oc-1:0", "affinity", 1, 0.0, "turn-0", [*history, CONTEXT], bot(RAMBLE)))
+    key = Hints(session_id="oc-1:0", source="affinity")
+    r = turn(t, [*history, bot(FOLDED), user("What is 2 + 3?")], key)
+    assert r.previous_turn_id == "turn-0" and r.next_state_match == "rewritten"
+
+
+def test_a_named_session_says_how_its_next_state_was_matched():
+    t = tracker()
+    named = Hints(session_id="mine", source="header")
+    turn(t, [SYSTEM, user("hi")], named, answer=RAMBLE)
+    r = t.resolve([SYSTEM, user("hi"), bot(FOLDED), user("more"), CONTEXT], named, 1.0)
+    assert r.previous_turn_id == "turn-0" and r.next_state_match == "rewritten"
+    t.answered(r, "turn-1", bot("ok"), 1.0)
+    r = t.resolve([SYSTEM, user("edited hi"), bot(FOLDED), user("more"), bot("ok"), user("and?")], named, 2.0)
+    assert r.previous_turn_id == "turn-1" and r.next_state == [user("and?")] and r.next_state_match == "named"
+
+
 def test_an_explicit_session_id_still_takes_what_follows_the_last_answer():
     t = tracker()
     named = Hints(session_id="mine", source="header")

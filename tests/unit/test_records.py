@@ -18,8 +18,8 @@ LONG = "Voici un très long message. " * 40  # ~1,100 characters
 KEYS = {
     "id", "session_id", "turn", "turn_type", "messages", "tools", "response", "tool_calls", "prompt_ids",
     "response_ids", "logprobs", "policy_version", "versions", "temperature", "finish_reason", "next_state",
-    "next_state_at", "feedback", "judgment", "reward", "episode", "created_at", "first_token_at",
-    "finished_at", "memory", "sampling", "user",
+    "next_state_at", "next_state_match", "feedback", "judgment", "reward", "episode", "created_at",
+    "first_token_at", "finished_at", "memory", "sampling", "user",
 }  # fmt: skip
 VOTES = [
     Vote("prm", 1, "Correct. \\boxed{1}", None, 1.5),

@@ -299,12 +299,19 @@ function judgment(j) {
     j.hint ? el("p", { class: "hint" }, "hint: ", el("q", {}, j.hint)) : "", el("ul", {}, votes));
 }
 
+// How the next state was matched to the answer (NextStateMatch in clawrl/types.py), where it matters.
+function nextStateTitle(match) {
+  if (match === "rewritten") return "next state (the client resent this answer rewritten)";
+  if (match === "named") return "next state (the session named, its history changed)";
+  return "next state";
+}
+
 function turn(t) {
   return el("article", { class: `turn ${t.type}` },
     el("h3", {}, `#${t.index} ${t.type} · ${t.versions.join(", ")} · ${t.finish_reason} · ${when(t.created_at)}`),
     t.new_messages.map(message),
     message({ role: "assistant", content: t.response, tool_calls: t.tool_calls }),
-    t.next_state ? el("details", {}, el("summary", {}, "next state"), t.next_state.map(message)) : "",
+    t.next_state ? el("details", {}, el("summary", {}, nextStateTitle(t.next_state_match)), t.next_state.map(message)) : "",
     judgment(t.judgment));
 }
 
