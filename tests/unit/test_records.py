@@ -125,6 +125,23 @@ def test_show_names_the_older_version_whose_kv_a_prompt_started_from(tmp_path):
     assert turn.sampling == sampling and not turn.logprobs_exact  # a mixed computation, weighted
 
 
+def test_a_next_state_matched_to_a_rewritten_answer_says_so(tmp_path):
+    """The client resent the answer folded (clawrl/sessions/tracker.py): export and show tell it."""
+    with Store.open(tmp_path / "clawrl.db") as store:
+        store.upsert_session("oc-1:0", "affinity", 1.0)
+        for i, turn_id in enumerate(("t0", "t1", "t2")):
+            store.insert_turn(make_turn(turn_id, "oc-1:0", i, created_at=10.0 + i))
+        store.set_next_state("t0", [{"role": "user", "content": "What is 2 + 3?"}], 12.0, "rewritten")
+        store.set_next_state("t1", [{"role": "user", "content": "Thanks!"}], 13.0, "history")
+        lines = [record(store, turn) for turn in store.turns()]
+        out = io.StringIO()
+        show(store, "oc-1:0", out)
+    assert [line["next_state_match"] for line in lines] == ["rewritten", "history", None]
+    text = out.getvalue()
+    assert text.count("next state: (the client resent this answer rewritten") == 1
+    assert text.count("next state:\n") == 1 and "next state: (none)" in text  # t1's plain, t2's none
+
+
 def test_show_of_an_unknown_session(store):
     with pytest.raises(StoreError, match="no session 'nope'"):
         show(store, "nope", io.StringIO())
