@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 # How a next state was told to follow its answer (clawrl/sessions/tracker.py): the request resent the
 # answer's request and the answer (`history`); that request and, in the answer's place, another text
-# (`rewritten`: the client folded, trimmed or truncated the answer; sessions a request names only);
+# (`rewritten`: the client stripped, folded or truncated the answer; sessions a request names only);
 # or only named the session, its history changed otherwise (`named`: what followed its last answer).
 NextStateMatch = Literal["history", "rewritten", "named"]
 

@@ -257,8 +257,8 @@ class CollectConfig(Section):
         True,
         description="Read clients' session affinity keys (the x-session-affinity and session_id headers, "
         "the prompt_cache_key body field) as session names. A request that does not continue its named "
-        "session's history falls back to inference, so a key shared by several conversations never pairs "
-        "feedback with the wrong answer.",
+        "session's history (an answer resent rewritten, all before it unchanged, still does) falls back to "
+        "inference, so a key shared by several conversations never pairs feedback with the wrong answer.",
     )
 
 

@@ -20,8 +20,9 @@ A pure state machine (the caller passes the clock). Resolution, in order:
 
 A *rewritten answer* is matched only in a session the request names (1 or 2): the
 request resends the last main request's messages unchanged, then one assistant message
-where our answer stood, with other text (OpenClaw folds repeated paragraphs of a long
-answer; a client may trim or truncate it) but the same tool calls, then new messages
+where our answer stood, with other text (OpenClaw 2026.9.6 strips `<think>` blocks and
+reply directives such as `[[reply_to_current]]`; a client may fold, trim or truncate a
+long answer) but the same tool calls, then new messages
 starting with a user or tool message. Those are the answer's next state, and the match
 is recorded as `rewritten` (`Resolution.next_state_match`), so a reader knows the client
 kept, and may have shown, another text than the recorded answer. Any other difference

@@ -152,8 +152,9 @@ def test_a_three_turn_session_at_openclaws_own_sampling_is_one_session_and_answe
         ("What color is the sky on a clear day?", ["blue"]),
     ]
     # At its own sampling the model's first answer here runs on to the 512-token limit about once in
-    # ten CI runs (a ramble OpenClaw then folds in its history, so no next state can match it): what
-    # a user meets; it gets one more session, and two such sessions in a row fail the test.
+    # ten CI runs: what a user meets, but this test asserts answers that end on their own, so it gets
+    # one more session, and two such sessions in a row fail the test. (Such an answer, resent by
+    # OpenClaw rewritten, now keeps its next state: tests/unit/test_openclaw_sessions.py.)
     for name in ("everyday-1", "everyday-2"):
         replies = [say(name, questions[0][0])]
         first = [t for t in _turns(server) if t.turn_type == "main" and t.session_id == f"{name}:0"]

@@ -113,24 +113,25 @@ def test_explicit_session_header_and_done(server, tmp_path):
 
 
 def test_an_answer_resent_rewritten_under_an_affinity_key_still_gets_its_next_state(server, tmp_path):
-    """OpenClaw folds an answer that rambled before resending it: under its affinity key the next
-    question is still that answer's next state, recorded as matched to a rewritten answer; without a
-    key the same resend opens a new session (inference matches exact histories only)."""
-    key = {"x-session-affinity": "oc-fold:0"}
+    """A client resends an answer rewritten (OpenClaw strips <think> blocks and reply directives): under
+    its affinity key the next question is still that answer's next state, recorded as matched to a
+    rewritten answer; without a key the same resend opens a new session (inference matches exact
+    histories only)."""
+    key = {"x-session-affinity": "oc-rewrite:0"}
     first = [SYS, {"role": "user", "content": "What is the capital of France?"}]
     r1, h1 = chat(server, first, extra_headers=key)
-    folded = {"role": "assistant", "content": f"(folded) {r1.choices[0].message.content}"}
+    rewritten = {"role": "assistant", "content": f"(rewritten) {r1.choices[0].message.content}"}
     question = {"role": "user", "content": "What is 2 + 3?"}
-    r2, h2 = chat(server, [*first, folded, question], extra_headers=key)
-    assert h1["x-session-id"] == h2["x-session-id"] == "oc-fold:0"
-    by_id = {line["id"]: line for line in records(server.run_dir, tmp_path, "oc-fold:0")}
+    r2, h2 = chat(server, [*first, rewritten, question], extra_headers=key)
+    assert h1["x-session-id"] == h2["x-session-id"] == "oc-rewrite:0"
+    by_id = {line["id"]: line for line in records(server.run_dir, tmp_path, "oc-rewrite:0")}
     assert by_id[r1.id]["next_state"] == [question] and by_id[r1.id]["next_state_match"] == "rewritten"
     assert by_id[r2.id]["turn_type"] == "main" and by_id[r2.id]["next_state"] is None
 
     first = [SYS, {"role": "user", "content": "What is the capital of Italy?"}]
     r3, h3 = chat(server, first)
-    folded = {"role": "assistant", "content": f"(folded) {r3.choices[0].message.content}"}
-    _, h4 = chat(server, [*first, folded, question])
+    rewritten = {"role": "assistant", "content": f"(rewritten) {r3.choices[0].message.content}"}
+    _, h4 = chat(server, [*first, rewritten, question])
     assert h3["x-session-id"] != h4["x-session-id"]
     (line,) = records(server.run_dir, tmp_path, h3["x-session-id"])
     assert line["next_state"] is None and line["next_state_match"] is None

@@ -98,49 +98,59 @@ def test_an_affinity_key_shared_by_two_conversations_never_pairs_feedback_with_t
     assert a2.next_state is None
 
 
-# An answer that ran to the token limit repeating itself, and what OpenClaw resends of it in its history:
-# its text projection collapses duplicate paragraphs (collapseDuplicateParagraphs, OpenClaw 2026.9.6).
-RAMBLE = "The capital of France is Paris.\n\n" + "The answer is: Paris.\n\n" * 40
-FOLDED = "The capital of France is Paris.\n\nThe answer is: Paris."
+# An answer that ran to the token limit, and the text OpenClaw 2026.9.6 resent in its place with the
+# next question (captured with a fake server answering this at finish_reason "length"): the <think>
+# block stripped, and a reply directive too. Plain repeated paragraphs came back as they were sent
+# (OpenClaw folds them in the text it shows, not in its history).
+THINK = "<think>The user asks.</think>"
+RAMBLE = THINK + "The capital of France is Paris.\n\n" + "The server runs. " * 40
+RESENT = RAMBLE.removeprefix(THINK)
+DIRECTIVE = "[[reply_to_current]] The capital of France is Paris.\n\nMEDIA: /tmp/x.png\n" + "It runs. " * 40
 CALL = {"id": "call_1", "type": "function", "function": {"name": "read", "arguments": '{"path": "a"}'}}
 
 
-def test_a_folded_answer_under_its_affinity_key_still_gets_its_next_state():
+def test_an_answer_resent_rewritten_under_its_affinity_key_still_gets_its_next_state():
     t = tracker()
     key = Hints(session_id="oc-1:0", source="affinity")
     first = [SYSTEM, user("What is the capital of France?")]
     r1 = turn(t, first, key, answer=RAMBLE)
-    r2 = turn(t, [*first, bot(FOLDED), user("What is 2 + 3?")], key, answer="5")
-    r3 = turn(t, [*first, bot(FOLDED), user("What is 2 + 3?"), bot("5"), user("Thanks!")], key)
+    r2 = turn(t, [*first, bot(RESENT), user("What is 2 + 3?")], key, answer="5")
+    r3 = turn(t, [*first, bot(RESENT), user("What is 2 + 3?"), bot("5"), user("Thanks!")], key)
     assert r1.session_id == r2.session_id == r3.session_id == "oc-1:0"
     assert r2.turn_type == "main" and r2.previous_turn_id == "turn-0"
     assert r2.next_state == [user("What is 2 + 3?")] and r2.next_state_match == "rewritten"
-    # The next turn's request held the folded text, so the one after continues it exactly.
+    # The next turn's request held the rewritten text, so the one after continues it exactly.
     assert r3.previous_turn_id == "turn-1" and r3.next_state_match == "history"
 
 
 @pytest.mark.parametrize(
-    "stand_in",
-    [FOLDED.replace("\n\n", " "), "", RAMBLE[:100], RAMBLE.strip()],
-    ids=["rewrapped", "emptied", "truncated", "trimmed"],
+    ("answer", "stand_in", "match"),
+    [
+        (DIRECTIVE, DIRECTIVE.removeprefix("[[reply_to_current]] ").rstrip(), "rewritten"),  # OpenClaw's
+        ("Paris.\n\n" + "Paris.\n\n" * 40, "Paris.", "rewritten"),  # another client's fold
+        (RAMBLE, "", "rewritten"),
+        (RAMBLE, RAMBLE[:100], "rewritten"),
+        (RAMBLE, f"  {RAMBLE.strip()}\n", "history"),  # the exact match ignores surrounding whitespace
+    ],
+    ids=["directive-stripped", "paragraphs-folded", "emptied", "truncated", "whitespace"],
 )
-def test_any_text_in_the_answers_place_is_a_rewrite(stand_in):
+def test_any_text_in_the_answers_place_is_a_rewrite(answer, stand_in, match):
     t = tracker()
     key = Hints(session_id="oc-1:0", source="affinity")
-    turn(t, [SYSTEM, user("hi")], key, answer=RAMBLE)
+    turn(t, [SYSTEM, user("hi")], key, answer=answer)
     r = t.resolve([SYSTEM, user("hi"), bot(stand_in), user("bye"), CONTEXT], key, 1.0)
     assert r.previous_turn_id == "turn-0" and r.next_state == [user("bye")]
-    assert r.next_state_match == ("history" if stand_in == RAMBLE.strip() else "rewritten")
+    assert r.next_state_match == match
 
 
 @pytest.mark.parametrize(
     "resent",
     [
-        [SYSTEM, user("What is the capital of Italy?"), bot(FOLDED), user("What is 2 + 3?")],  # edited
+        [SYSTEM, user("What is the capital of Italy?"), bot(RESENT), user("What is 2 + 3?")],  # edited
         [SYSTEM, user("What is the capital of France?"), user("What is 2 + 3?")],  # answer dropped
-        [SYSTEM, user("What is the capital of France?"), bot(FOLDED), bot("more"), user("What is 2 + 3?")],
-        [user("What is the capital of France?"), bot(FOLDED), user("What is 2 + 3?")],  # no system prompt
-        [SYSTEM, user("What is the capital of France?"), {**bot(FOLDED), "tool_calls": [CALL]}, user("go")],
+        [SYSTEM, user("What is the capital of France?"), bot(RESENT), bot("more"), user("What is 2 + 3?")],
+        [user("What is the capital of France?"), bot(RESENT), user("What is 2 + 3?")],  # no system prompt
+        [SYSTEM, user("What is the capital of France?"), {**bot(RESENT), "tool_calls": [CALL]}, user("go")],
     ],
     ids=[
         "earlier-user-message-edited",
@@ -177,7 +187,7 @@ def test_without_a_session_key_a_folded_answer_still_opens_a_new_session():
     t = tracker()
     first = [SYSTEM, user("What is the capital of France?")]
     r1 = turn(t, first, answer=RAMBLE)
-    r2 = turn(t, [*first, bot(FOLDED), user("What is 2 + 3?")])
+    r2 = turn(t, [*first, bot(RESENT), user("What is 2 + 3?")])
     assert r2.is_new and r2.session_id != r1.session_id  # inference matches exact histories only
     assert r2.previous_turn_id is None and r2.next_state is None
 
@@ -196,7 +206,7 @@ def test_a_rewritten_answer_is_matched_after_a_restart():
     history = [SYSTEM, user("What is the capital of France?")]
     t.restore(Restored("oc-1:0", "affinity", 1, 0.0, "turn-0", [*history, CONTEXT], bot(RAMBLE)))
     key = Hints(session_id="oc-1:0", source="affinity")
-    r = turn(t, [*history, bot(FOLDED), user("What is 2 + 3?")], key)
+    r = turn(t, [*history, bot(RESENT), user("What is 2 + 3?")], key)
     assert r.previous_turn_id == "turn-0" and r.next_state_match == "rewritten"
 
 
@@ -204,10 +214,10 @@ def test_a_named_session_says_how_its_next_state_was_matched():
     t = tracker()
     named = Hints(session_id="mine", source="header")
     turn(t, [SYSTEM, user("hi")], named, answer=RAMBLE)
-    r = t.resolve([SYSTEM, user("hi"), bot(FOLDED), user("more"), CONTEXT], named, 1.0)
+    r = t.resolve([SYSTEM, user("hi"), bot(RESENT), user("more"), CONTEXT], named, 1.0)
     assert r.previous_turn_id == "turn-0" and r.next_state_match == "rewritten"
     t.answered(r, "turn-1", bot("ok"), 1.0)
-    r = t.resolve([SYSTEM, user("edited hi"), bot(FOLDED), user("more"), bot("ok"), user("and?")], named, 2.0)
+    r = t.resolve([SYSTEM, user("edited hi"), bot(RESENT), user("more"), bot("ok"), user("and?")], named, 2.0)
     assert r.previous_turn_id == "turn-1" and r.next_state == [user("and?")] and r.next_state_match == "named"
 
 
