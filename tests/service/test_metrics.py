@@ -148,6 +148,7 @@ def test_a_session_page_shows_messages_votes_and_hint(server, conversation):
     assert turn["judgment"]["score"] == -1 and turn["judgment"]["hint"] == HINT
     assert [v["value"] for v in turn["judgment"]["votes"] if v["kind"] == "prm"] == [-1, -1, -1]
     assert turn["next_state"] == [{"role": "user", "content": "No, that's wrong, redo it."}]
+    assert turn["next_state_match"] == "history"  # the client resent the answer as it got it
     missing = httpx.get(
         server.url + "/dashboard/session.json", params={"id": "sess-nope"}, headers=BEARER, timeout=limit(10)
     )
