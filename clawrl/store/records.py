@@ -4,9 +4,9 @@
 exact token IDs and logprobs, the messages and tools, the next state and how it was
 matched to the answer (`next_state_match`; `show` says so when the client resent the
 answer rewritten), explicit feedback and the latest judgment: its score, hint, judge
-and every vote (kind, value, raw text, hint, latency, error); `reward` is the score. Lines are UTF-8
-(`ensure_ascii=False`) and in store order: by creation time, or by index
-within one session. `show` prints one session turn by turn, text clipped.
+and every vote (kind, value, raw text, hint, latency, error); `reward` is the score.
+Lines are UTF-8 (`ensure_ascii=False`) and in store order: by creation time, or by
+index within one session. `show` prints one session turn by turn, text clipped.
 A turn whose prompt carried a memory block has `memory` (the experience ids and the block, or
 why it was dropped; docs/memory.md), and `show` prints it under the turn with each experience's
 text. A turn of a Track 2 episode carries its `episode` (group, reward, how it ended);
