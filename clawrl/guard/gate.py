@@ -41,7 +41,14 @@ from typing import Any
 from clawrl.config import GuardConfig
 from clawrl.guard import collapse
 from clawrl.guard.general import Encoded, encode, is_right, load_items
-from clawrl.guard.measure import answer_scores, as_answers, canary_score, forward_kl, greedy_answers
+from clawrl.guard.measure import (
+    KL_BUDGET,
+    answer_scores,
+    as_answers,
+    canary_score,
+    forward_kl,
+    greedy_answers,
+)
 from clawrl.guard.verdict import decide
 from clawrl.store.db import Store
 
@@ -68,7 +75,7 @@ class Canary:
     store: Store | None  # None on the ranks of a group other than rank 0
     items: list[Encoded]
     cfg: GuardConfig
-    budget: int  # padded tokens per forward pass (train.micro_batch_tokens)
+    budget: int  # padded tokens per forward pass (train.micro_batch_tokens, at least KL_BUDGET)
     tokenizer: Any = None
     share: Callable[[Any], Any] | None = None  # rank 0's object on every rank (the group's broadcast)
     synced: bool = False
@@ -84,6 +91,10 @@ class Canary:
         share: Callable[[Any], Any] | None = None,
     ) -> Canary:
         items = encode(load_items("canary"), tokenizer)
+        # Never fewer padded tokens per pass than the KL pass takes anyway: a trainer configured
+        # with tiny micro-batches (a test's 48 tokens) would otherwise decode the canary's answers a
+        # few rows at a time, 16 generate calls where one does (9 s instead of 1 on a tiny model).
+        budget = max(budget, KL_BUDGET)
         return cls(store, items, cfg, budget, tokenizer, share, synced=share is not None)
 
     def measure(self, model: Any, probes: list[Encoded] | None = None) -> Measured:

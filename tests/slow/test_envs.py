@@ -5,8 +5,8 @@
    until the trainer publishes a version, then `envs eval` measures v0 and v1, each exported and
    served by a server of its own. The tiny model learns nothing useful; this checks the plumbing
    and the bookkeeping (groups used, versions counted, the report files).
-2. On the embedded model, `envs eval --base-url` on a few held-out calculator tasks: every episode
-   makes the forced calculate-then-submit calls and is scored 0 or 1.
+2. On the embedded model, `envs eval --base-url` on a held-out calculator task: the episode makes
+   the forced calculate-then-submit calls and is scored 0 or 1.
 """
 
 from __future__ import annotations
@@ -141,10 +141,10 @@ def embedded(tmp_path_factory, embedded_model_dir):
 def test_the_calculator_on_the_embedded_model(embedded, tmp_path):
     out = tmp_path / "out"
     done = clawrl(
-        "envs", "eval", "--env", "calculator", "--base-url", embedded.url, "--limit", "2", "--out", str(out),
+        "envs", "eval", "--env", "calculator", "--base-url", embedded.url, "--limit", "1", "--out", str(out),
         timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     lines = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
-    assert len(lines) == 2 and {line["reward"] for line in lines} <= {0.0, 1.0}
-    assert all(line["tool_calls"] == 2 and line["reason"] == "done" for line in lines), lines
+    assert len(lines) == 1 and lines[0]["reward"] in (0.0, 1.0)
+    assert lines[0]["tool_calls"] == 2 and lines[0]["reason"] == "done", lines

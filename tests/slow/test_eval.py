@@ -34,9 +34,11 @@ def eval_out(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> 
     done = clawrl(
         "eval", "--model", str(tiny_model_dir), "--persona", "brief", "--method", "rl",
         "--steps", "2", "--held-out", "2", "--max-tokens", "24", "--out", str(out),
-        # --stall-s: how long the users wait for a version before they go on; a loaded machine's
-        # trainer can take longer than 15 s, and then the users' extra samples make an extra version
-        "--train.batch-size", "2", "--judge.backend", "feedback", "--stall-s", f"{limit(15):g}",
+        # --stall-s: how long the users wait for a version before they go on (only when one does not
+        # come: a served version lets them go at once). A trainer slower than it lets the users' extra
+        # samples make an extra version, measured in the place of the one before: on a loaded machine
+        # (load 9 on 2 cores) a step took longer than 45 s and v1's answers were v2's.
+        "--train.batch-size", "2", "--judge.backend", "feedback", "--stall-s", f"{limit(60):g}",
         # the tiny model trains in milliseconds: look for samples and versions often, and do
         # not nice the trainer, which would starve behind the busy server on 2 cores
         "--train.poll-s", "0.2", "--train.swap-poll-s", "0.2", "--train.nice", "0",
