@@ -37,6 +37,7 @@ from clawrl.store.schema import (
     M013_EXPERIENCES,
     M014_MEMORY_DISTILL,
     M015_USERS,
+    M016_VERSION_USER,
 )
 
 MIGRATIONS: list[tuple[str, str]] = [
@@ -55,6 +56,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m013_experiences", M013_EXPERIENCES),
     ("m014_memory_distill", M014_MEMORY_DISTILL),
     ("m015_users", M015_USERS),
+    ("m016_version_user", M016_VERSION_USER),
 ]
 
 _NAME = re.compile(r"m[0-9]{3}_[a-z0-9_]+")

@@ -369,3 +369,11 @@ ALTER TABLE samples ADD COLUMN user TEXT NOT NULL DEFAULT 'default';
 CREATE INDEX sessions_user ON sessions(user, updated_at);
 CREATE INDEX samples_user_status ON samples(user, status, id);
 """
+
+# An adapter per user (docs/users.md, `train.adapters = "per_user"`): whose line of versions each
+# version is on. `default` for every version from before and for the default user's (`vN`); a user's
+# own versions are `<user>/vN`, numbered on their own, each user's base being v0.
+M016_VERSION_USER = """
+ALTER TABLE versions ADD COLUMN user TEXT NOT NULL DEFAULT 'default';
+CREATE INDEX versions_user ON versions(user);
+"""

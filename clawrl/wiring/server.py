@@ -46,6 +46,7 @@ from clawrl.sessions.turn_type import SidePatterns
 from clawrl.store.db import Store, StoreError
 from clawrl.store.writer import StoreWriter
 from clawrl.train.supervisor import TrainerSupervisor
+from clawrl.types import DEFAULT_USER
 from clawrl.wiring.layout import StartRefused, plan_start
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,12 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
     metrics = Metrics(pipeline)
     if collector is not None:
         watcher = VersionWatcher(
-            engine, collector.store, collector.db, config.train.swap_poll_s, metrics.swapped
+            engine,
+            collector.store,
+            collector.db,
+            config.train.swap_poll_s,
+            metrics.swapped,
+            served_users(config),
         )
     services: list[Service] = [engine]
     services += [x for x in (collector, judge, episodes, watcher, trainer) if x is not None]
@@ -164,6 +170,17 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
         services,
         lambda: f"serving {s.served_model_name!r} ({engine.version}) on http://{s.host}:{s.port}/v1",
     )
+
+
+def served_users(config: Config) -> frozenset[str] | None:
+    """With an adapter per user: the users whose versions are served, those in the users file and
+    `default` (a user removed from it is served no more); None: the one policy for all."""
+    if not config.per_user_adapters:
+        return None
+    s = config.server
+    admin = s.api_key.get_secret_value() if s.api_key else None
+    names = read_users(s.users, admin).values() if s.users is not None else ()
+    return frozenset(names) | {DEFAULT_USER}
 
 
 def server_keys(s: Any) -> Keys:

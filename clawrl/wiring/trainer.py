@@ -185,10 +185,13 @@ def _train(config: Config, group: Group, parent_pid: int | None, steps: int | No
         status = RankStatus(config.run_dir, group.rank, os.getppid()) if group.world > 1 else None
         loggers = StepLoggers(config.train.loggers if group.is_main else [], config.run_dir)
         canary, on_hold = trainer_hooks(config, store, policy, base, check=guarded, group=group)
-        probe = memory_probe(config, store, policy.model, base, group)
+        per_user = config.per_user_adapters
+        # The retirement probe measures experiences on the one policy; with an adapter per user it
+        # would judge one user's experiences on another's adapter: not run (docs/users.md).
+        probe = None if per_user else memory_probe(config, store, policy.model, base, group)
         users = trained_users(config)
         loop = TrainLoop(
-            store, policy, config.run_dir, group, status, loggers, canary, on_hold, probe, users=users
+            store, policy, config.run_dir, group, status, loggers, canary, on_hold, probe, users, per_user
         )
         loop.resume()
         loop.run(lambda: parent_pid is not None and os.getppid() != parent_pid, steps)

@@ -43,7 +43,9 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -63,11 +65,12 @@ from clawrl.engine.local.prefix_cache import PrefixCache
 from clawrl.engine.local.sampling import RowSampler, Sampled, sample_rows
 from clawrl.engine.local.schedule import Job, Parked, Request, Scheduler, Work
 from clawrl.engine.local.scoring import Scorer
+from clawrl.engine.local.stack import AdapterStack
 from clawrl.model import constrain, rope
 from clawrl.model.heap import release_free_memory
 from clawrl.model.sampling import CLAWRL_SAMPLING, SamplingDefaults
-from clawrl.types import Version
-from clawrl.version_folder import DEFAULT_TARGETS
+from clawrl.types import DEFAULT_USER, Version
+from clawrl.version_folder import DEFAULT_TARGETS, is_adapter
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,7 @@ class LocalEngine:
         sampling_defaults: SamplingDefaults = CLAWRL_SAMPLING,
         constrained_decoding: bool = True,
         kv_tokens: int | None = None,
+        per_user: bool = False,
     ) -> None:
         self.model = model.eval()
         self.model_name = model_name
@@ -120,7 +124,11 @@ class LocalEngine:
         # idle team spinning beside the busy one steals the cores (seen as 10-20% lost throughput).
         self._thread: ThreadPoolExecutor | None = None
         self._stats = EngineStats()
-        self._versions = VersionMerger(self.model, lora_targets)
+        # An adapter per user (docs/users.md): each row its user's adapter (stack.py); else one version
+        # for every request, merged into the weights or on side paths (merge.py).
+        self._adapters = AdapterStack(self.model, lora_targets) if per_user else None
+        self._versions = self._adapters or VersionMerger(self.model, lora_targets)
+        self._served: dict[str, str] = {}  # with an adapter per user: each user's version but default's
         self._scorer = Scorer(self.model, self._versions, self.device)
         self._merge_eagerly = merge_eagerly  # a server that trains LoRA copies the base weights at start
         self._rope = rope.find(self.model)  # None: one RoPE for every sequence
@@ -203,13 +211,42 @@ class LocalEngine:
         next_token = self._scorer.next_token
         return await self._submit(lambda: next_token(prompt_ids, token_ids, base), background=True)
 
+    def version_of(self, user: str) -> str:
+        """The version `user`'s new requests get: their own with an adapter per user, else `version`."""
+        if self._adapters is None or user == DEFAULT_USER:
+            return self.version
+        return self._served.get(user, "v0")
+
     async def serve_version(self, version: Version) -> None:
         loop = asyncio.get_running_loop()
         try:
+            if self._adapters is not None:
+                await self._serve_users(version)
+                return
             load = await loop.run_in_executor(None, self._versions.loader, version)
             await self.swap_weights(load, version.name)  # checks shapes before changing a weight
         except (ValueError, KeyError, OSError) as exc:  # a broken checkpoint must not stop serving
             raise VersionRefused(f"cannot serve {version.name} from {version.path}: {exc}") from exc
+
+    async def _serve_users(self, version: Version) -> None:
+        """With an adapter per user: put `version` in its user's slot between two decoding steps; the
+        other users' rows decode on in the same batch, and the prefix cache (salted by version) stays."""
+        assert self._adapters is not None
+        folder = Path(version.path) if version.path else None
+        if folder is not None and not is_adapter(folder):
+            raise ValueError("an adapter per user serves LoRA versions only; this one holds full weights")
+        user = version.user
+        load = await asyncio.get_running_loop().run_in_executor(None, self._adapters.loader, user, folder)
+
+        def swap() -> None:
+            load(self.model)
+            if user == DEFAULT_USER:
+                self.version = version.name
+            else:
+                self._served[user] = version.name
+
+        await self._submit(swap)
+        log.info("now serving %s to %s", version.name, user)
 
     def close(self) -> None:
         """Nothing outside the event loop to release: the model goes with the process."""
@@ -278,7 +315,7 @@ class LocalEngine:
         events: list[tuple[Request, TokenEvent]] = []
         rows = self._queue.rows
         if rows:
-            with rope.rope_rows(self._rope, [r.scaled for r in rows]):
+            with rope.rope_rows(self._rope, [r.scaled for r in rows]), self._rows(rows):
                 logits = self._batch.step([r.last_token for r in rows])
             sampled = self._sample(logits, rows)
             events += [(req, self._emit(req, s)) for req, s in zip(rows, sampled, strict=True)]
@@ -309,7 +346,7 @@ class LocalEngine:
 
     def _prefill(self, admitted: list[Request]) -> list[tuple[Request, TokenEvent]]:
         self._retire()
-        with rope.rope_rows(self._rope, [r.scaled for r in admitted]):
+        with rope.rope_rows(self._rope, [r.scaled for r in admitted]), self._rows(admitted):
             logits, cache, mask = self._batch.prefill([r.prompt_ids for r in admitted])
         sampled = self._sample(logits, admitted)
         events = [(req, self._emit(req, s)) for req, s in zip(admitted, sampled, strict=True)]
@@ -325,7 +362,7 @@ class LocalEngine:
         # Background prompts go in quarter-size chunks: a served request arriving meanwhile waits less.
         chunk = self._queue.chunk
         size = max(16, chunk // 4) if req.background else chunk
-        with rope.rope_rows(self._rope, [req.scaled]):
+        with rope.rope_rows(self._rope, [req.scaled]), self._rows([req]):
             logits, req.cache = self._batch.extend(req.cache, req.prompt_ids[start : start + size], start)
         req.prefilled = min(len(req.prompt_ids), start + size)
         if req.prefilled < len(req.prompt_ids):
@@ -341,27 +378,34 @@ class LocalEngine:
         req.cache = None
         return [(req, event)]
 
+    def _rows(self, reqs: list[Request]) -> AbstractContextManager[None]:
+        """Each row of the next forward decoded with its user's adapter (an adapter per user)."""
+        return (
+            nullcontext() if self._adapters is None else self._adapters.rows([r.params.adapter for r in reqs])
+        )
+
     def _start_from_cache(self, req: Request) -> None:
         """Before a long prompt's first chunk: start its KV from the longest cached prefix.
 
         Entries are salted by version: a prompt starts from another version's KV only with
         `across_versions`, and then records which (`cached_version`)."""
-        req.kv_version = self.version
+        version = req.kv_version = self.version_of(req.params.adapter)
         if self.prefix_cache is None:
             return
-        hit, kv = self.prefix_cache.lookup(req.prompt_ids, self.version, _rope_key(req))
+        hit, kv = self.prefix_cache.lookup(req.prompt_ids, version, _rope_key(req))
         if kv is not None:
             req.cache, req.prefilled, req.cached_tokens = self._batch.cache_of(kv), hit, hit
             older = self.prefix_cache.last_hit_version
-            req.cached_version = older if older != self.version else None
+            req.cached_version = older if older != version else None
 
     def _keep_prefix(self, req: Request) -> None:
         """After a long prompt's last chunk: keep its KV, salted by the oldest version that computed
         part of it (none kept if a swap came during its prefill)."""
-        if self.prefix_cache is None or req.kv_version != self.version:
+        version = self.version_of(req.params.adapter)
+        if self.prefix_cache is None or req.kv_version != version:
             return
         kv = [(layer.keys, layer.values) for layer in req.cache.layers]
-        self.prefix_cache.insert(req.prompt_ids, kv, req.cached_version or self.version, _rope_key(req))
+        self.prefix_cache.insert(req.prompt_ids, kv, req.cached_version or version, _rope_key(req))
 
     def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[Sampled]:
         """One token per row of logits [B, V], each row masked by its grammar (if any) first."""
@@ -387,8 +431,9 @@ class LocalEngine:
             self._stats.requests_finished += 1
         first = req.generated == 1
         scaled = req.scaled if first else None
+        version = self.version_of(req.params.adapter)
         return TokenEvent(
-            s.token_id, s.logprob, self.version, s.top, finish, req.cached_tokens if first else 0, scaled,
+            s.token_id, s.logprob, version, s.top, finish, req.cached_tokens if first else 0, scaled,
             req.cached_version if first else None,
         )  # fmt: skip
 

@@ -134,6 +134,10 @@ class VLLMEngine:
         """Stop a vLLM server clawrl started (also when the app never ran)."""
         self.server.close()
 
+    def version_of(self, user: str) -> str:
+        """One version for every user: an adapter per user is the local engine's (config refuses it here)."""
+        return self.version
+
     def stats(self) -> EngineStats:
         self._stats.active = sum(self._inflight.values())
         self._stats.status = self.server.health.status
