@@ -224,7 +224,8 @@ class TrainLoop:
         """Step, check and publish one claimed batch (every rank); True when rank 0 published."""
         self._state("training")
         if self._main:
-            log.info("step %d: training %s on %d samples", self.step + 1, self.version, len(batch))
+            whose = f" of {self.user}" if self.per_user else ""
+            log.info("step %d: training %s on %d samples%s", self.step + 1, self.version, len(batch), whose)
         metrics = self.policy.trainer.step(batch)
         if not self._main and not self.group.lockstep:
             return False
