@@ -11,14 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from transformers import AutoModelForCausalLM
 
 from clawrl.config import Config
-from clawrl.engine.base import VersionRefused
+from clawrl.engine.base import SamplingParams, VersionRefused
+from clawrl.engine.local.engine import LocalEngine
 from clawrl.engine.local.merge import SidePaths
 from clawrl.engine.local.stack import AdapterStack
 from clawrl.engine.watcher import VersionWatcher
 from clawrl.store.db import Store
-from clawrl.testing import make_turn
+from clawrl.testing import Publisher, make_turn
+from clawrl.train.checkpoints import save_version
 from clawrl.train.loop import TrainLoop
 from clawrl.train.policy import build_policy
 from clawrl.train.rotation import next_user
@@ -127,7 +130,7 @@ def test_each_row_of_one_batched_forward_gets_its_own_users_adapter():
     stack = AdapterStack(model, ("q_proj", "v_proj"))
     base = model(x).detach()
     for user, deltas in adapters.items():
-        stack.loader(user, None)(model)  # to the base first: a no-op
+        stack.loader(Version("v0", 0))(model)  # the base first: a no-op
         stack.apply(user, deltas)
     with torch.no_grad(), stack.rows(users):
         got = model(x)
@@ -286,3 +289,73 @@ def test_the_watcher_follows_each_users_line_and_passes_over_a_held_or_broken_ve
 
         asyncio.run(scenario())
     assert engine.version == "v0"  # the default user's line has no version: the base
+
+
+# --- the local engine ----------------------------------------------------------------------------
+
+
+def greedy(model, prompt: list[int], n: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+def test_two_users_decode_in_one_batch_and_a_swap_of_ones_adapter_pauses_nobody_else(
+    tmp_path, tiny_model_dir
+):
+    """bob streams on the base while alice/v1 is swapped in: his stream goes on (every token, all v0),
+    and alice, joining the same batch, is answered by alice/v1 exactly as her adapter alone answers."""
+    publisher = Publisher(tmp_path, tiny_model_dir)
+    with torch.no_grad():
+        for name, p in publisher.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    folder = save_version(
+        tmp_path, "alice/v1", publisher.model, publisher.optimizer, {"step": 1, "samples": []}
+    )
+    alice_prompt, bob_prompt = [1, 520, 9531, 198], list(range(300, 320))
+    expected_alice = greedy(publisher.model.eval(), alice_prompt, 8)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    expected_bob = greedy(base, bob_prompt, 40)
+    assert expected_alice != greedy(base, alice_prompt, 8)  # the adapter changes her answer
+
+    served = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    engine = LocalEngine(
+        served, model_name="t", max_context=512, stop_token_ids=frozenset({2}), per_user=True
+    )
+
+    async def scenario():
+        await engine.start()
+        try:
+            bob = engine.generate(
+                bob_prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, adapter="bob")
+            )
+            events = [await anext(bob)]
+            await engine.serve_version(Version("alice/v1", 1, str(folder)))
+            swapped_at = len(events)
+            alice_params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, adapter="alice")
+            alice_stream = engine.generate(alice_prompt, alice_params)
+
+            async def rest_of_bob():
+                events.extend([e async for e in bob])
+
+            alice, _ = await asyncio.gather(_all(alice_stream), rest_of_bob())
+            return events, swapped_at, alice
+        finally:
+            await engine.stop()
+
+    bob_events, swapped_at, alice_events = asyncio.run(scenario())
+    assert swapped_at < 40  # the swap came while bob was decoding
+    assert [e.token_id for e in bob_events] == expected_bob and {e.version for e in bob_events} == {"v0"}
+    assert [e.token_id for e in alice_events] == expected_alice
+    assert {e.version for e in alice_events} == {"alice/v1"}
+    assert (engine.version_of("alice"), engine.version_of("bob"), engine.version) == ("alice/v1", "v0", "v0")
+    stats = engine.stats()
+    assert stats.extra["adapters"]["served"] == {"alice": "alice/v1"}
+    assert stats.batch_rows > stats.steps  # some decoding steps had both of them in one batch
+
+
+async def _all(stream) -> list:
+    return [e async for e in stream]

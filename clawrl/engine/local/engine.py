@@ -33,7 +33,10 @@ included): once the grammar is complete, end of sequence is all it allows.
 Versions (`serve_version`): the version's folder is read and checked in a worker
 thread, outside the pause; then `swap_weights` merges it between two decoding
 steps (`clawrl/engine/local/merge.py`). A folder that cannot be read or does not fit
-the model raises `VersionRefused` with the weights untouched.
+the model raises `VersionRefused` with the weights untouched. With an adapter per user
+(`per_user`, docs/users.md) the weights never change: each row of a forward gets its request's
+user's adapter (`clawrl/engine/local/stack.py`), a user's version goes into that user's slot, and
+each token records the version of its request's user (`version_of`).
 """
 
 from __future__ import annotations
@@ -45,7 +48,6 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -70,7 +72,7 @@ from clawrl.model import constrain, rope
 from clawrl.model.heap import release_free_memory
 from clawrl.model.sampling import CLAWRL_SAMPLING, SamplingDefaults
 from clawrl.types import DEFAULT_USER, Version
-from clawrl.version_folder import DEFAULT_TARGETS, is_adapter
+from clawrl.version_folder import DEFAULT_TARGETS
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +130,6 @@ class LocalEngine:
         # for every request, merged into the weights or on side paths (merge.py).
         self._adapters = AdapterStack(self.model, lora_targets) if per_user else None
         self._versions = self._adapters or VersionMerger(self.model, lora_targets)
-        self._served: dict[str, str] = {}  # with an adapter per user: each user's version but default's
         self._scorer = Scorer(self.model, self._versions, self.device)
         self._merge_eagerly = merge_eagerly  # a server that trains LoRA copies the base weights at start
         self._rope = rope.find(self.model)  # None: one RoPE for every sequence
@@ -156,6 +157,11 @@ class LocalEngine:
         self._stats.waiting = self._queue.queued()
         if self.prefix_cache is not None:
             self._stats.extra["prefix_cache"] = asdict(self.prefix_cache.stats)
+        if self._adapters is not None:  # an adapter per user: whose versions, and what the stack holds
+            self._stats.extra["adapters"] = {
+                "served": dict(self._adapters.served),
+                "bytes": self._adapters.bytes,
+            }
         return self._stats
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
@@ -215,38 +221,19 @@ class LocalEngine:
         """The version `user`'s new requests get: their own with an adapter per user, else `version`."""
         if self._adapters is None or user == DEFAULT_USER:
             return self.version
-        return self._served.get(user, "v0")
+        return self._adapters.served.get(user, "v0")
 
     async def serve_version(self, version: Version) -> None:
         loop = asyncio.get_running_loop()
         try:
-            if self._adapters is not None:
-                await self._serve_users(version)
-                return
             load = await loop.run_in_executor(None, self._versions.loader, version)
-            await self.swap_weights(load, version.name)  # checks shapes before changing a weight
+            if version.user == DEFAULT_USER:
+                await self.swap_weights(load, version.name)  # checks shapes before changing a weight
+            else:  # a user's own, in their slot (stack.py): the other users' rows and cache carry on
+                await self._submit(lambda: load(self.model))
+                log.info("now serving %s to %s", version.name, version.user)
         except (ValueError, KeyError, OSError) as exc:  # a broken checkpoint must not stop serving
             raise VersionRefused(f"cannot serve {version.name} from {version.path}: {exc}") from exc
-
-    async def _serve_users(self, version: Version) -> None:
-        """With an adapter per user: put `version` in its user's slot between two decoding steps; the
-        other users' rows decode on in the same batch, and the prefix cache (salted by version) stays."""
-        assert self._adapters is not None
-        folder = Path(version.path) if version.path else None
-        if folder is not None and not is_adapter(folder):
-            raise ValueError("an adapter per user serves LoRA versions only; this one holds full weights")
-        user = version.user
-        load = await asyncio.get_running_loop().run_in_executor(None, self._adapters.loader, user, folder)
-
-        def swap() -> None:
-            load(self.model)
-            if user == DEFAULT_USER:
-                self.version = version.name
-            else:
-                self._served[user] = version.name
-
-        await self._submit(swap)
-        log.info("now serving %s to %s", version.name, user)
 
     def close(self) -> None:
         """Nothing outside the event loop to release: the model goes with the process."""

@@ -35,8 +35,8 @@ import torch
 from torch import nn
 
 from clawrl.engine.local.merge import _check, _linear32, _linears
-from clawrl.types import DEFAULT_USER
-from clawrl.version_folder import DEFAULT_TARGETS, LoraDelta, read_adapter
+from clawrl.types import DEFAULT_USER, Version
+from clawrl.version_folder import DEFAULT_TARGETS, AdapterError, LoraDelta, is_adapter, read_adapter
 
 Stacked = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # A [S, r, in], B [S, out, r], scale [S]
 
@@ -49,6 +49,7 @@ class AdapterStack:
         self.model, self.targets = model, tuple(targets)
         self._linears = _linears(model, self.targets)
         self._slots: dict[str, int] = {}  # user -> slot; a user without one is on slot 0, the base
+        self.served: dict[str, str] = {}  # user -> the version in their slot (by `loader`)
         self._deltas: list[Mapping[str, LoraDelta]] = [{}]  # each slot's adapter ({}: the base)
         self._stack: dict[str, Stacked] = {}
         self._rows: torch.Tensor | None = None  # each row's slot during a served forward
@@ -101,14 +102,18 @@ class AdapterStack:
 
         return forward
 
-    def loader(self, user: str, adapter_dir: Path | None) -> Callable[[nn.Module], None]:
-        """Read and check `adapter_dir` now (None: the base); return what the engine's swap calls, between
-        two decoding steps, to serve it to `user` from then on."""
-        deltas = {} if adapter_dir is None else read_adapter(adapter_dir)
+    def loader(self, version: Version) -> Callable[[nn.Module], None]:
+        """Read and check `version`'s folder now (none: the base); return what the engine's swap calls,
+        between two decoding steps, to serve it to `version.user` from then on."""
+        folder = Path(version.path) if version.path else None
+        if folder is not None and not is_adapter(folder):
+            raise AdapterError("an adapter per user serves LoRA versions only; this one holds full weights")
+        deltas = {} if folder is None else read_adapter(folder)
         _check(self.model, self._linears, self.targets, deltas)
 
         def load(model: nn.Module) -> None:
-            self.apply(user, deltas)
+            self.apply(version.user, deltas)
+            self.served[version.user] = version.name
 
         return load
 
