@@ -24,6 +24,7 @@ from clawrl.testing import Publisher, make_turn
 from clawrl.train.checkpoints import save_version
 from clawrl.train.loop import TrainLoop
 from clawrl.train.policy import build_policy
+from clawrl.train.publish import export, rollback
 from clawrl.train.rotation import next_user
 from clawrl.types import HELD, PASSED, UNCHECKED, Sample, Version
 from clawrl.version_folder import (
@@ -217,6 +218,21 @@ def test_each_users_samples_train_that_users_adapter_alone(run, tmp_path):
     ]
     assert not loop.run_once()  # nothing ready: no version, nobody's
 
+    # Rolled back and exported alone: alice's line grows, bob's does not move.
+    assert rollback(store, config, "alice/v1").name == "alice/v3"
+    assert rollback(store, config, "v0", "bob").name == "bob/v2"  # bob's base: no folder, the adapter off
+    assert [(v.name, v.path is None) for v in store.versions("bob")] == [
+        ("v0", True),
+        ("bob/v1", False),
+        ("bob/v2", True),
+    ]
+    copied = read_adapter(config.run_dir / "checkpoints" / "alice" / "v3")
+    original = read_adapter(config.run_dir / "checkpoints" / "alice" / "v1")
+    assert all(torch.equal(d.b, original[n].b) for n, d in copied.items())
+    assert export(store, config, "alice/v2", tmp_path / "alice-v2").is_dir()
+    with pytest.raises(ValueError, match="no version carol/v1"):
+        rollback(store, config, "carol/v1")
+
     # bob's adapter is what training bob alone from the base makes: nothing of alice's got in.
     alone_cfg = config.model_copy(update={"run_dir": tmp_path / "alone"})
     alone_cfg.run_dir.mkdir()
@@ -359,3 +375,25 @@ def test_two_users_decode_in_one_batch_and_a_swap_of_ones_adapter_pauses_nobody_
 
 async def _all(stream) -> list:
     return [e async for e in stream]
+
+
+# --- config --------------------------------------------------------------------------------------
+
+
+def test_per_user_is_the_default_with_users_and_lora_and_refused_where_it_cannot_work(tmp_path):
+    users = tmp_path / "users.json"
+    assert Config(server={"users": users}).per_user_adapters
+    assert not Config().per_user_adapters  # no users: the one policy, as before
+    assert not Config(server={"users": users}, train={"weights": "full"}).per_user_adapters  # auto: shared
+    assert not Config(server={"users": users}, train={"adapters": "shared"}).per_user_adapters
+    with pytest.raises(ValueError, match="train.adapters 'per_user'.*train.weights is 'full'"):
+        Config(server={"users": users}, train={"adapters": "per_user", "weights": "full"})
+    with pytest.raises(
+        ValueError, match="local engine only.*--engine.kind local, or --train.adapters shared"
+    ):
+        Config(server={"users": users}, engine={"kind": "vllm", "vllm": {"url": "http://127.0.0.1:9"}})
+    assert Config(
+        server={"users": users},
+        engine={"kind": "vllm", "vllm": {"url": "http://127.0.0.1:9"}},
+        train={"adapters": "shared"},
+    )
