@@ -11,8 +11,12 @@ Each pass:
    and count again (a wait costs one count, not a read of the samples). With users
    (`server.users`, docs/users.md) only the samples of the users in the file and of the
    `default` user count: a user removed from the file is no longer trained on (their samples
-   stay `ready` in the store). Every user's samples train the one shared policy until each
-   user has an adapter of their own.
+   stay `ready` in the store). With one shared policy (`train.adapters = "shared"`) every
+   user's samples train it. With an adapter per user (`per_user`) the pass first picks whose
+   adapter this step trains (`train/rotation.py`: users in turn among those with a full batch),
+   follows that user's newest servable version (the base, v0, for a user without one: the
+   adapter as built), and reads that user's samples only; everything below is per user: the
+   staleness, the canary (KL on the user's own turns), the next name (`alice/v4`), the hold.
 3. Look at the oldest ready samples (earliest deadline first: each is trained
    while it is still inside the staleness bound; newest first was measured and
    left out, see below). Defective ones (empty response,
@@ -181,6 +185,8 @@ class TrainLoop:
     def _load(self, version: Version) -> None:
         self.policy.load(Path(version.path) if version.path else None)
         self.version, self.step, self._current = version.name, version.step, version
+        if self.per_user:
+            self.policy.user = self.user  # the canary measures KL on this user's own turns
 
     def _target(self) -> Version:
         """The user's newest published version that is neither held nor known to be broken (v0 never is)."""

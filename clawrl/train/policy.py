@@ -45,6 +45,7 @@ class Policy:
     # LoRA: the adapter as built (A from a fixed seed, B = 0), so v0 is one state whoever trained last:
     # with an adapter per user, a user's first step never starts from another user's A.
     initial: dict[str, torch.Tensor] | None = None
+    user: str | None = None  # whose adapter it is now, with an adapter per user; None: everyone's policy
 
     @property
     def vocab_size(self) -> int:

@@ -217,6 +217,8 @@ def test_each_users_samples_train_that_users_adapter_alone(run, tmp_path):
         (bob, "v0", 1),
     ]
     assert not loop.run_once()  # nothing ready: no version, nobody's
+    assert loop.policy.user == "bob"  # whose turns the canary measures KL on: bob's own
+    assert (len(store.recent_token_ids(100, "bob")), len(store.recent_token_ids(100))) == (8, 16)
 
     # Rolled back and exported alone: alice's line grows, bob's does not move.
     assert rollback(store, config, "alice/v1").name == "alice/v3"
