@@ -21,6 +21,9 @@ A user's new version replaces that user's slot between two decoding steps (`load
 read and checked before, outside the pause); the other users' slots, rows and KV are untouched, so
 their requests go on decoding in the same batch. The base is the model with the stack off (`bypass`).
 
+The adapted layers must see each row's tokens as `[rows, tokens, features]` (dense models); a
+layer fed flattened tokens (an MoE expert) fails the batch with a RuntimeError naming it.
+
 Errors: `AdapterError` (from clawrl/version_folder.py) for a folder that does not fit the model; the
 stack is unchanged when it is raised.
 """
@@ -93,6 +96,11 @@ class AdapterStack:
                 side = scale[slot] * ((x32 @ a[slot].T) @ b[slot].T)
             else:  # x: [B, T, in]; each row its own slot's A [r, in] and B [out, r]
                 k = self._rows
+                if x.dim() != 3 or x.shape[0] != k.shape[0]:  # e.g. an MoE expert's flattened tokens
+                    raise RuntimeError(
+                        f"{name}: per-row adapters need [rows, tokens, features] inputs, got "
+                        f"{tuple(x.shape)} for {k.shape[0]} rows (an adapter per user serves dense models)"
+                    )
                 side = torch.bmm(torch.bmm(x32, a[k].transpose(1, 2)), b[k].transpose(1, 2))
                 side = side * scale[k].view(-1, 1, 1)
             y = _linear32(x, module.weight) + side
