@@ -139,6 +139,8 @@ def test_each_row_of_one_batched_forward_gets_its_own_users_adapter():
     assert not torch.allclose(got[0], base[0]) and torch.allclose(got[1], base[1])
     with torch.no_grad():  # outside a served forward: the default user's slot (none: the base)
         torch.testing.assert_close(model(x), base)
+    with torch.no_grad(), stack.rows(["alice"] * 4):  # one user's batch: her slot without the gather
+        torch.testing.assert_close(model(x[:1].expand(4, -1, -1)), expected[:1].expand(4, -1, -1))
     stack.apply("bob", {})  # bob's rollback to v0: his rows are the base again, alice's unchanged
     with torch.no_grad(), stack.rows(users):
         again = model(x)

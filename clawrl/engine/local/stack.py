@@ -11,7 +11,8 @@ and each forward is given each row's slot (`rows`). A row's output is
     y_i = x_i W^T + bias + scale[k_i] * (x_i A[k_i]^T) B[k_i]^T,       k_i = the slot of row i's user
 
 computed for all rows at once: the rows gather their A and B (`A[k]`: [B, r, in]) and two batched
-matmuls (`torch.bmm`) make the side term, in float32, added once and rounded to the model's dtype
+matmuls (`torch.bmm`) make the side term (a batch whose rows are all one user's takes that slot's A
+and B as they are, without the gather), in float32, added once and rounded to the model's dtype
 (as `SidePaths` does, clawrl/engine/local/merge.py, so a small early delta is not rounded away on a
 bf16 model). A batch whose rows are all on the base runs the plain layer. Adapters of lower rank, or
 that leave a module out, are padded with zeros, which add nothing. Outside a served forward (the
@@ -55,7 +56,8 @@ class AdapterStack:
         self.served: dict[str, str] = {}  # user -> the version in their slot (by `loader`)
         self._deltas: list[Mapping[str, LoraDelta]] = [{}]  # each slot's adapter ({}: the base)
         self._stack: dict[str, Stacked] = {}
-        self._rows: torch.Tensor | None = None  # each row's slot during a served forward
+        self._rows: torch.Tensor | None = None  # each row's slot during a served forward (several)
+        self._single: int | None = None  # the one slot of every row during a served forward
         self._off = False
         for name, module in self._linears.items():
             module.forward = self._forward(name, module)  # type: ignore[method-assign]
@@ -73,22 +75,24 @@ class AdapterStack:
         """Inside: row i of the next forwards is decoded with `users[i]`'s adapter."""
         slots = [self.slot(u) for u in users]
         device = next(self.model.parameters()).device
-        self._rows = torch.tensor(slots, device=device) if any(slots) else None
-        self._on_base = not any(slots)
+        if len(set(slots)) == 1:  # one adapter for the whole batch: no gather, plain matmuls
+            self._single = slots[0]
+        else:
+            self._rows = torch.tensor(slots, device=device)
         try:
             yield
         finally:
-            self._rows, self._on_base = None, False
-
-    _on_base = False  # inside `rows` with every row on the base: the plain layers
+            self._rows, self._single = None, None
 
     def _forward(self, name: str, module: nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
         plain = module.forward
 
         def forward(x: torch.Tensor) -> torch.Tensor:
-            stacked = None if self._off or self._on_base else self._stack.get(name)
-            slot = self.slot(DEFAULT_USER) if self._rows is None else None
-            if stacked is None or slot == 0:
+            stacked = None if self._off else self._stack.get(name)
+            slot = self._single
+            if slot is None and self._rows is None:  # outside a served forward: the default user's
+                slot = self.slot(DEFAULT_USER)
+            if stacked is None or slot == 0:  # slot 0: the base, the plain layer
                 return plain(x)
             a, b, scale = stacked
             x32 = x.to(torch.float32)
