@@ -115,12 +115,6 @@ class Config(Section):
                 "train.adapters 'per_user' keeps a LoRA adapter per user, but train.weights is 'full': "
                 "set --train.weights lora, or --train.adapters shared (one policy for every user)"
             )
-        if self.per_user_adapters and self.engine.kind == "vllm":
-            raise ValueError(
-                "an adapter per user (train.adapters 'per_user', the default with server.users and LoRA) "
-                "is served by the local engine only; vLLM's multi-LoRA serving is not built yet: set "
-                "--engine.kind local, or --train.adapters shared (one policy for every user)"
-            )
         return self
 
     @property

@@ -62,7 +62,7 @@ class TrainConfig(Section):
         "per user, trained on that user's samples alone and served to that user's requests (versions "
         "`alice/v3`); 'shared' trains one policy on every user's samples and serves it to all. 'auto': "
         "per_user when `server.users` is set and `train.weights` is 'lora', else shared. per_user needs "
-        "LoRA and the local engine (start is refused otherwise).",
+        "LoRA (start is refused with full weights).",
     )
     precision: Literal["auto", "float32", "bf16"] = Field(
         "auto",

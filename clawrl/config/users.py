@@ -42,6 +42,13 @@ def users_refusal(path: Path, admin_key: str | None) -> str | None:
     return None
 
 
+def user_names(path: Path | None) -> frozenset[str]:
+    """The names in the users file `path` and `default` (the admin key's own user); {default}
+    without one. Read again where a process needs them (`clawrl serve` checked the file at start)."""
+    names = read_users(path, None).values() if path is not None else ()
+    return frozenset(names) | {DEFAULT_USER}
+
+
 def read_users(path: Path, admin_key: str | None) -> dict[str, str]:
     """The users of `path`, as API key -> name (see the module)."""
     try:

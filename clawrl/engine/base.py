@@ -198,7 +198,7 @@ class Engine(Protocol):
 
     def version_of(self, user: str) -> str:
         """The version `user`'s new requests get: `version`, unless the engine serves an adapter per user
-        (the local engine with `train.adapters` per_user: that user's newest served one, v0 before)."""
+        (`train.adapters` per_user: that user's newest served one, v0 before)."""
         ...
 
     async def serve_version(self, version: Version) -> None:

@@ -32,7 +32,7 @@ from clawrl.collect.collector import Collector
 from clawrl.collect.episodes import EpisodeBook
 from clawrl.collect.memory import MemoryBook
 from clawrl.config import Config
-from clawrl.config.users import read_users
+from clawrl.config.users import read_users, user_names
 from clawrl.engine.base import Engine, EngineUnavailable
 from clawrl.engine.registry import build_engine
 from clawrl.engine.watcher import VersionWatcher
@@ -46,7 +46,6 @@ from clawrl.sessions.turn_type import SidePatterns
 from clawrl.store.db import Store, StoreError
 from clawrl.store.writer import StoreWriter
 from clawrl.train.supervisor import TrainerSupervisor
-from clawrl.types import DEFAULT_USER
 from clawrl.wiring.layout import StartRefused, plan_start
 
 log = logging.getLogger(__name__)
@@ -175,12 +174,7 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
 def served_users(config: Config) -> frozenset[str] | None:
     """With an adapter per user: the users whose versions are served, those in the users file and
     `default` (a user removed from it is served no more); None: the one policy for all."""
-    if not config.per_user_adapters:
-        return None
-    s = config.server
-    admin = s.api_key.get_secret_value() if s.api_key else None
-    names = read_users(s.users, admin).values() if s.users is not None else ()
-    return frozenset(names) | {DEFAULT_USER}
+    return user_names(config.server.users) if config.per_user_adapters else None
 
 
 def server_keys(s: Any) -> Keys:

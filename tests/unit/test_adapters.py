@@ -18,6 +18,7 @@ from clawrl.engine.base import SamplingParams, VersionRefused
 from clawrl.engine.local.engine import LocalEngine
 from clawrl.engine.local.merge import SidePaths
 from clawrl.engine.local.stack import AdapterStack
+from clawrl.engine.vllm.build import max_loras
 from clawrl.engine.watcher import VersionWatcher
 from clawrl.store.db import Store
 from clawrl.testing import Publisher, make_turn
@@ -384,7 +385,7 @@ async def _all(stream) -> list:
 # --- config --------------------------------------------------------------------------------------
 
 
-def test_per_user_is_the_default_with_users_and_lora_and_refused_where_it_cannot_work(tmp_path):
+def test_per_user_is_the_default_with_users_and_lora_and_refused_with_full_weights(tmp_path):
     users = tmp_path / "users.json"
     assert Config(server={"users": users}).per_user_adapters
     assert not Config().per_user_adapters  # no users: the one policy, as before
@@ -392,12 +393,8 @@ def test_per_user_is_the_default_with_users_and_lora_and_refused_where_it_cannot
     assert not Config(server={"users": users}, train={"adapters": "shared"}).per_user_adapters
     with pytest.raises(ValueError, match="train.adapters 'per_user'.*train.weights is 'full'"):
         Config(server={"users": users}, train={"adapters": "per_user", "weights": "full"})
-    with pytest.raises(
-        ValueError, match="local engine only.*--engine.kind local, or --train.adapters shared"
-    ):
-        Config(server={"users": users}, engine={"kind": "vllm", "vllm": {"url": "http://127.0.0.1:9"}})
-    assert Config(
-        server={"users": users},
-        engine={"kind": "vllm", "vllm": {"url": "http://127.0.0.1:9"}},
-        train={"adapters": "shared"},
-    )
+    vllm = {"kind": "vllm", "vllm": {"url": "http://127.0.0.1:9"}}  # vLLM's multi-LoRA serves them
+    assert Config(server={"users": users}, engine=vllm).per_user_adapters
+    users.write_text(json.dumps({f"user{i}": f"key-{i}" for i in range(5)}))
+    assert max_loras(Config(server={"users": users}, engine=vllm)) == 7  # 5 users, default, a swap
+    assert max_loras(Config(server={"users": users}, engine=vllm, train={"adapters": "shared"})) == 2
