@@ -255,7 +255,9 @@ class TrainLoop:
         self._seen = latest.name
         target = self._target() if latest.held or latest.name in self._broken else latest
         follow = None
-        if target.name != self.version:
+        # Another user's adapter: always loaded, even "v0" after "v0" (the weights may hold a dropped
+        # step of the user before).
+        if target.name != self.version or self.user != was:
             if self.user != was:
                 log.info("training %s's adapter: from %s", self.user, target.name)
             elif latest.held and latest.name == self.version:

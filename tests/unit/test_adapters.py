@@ -256,6 +256,25 @@ def test_each_users_samples_train_that_users_adapter_alone(run, tmp_path):
         torch.testing.assert_close(d.b, theirs[name].b)
 
 
+def test_a_user_whose_adapter_is_held_trains_on_from_their_last_one_that_passed(run):
+    """The canary holds alice's versions only: each held one leaves her on v0, bob's pass."""
+    config, store = run
+    held = {"score": 0.1, "drop": 0.5, "kl": 1.0, "seconds": 0.0, "reason": "made up for this test"}
+    policy = build_policy(config.model.path, config.train, "cpu")
+    users = frozenset({"alice", "bob", "default"})
+
+    def canary(p):
+        return (HELD if p.user == "alice" else PASSED), held
+
+    loop = TrainLoop(store, policy, config.run_dir, canary=canary, users=users, per_user=True)
+    loop.resume()
+    add(store, "alice", 8)
+    add(store, "bob", 4)
+    assert loop.run_once() and loop.run_once() and loop.run_once()  # alice, bob, alice
+    lines = {v.name: (v.status, v.parent) for v in store.versions(None) if v.name != "v0"}
+    assert lines == {"alice/v1": (HELD, "v0"), "bob/v1": (PASSED, "v0"), "alice/v2": (HELD, "v0")}
+
+
 # --- the server's watcher ------------------------------------------------------------------------
 
 
