@@ -82,7 +82,9 @@ def _train_parsers(sub: Any) -> None:
         description="Publish a new version that is a copy of VERSION: the server swaps it in and the "
         "trainer continues from it, optimizer state included. Nothing is deleted.",
     )
-    rollback.add_argument("version", help="the version to go back to (v0 is the base model)")
+    rollback.add_argument(
+        "version", help="the version to go back to (v0 is the base model; alice/v2: a user's own version)"
+    )
     rollback.set_defaults(run=cmd_rollback)
     export = sub.add_parser(
         "export",
@@ -378,7 +380,7 @@ def cmd_versions(args: argparse.Namespace) -> int:
     """`clawrl versions`: one line per version: name, step, samples, metrics, checkpoint, canary."""
 
     def act(store: Any) -> None:
-        for v in store.versions():
+        for v in store.versions(None):  # every user's line (docs/users.md), the default user's first
             print(_version_line(v))
 
     return _with_store(args.run_dir, act)

@@ -265,7 +265,12 @@ class Version:
 
     @property
     def number(self) -> int:
-        return int(self.name.removeprefix("v"))
+        return int(self.name.rsplit("v", 1)[1])  # "v3", "alice/v3": the last "v" is the version's
+
+    @property
+    def user(self) -> str:
+        """Whose line of versions it is on: "alice" for `alice/v3`, `default` for `v3` (and v0)."""
+        return self.name.partition("/")[0] if "/" in self.name else DEFAULT_USER
 
     def canary_note(self) -> str:
         """'canary 0.4120 (-1.2%), KL 0.0123: passed in 2.1 s' (the reason when held), '' unchecked."""

@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from clawrl.types import DEFAULT_USER
+
 if TYPE_CHECKING:  # torch and safetensors load with the first tensor read: naming versions stays cheap
     import torch
     from torch import nn
@@ -54,7 +56,11 @@ CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
 OPTIMIZER = "optimizer.pt"
 PRUNED = "pruned.json"
-VERSION_NAME = re.compile(r"^v(\d+)$")
+# `vN` (the `default` user's line: a server without users, the admin key) or `<user>/vN` (a user's own
+# line of versions with an adapter per user, `train.adapters`; its folder `checkpoints/<user>/vN/`).
+VERSION_NAME = re.compile(r"^(?:(?P<user>[a-z0-9_-]{1,32})/)?v(?P<n>\d+)$")
+_PLAIN = re.compile(r"^v\d+$")  # a version folder's own name
+_USER_DIR = re.compile(r"^[a-z0-9_-]{1,32}$")  # a user's folder of versions (a `vN` name is no user's)
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -69,28 +75,50 @@ WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack
 
 
 def version_number(version: str) -> int:
-    """`"v12"` -> 12; anything else is a ValueError."""
+    """`"v12"` -> 12, `"alice/v3"` -> 3; anything else is a ValueError."""
     match = VERSION_NAME.match(version)
     if match is None:
-        raise ValueError(f"a version is named vN, not {version!r}")
-    return int(match[1])
+        raise ValueError(f"a version is named vN or <user>/vN, not {version!r}")
+    return int(match["n"])
+
+
+def version_user(version: str) -> str:
+    """Whose line of versions `version` is on: `"alice/v3"` -> "alice", `"v3"` -> "default"."""
+    match = VERSION_NAME.match(version)
+    if match is None:
+        raise ValueError(f"a version is named vN or <user>/vN, not {version!r}")
+    return match["user"] or DEFAULT_USER
+
+
+def version_name(user: str, number: int) -> str:
+    """The name of `user`'s version N: `vN` for the default user (and for the base, v0, of every
+    user: a user with no version yet is served the base), else `<user>/vN`."""
+    return f"v{number}" if user == DEFAULT_USER or number == 0 else f"{user}/v{number}"
 
 
 def version_rank(version: str) -> int:
     """`"v12"` -> 12, and -1 for anything that is not a version name (so it sorts first)."""
     match = VERSION_NAME.match(version)
-    return int(match[1]) if match else -1
+    return int(match["n"]) if match else -1
+
+
+def fingerprint_of(version: str) -> str:
+    """The `system_fingerprint` of an answer made by `version`: "clawrl-v3", "clawrl-alice-v3"."""
+    return f"clawrl-{version.replace('/', '-')}"
 
 
 def fingerprint_version(fingerprint: str | None) -> str:
-    """The policy version in a clawrl `system_fingerprint` ("clawrl-v3" -> "v3"); "" if none."""
+    """The policy version in a clawrl `system_fingerprint` ("clawrl-v3" -> "v3", "clawrl-alice-v1" ->
+    "alice/v1"); "" if none."""
     if not fingerprint or "-" not in fingerprint:
         return ""
-    return fingerprint.rsplit("-", 1)[1]
+    rest = fingerprint.removeprefix("clawrl-")
+    user, _, number = rest.rpartition("-")
+    return f"{user}/{number}" if user else number
 
 
 def version_dir(run_dir: Path, version: str) -> Path:
-    """Where `version` lives (or would live) in `run_dir`."""
+    """Where `version` lives (or would live) in `run_dir`: `checkpoints/vN`, `checkpoints/<user>/vN`."""
     version_number(version)
     return Path(run_dir) / CHECKPOINTS / version
 
@@ -127,7 +155,9 @@ def full_weight_files(folder: Path) -> list[Path]:
 
 def folder_bytes(run_dir: Path) -> dict[str, int]:
     """Bytes of each complete version's folder, v1 first (what `/healthz` shows under `disk`)."""
-    return {f.name: sum(_size(p) for p in f.iterdir()) for f in complete_versions(run_dir)}
+    folders = [(f.name, f) for f in complete_versions(run_dir)]
+    folders += [(f"{user}/{f.name}", f) for user, found in user_versions(run_dir).items() for f in found]
+    return {name: sum(_size(p) for p in f.iterdir()) for name, f in folders}
 
 
 def _size(path: Path) -> int:
@@ -138,11 +168,39 @@ def _size(path: Path) -> int:
 
 
 def complete_versions(run_dir: Path) -> list[Path]:
-    """The folders of every complete version (a manifest written), v1 first."""
+    """The folders of every complete version (a manifest written) of the default user, v1 first."""
+    return _complete_in(Path(run_dir) / CHECKPOINTS)
+
+
+def user_versions(run_dir: Path) -> dict[str, list[Path]]:
+    """Each user's complete version folders (`checkpoints/<user>/vN`), v1 first, by user name."""
+    users = _user_dirs(Path(run_dir) / CHECKPOINTS)
+    return {user: found for user, p in users.items() if (found := _complete_in(p))}
+
+
+def version_folders(run_dir: Path) -> dict[str, Path]:
+    """Every version folder, complete or not, by the version's name (`v3`, `alice/v3`)."""
     root = Path(run_dir) / CHECKPOINTS
+    found = {p.name: p for p in root.iterdir() if _PLAIN.match(p.name)} if root.is_dir() else {}
+    for user, folder in _user_dirs(root).items():
+        found |= {f"{user}/{p.name}": p for p in folder.iterdir() if _PLAIN.match(p.name)}
+    return {name: p for name, p in found.items() if p.is_dir()}
+
+
+def _user_dirs(root: Path) -> dict[str, Path]:
+    if not root.is_dir():
+        return {}
+    return {
+        p.name: p
+        for p in sorted(root.iterdir())
+        if p.is_dir() and _USER_DIR.match(p.name) and not _PLAIN.match(p.name)
+    }
+
+
+def _complete_in(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
-    folders = [p for p in root.iterdir() if VERSION_NAME.match(p.name) and (p / MANIFEST).is_file()]
+    folders = [p for p in root.iterdir() if _PLAIN.match(p.name) and (p / MANIFEST).is_file()]
     return sorted(folders, key=lambda p: version_number(p.name))
 
 

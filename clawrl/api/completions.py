@@ -135,7 +135,9 @@ class ChatService:
 
     async def begin(self, prep: Prepared, hints: Hints, memory: bool = True) -> None:
         """Resolve the session (and record the previous turn's next state) before decoding; then add
-        the memory block to a main turn's prompt, unless the request opted out (`memory` False)."""
+        the memory block to a main turn's prompt, unless the request opted out (`memory` False). The
+        request is decoded with its user's adapter where the engine keeps one per user (docs/users.md)."""
+        prep.params = replace(prep.params, adapter=hints.user)
         if self.collector is not None:
             prep.resolution = await self.collector.begin(prep.messages, hints)
         r = prep.resolution

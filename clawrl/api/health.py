@@ -22,6 +22,7 @@ from clawrl.engine.base import Engine
 from clawrl.engine.watcher import VersionWatcher
 from clawrl.judge.worker import JudgeLoop
 from clawrl.train.supervisor import TrainerSupervisor
+from clawrl.types import DEFAULT_USER
 from clawrl.version_folder import folder_bytes
 
 
@@ -37,9 +38,9 @@ class HealthReport:
     pipeline: PipelineState | None = None  # the store's counters (samples by status and skip reason)
     run_dir: Path | None = None  # whose checkpoints/ `disk` measures
 
-    async def body(self, detailed: bool = True) -> tuple[dict[str, Any], int]:
+    async def body(self, detailed: bool = True, user: str = DEFAULT_USER) -> tuple[dict[str, Any], int]:
         """The /healthz body and its status code; not `detailed`: the status, model and version only
-        (what a user's key gets on a server with users, docs/users.md)."""
+        (what a user's key gets on a server with users, docs/users.md: the version `user` is served)."""
         store = self.collector.writer.health() if self.collector else None
         engine = self.engine.stats()
         status = "degraded" if store is not None and not store.ok else "ok"
@@ -47,7 +48,7 @@ class HealthReport:
             status = f"engine {engine.status}"
         code = 200 if engine.status == "ok" else 503
         if not detailed:
-            return {"status": status, "model": self.model, "version": self.engine.version}, code
+            return {"status": status, "model": self.model, "version": self.engine.version_of(user)}, code
         body = {
             "status": status,
             "model": self.model,

@@ -85,9 +85,11 @@ class Metrics:
         self.snapshot: Snapshot | None = None
 
     def swapped(self, version: str, seconds: float) -> None:
-        """The version watcher's report of a swap: observed, and shown as the served version."""
+        """The version watcher's report of a swap: observed, and shown as the served version (the default
+        user's: a user's own version, `alice/v3`, is in that user's answers, docs/users.md)."""
         self.swap.observe(seconds)
-        self.state.swapped(version, seconds)
+        if "/" not in version:
+            self.state.swapped(version, seconds)
 
     def request(self, scope: dict[str, Any], status: int, started: float, seconds: float) -> None:
         route = getattr(scope.get("route"), "path", "unmatched")  # the template: bounded label values

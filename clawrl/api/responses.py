@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerBase
 
 from clawrl.chat.tools import ToolCall
 from clawrl.engine.base import TokenEvent
+from clawrl.version_folder import fingerprint_of
 
 
 @dataclass
@@ -122,6 +123,7 @@ def chunk_json(
 
 
 def _fingerprint(c: Completion) -> str:
-    """The policy version that made the answer, e.g. `clawrl-v3` (the last one when a swap happened)."""
+    """The policy version that made the answer, e.g. `clawrl-v3`, or `clawrl-alice-v3` for a user's own
+    (`alice/v3`, docs/users.md); the last one when a swap happened."""
     versions = c.versions
-    return f"clawrl-{versions[-1]}" if versions else "clawrl"
+    return fingerprint_of(versions[-1]) if versions else "clawrl"

@@ -17,6 +17,7 @@ from clawrl.api.memory import memory_wanted
 from clawrl.api.schemas import ChatCompletionRequest, FeedbackRequest
 from clawrl.api.session_hints import hints_from
 from clawrl.model.sampling import SamplingDefaults
+from clawrl.types import DEFAULT_USER
 
 STARTED = int(time.time())
 # With "stream": true the answer is server-sent events; without, a chat.completion object.
@@ -88,10 +89,11 @@ def health_router(keys: Keys) -> APIRouter:
     async def healthz(request: Request) -> JSONResponse:
         """200 while the engine can serve; 503 (same body) while it cannot, e.g. vLLM restarting. With
         users on (docs/users.md), only the admin key gets the details; others get the status, the
-        model and the version."""
+        model and the version: their own, with an adapter per user."""
         caller = keys.bearer(request) if keys.several else None
         detailed = not keys.several or (caller is not None and caller.admin)
-        body, status = await request.app.state.health.body(detailed)
+        user = caller.user if caller is not None else DEFAULT_USER
+        body, status = await request.app.state.health.body(detailed, user)
         return JSONResponse(body, status_code=status)
 
     return router

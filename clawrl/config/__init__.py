@@ -108,6 +108,24 @@ class Config(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _adapter_per_user_fits(self) -> Config:
+        if self.train.adapters == "per_user" and self.train.weights == "full":
+            raise ValueError(
+                "train.adapters 'per_user' keeps a LoRA adapter per user, but train.weights is 'full': "
+                "set --train.weights lora, or --train.adapters shared (one policy for every user)"
+            )
+        return self
+
+    @property
+    def per_user_adapters(self) -> bool:
+        """Whether the trainer keeps an adapter per user and the engine serves each user theirs
+        (`train.adapters`; 'auto': with `server.users` and LoRA)."""
+        a = self.train.adapters
+        return a == "per_user" or (
+            a == "auto" and self.server.users is not None and self.train.weights == "lora"
+        )
+
     def cache_dir(self) -> Path:
         """The folder holding converted models, resolved from config and environment."""
         if self.model.cache_dir:

@@ -56,6 +56,14 @@ class TrainConfig(Section):
         "'full': train every weight (a frozen reference copy is kept only if kl_coef > 0 or "
         "opd_teacher = 'reference'). Fixed for a run folder.",
     )
+    adapters: Literal["auto", "per_user", "shared"] = Field(
+        "auto",
+        description="With several users (`server.users`, docs/users.md): 'per_user' keeps one LoRA adapter "
+        "per user, trained on that user's samples alone and served to that user's requests (versions "
+        "`alice/v3`); 'shared' trains one policy on every user's samples and serves it to all. 'auto': "
+        "per_user when `server.users` is set and `train.weights` is 'lora', else shared. per_user needs "
+        "LoRA (start is refused with full weights).",
+    )
     precision: Literal["auto", "float32", "bf16"] = Field(
         "auto",
         description="Full fine-tuning's numerics. 'bf16': the model computes in bf16, as it is served, "

@@ -7,8 +7,9 @@ A JSON object mapping each user's name to their API key:
 `read_users` returns it as key -> name, or raises `UsersFileError` naming the file and the problem:
 the file cannot be read or is not a JSON object of strings to strings; a name that is not 1-32 of
 a-z, 0-9, `_` and `-`, or is `default` (the admin key's own user, and the user of every row made
-before users were on); a name given twice; a key given to two users, equal to the admin key
-(`server.api_key`), empty, or with white space in it (a bearer header could not carry it).
+before users were on), or is named like a version (`v12`: `checkpoints/v12/` is the default user's);
+a name given twice; a key given to two users, equal to the admin key (`server.api_key`), empty, or
+with white space in it (a bearer header could not carry it).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from clawrl.types import DEFAULT_USER
 
 NAME = re.compile(r"[a-z0-9_-]{1,32}")
+VERSION_LIKE = re.compile(r"v[0-9]+")  # a user's versions live in checkpoints/<user>/: not beside vN
 
 
 class UsersFileError(ValueError):
@@ -38,6 +40,13 @@ def users_refusal(path: Path, admin_key: str | None) -> str | None:
     except UsersFileError as exc:
         return str(exc)
     return None
+
+
+def user_names(path: Path | None) -> frozenset[str]:
+    """The names in the users file `path` and `default` (the admin key's own user); {default}
+    without one. Read again where a process needs them (`clawrl serve` checked the file at start)."""
+    names = read_users(path, None).values() if path is not None else ()
+    return frozenset(names) | {DEFAULT_USER}
 
 
 def read_users(path: Path, admin_key: str | None) -> dict[str, str]:
@@ -74,6 +83,8 @@ def _check(name: object, key: object, names: set[str], by_key: dict[str, str], a
         raise ValueError(f"the user name {str(name)[:40]!r} is not 1-32 of a-z, 0-9, _ and -")
     if name == DEFAULT_USER:
         raise ValueError(f"the user name {name!r} is reserved: it is the admin key's own user")
+    if VERSION_LIKE.fullmatch(name):
+        raise ValueError(f"the user name {name!r} is reserved: it is named like a version (vN)")
     if name in names:
         raise ValueError(f"the user {name!r} is named twice")
     if not isinstance(key, str):

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from clawrl.model.sampling import SamplingDefaults
+from clawrl.types import DEFAULT_USER
 
 if TYPE_CHECKING:
     from clawrl.types import Version
@@ -75,6 +76,9 @@ class SamplingParams:
     # Decode under this grammar (clawrl/chat/grammar.py): only tokens it allows are sampled, and the
     # logprob is that of the masked, renormalised distribution. None: free decoding.
     grammar: dict[str, Any] | None = field(default=None, hash=False)
+    # Whose request (the API key's user, docs/users.md): with an adapter per user, the engine decodes it
+    # with that user's newest servable version (`Engine.version_of`).
+    adapter: str = DEFAULT_USER
 
 
 def sampling_record(
@@ -192,8 +196,14 @@ class Engine(Protocol):
 
     def stats(self) -> EngineStats: ...
 
+    def version_of(self, user: str) -> str:
+        """The version `user`'s new requests get: `version`, unless the engine serves an adapter per user
+        (`train.adapters` per_user: that user's newest served one, v0 before)."""
+        ...
+
     async def serve_version(self, version: Version) -> None:
-        """Serve `version` to new requests from now on; requests in flight carry on.
+        """Serve `version` to new requests from now on; requests in flight carry on. With an adapter per
+        user, to `version.user`'s requests only (`alice/v3`).
 
         Raises `VersionRefused` for a version that cannot be served (nothing changes then),
         `EngineFailed` when it cannot be tried now (worth trying again at the next poll).

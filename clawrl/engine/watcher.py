@@ -19,6 +19,13 @@ the vLLM server is down) is tried again at the next poll.
 A version the canary gate held (`Version.held`, see `clawrl.guard`) is never
 served: the watcher passes over it as over a broken one, and a server started
 on a run whose latest version is held serves the newest one that is not.
+
+With an adapter per user (`train.adapters`, docs/users.md; the watcher is given the users served) it
+follows each user's line on its own: one read of every user's newest version a poll
+(`Store.latest_versions`), then, for a user whose newest is not what the engine serves them
+(`Engine.version_of`), that user's newest servable version, as above. A held or broken version of
+one user leaves that user on their last good one and changes nothing for the others. A user removed
+from the users file is not in `users`: their versions are no longer served.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from typing import Any
 
 from clawrl.engine.base import Engine, EngineFailed, VersionRefused
 from clawrl.store.db import Store
-from clawrl.types import Version
+from clawrl.types import DEFAULT_USER, Version
 from clawrl.version_folder import version_number
 
 log = logging.getLogger(__name__)
@@ -79,13 +86,15 @@ class VersionWatcher:
         db: Any,
         poll_s: float,
         on_swap: Callable[[str, float], None] | None = None,
+        users: frozenset[str] | None = None,
     ) -> None:
         self.engine, self.store, self.db = engine, store, db
+        self.users = users  # an adapter per user: whose lines are followed; None: the one policy's
         self._poll = poll_s
         self._on_swap = on_swap  # told each swap's version and seconds (the metrics)
         self._failed: set[str] = set()  # versions passed over: held, or could not be loaded (logged once)
         self._task: asyncio.Task[None] | None = None
-        self._held: list[Version] = []  # every held version, oldest first, as of the last listing
+        self._held: dict[str, list[Version]] = {}  # each user's held versions, oldest first (last listing)
         self._checked: Version | None = None  # the newest version the canary gate checked
 
     async def start(self) -> None:
@@ -98,17 +107,28 @@ class VersionWatcher:
 
     async def _watch(self) -> None:
         while True:
-            latest: Version = await self.db(self.store.latest_version)
-            if latest.name != self.engine.version and latest.name not in self._failed:
-                versions = await self.db(self.store.versions)
-                self._held = [v for v in versions if v.held]
-                self._checked = next((v for v in reversed(versions) if v.canary), self._checked)
-                await self._serve_newest(versions)
+            if self.users is None:
+                latest: Version = await self.db(self.store.latest_version)
+                newest = {DEFAULT_USER: latest.name}
+            else:
+                newest = await self.db(self.store.latest_versions)
+            for user in sorted(newest.keys() & (self.users or {DEFAULT_USER})):
+                name = newest[user]
+                if name != self.engine.version_of(user) and name not in self._failed:
+                    await self._follow(user)
             await asyncio.sleep(self._poll)
 
-    async def _serve_newest(self, versions: list[Version]) -> None:
-        """Serve the newest version that loads, among those newer than the one served."""
-        served = version_number(self.engine.version)
+    async def _follow(self, user: str) -> None:
+        versions = await self.db(self.store.versions, user)
+        self._held[user] = [v for v in versions if v.held]
+        checked = next((v for v in reversed(versions) if v.canary), None)
+        if checked is not None and (self._checked is None or checked.created_at >= self._checked.created_at):
+            self._checked = checked
+        await self._serve_newest(versions, user)
+
+    async def _serve_newest(self, versions: list[Version], user: str = DEFAULT_USER) -> None:
+        """Serve the newest version that loads, among those newer than the one `user` is served."""
+        served = version_number(self.engine.version_of(user))
         for version in reversed(versions):
             if version.number <= served:
                 return
@@ -136,9 +156,10 @@ class VersionWatcher:
 
     def guard(self) -> GuardHealth:
         """The canary gate as the server sees it, for `/healthz`."""
-        last = self._held[-1] if self._held else None
+        held = sorted((v for line in self._held.values() for v in line), key=lambda v: v.created_at)
+        last = held[-1] if held else None
         return GuardHealth(
-            held_versions=len(self._held),
+            held_versions=len(held),
             last_held=None if last is None else HeldVersion(last.name, _why(last)),
             last_check=None if self._checked is None else _check(self._checked),
         )

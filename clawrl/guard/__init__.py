@@ -23,14 +23,14 @@ from typing import Any
 
 from clawrl.config import Config
 from clawrl.store.db import Store
-from clawrl.types import Version
+from clawrl.types import DEFAULT_USER, Version
 
 log = logging.getLogger("clawrl.trainer")
 
 
 def trainer_hooks(
     config: Config, store: Store | None, policy: Any, base_dir: Path, check: bool, group: Any = None
-) -> tuple[Callable[[Any], tuple[str, dict]] | None, Callable[[Version], object] | None]:
+) -> tuple[Callable[[Any], tuple[str, dict]] | None, Callable[..., object] | None]:
     """Give the policy's trainer replay (`train.replay_fraction` > 0), and return (canary check,
     what to do after a hold) for `TrainLoop`: (None, None) unless `check` (the gate is on and this
     process publishes, or is a rank of an FSDP `group`, which runs the canary with rank 0). The
@@ -54,10 +54,10 @@ def trainer_hooks(
     if config.guard.on_hold != "rollback" or store is None:
         return canary.check, None
 
-    def publish_rollback(target: Version) -> None:
+    def publish_rollback(target: Version, user: str = DEFAULT_USER) -> None:
         from clawrl.train.publish import rollback
 
-        version = rollback(store, config, target.name)
+        version = rollback(store, config, target.name, user)
         log.warning("published %s, a rollback to %s, after a held version", version.name, target.name)
 
     return canary.check, publish_rollback

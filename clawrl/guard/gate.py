@@ -130,7 +130,11 @@ class Canary:
         start = time.perf_counter()
         base = self.base(policy)
         new = self.measure(policy.model, base.answers)
-        turns = self.store.recent_token_ids(self.cfg.kl_turns) if self.cfg.kl_turns and self.store else []
+        # KL on the real prompts of the user whose adapter this is (an adapter per user), else everyone's.
+        user = getattr(policy, "user", None)
+        turns = (
+            self.store.recent_token_ids(self.cfg.kl_turns, user) if self.cfg.kl_turns and self.store else []
+        )
         if self.share is not None:
             turns = self.share(turns)
         turns = [(p[-self.cfg.kl_context :], r[: self.cfg.kl_tokens]) for p, r in turns]

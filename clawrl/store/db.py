@@ -313,13 +313,15 @@ class Store(TrainingStore, VersionStore, StatsStore, EpisodeStore, MemoryStore):
         )
         return turn_from_row(rows[0]) if rows else None
 
-    def recent_token_ids(self, limit: int) -> list[tuple[list[int], list[int]]]:
-        """(prompt ids, response ids) of the newest `limit` finished main turns with an answer,
-        newest first: the real prompts the canary measures KL on (side turns are left out)."""
+    def recent_token_ids(self, limit: int, user: str | None = None) -> list[tuple[list[int], list[int]]]:
+        """(prompt ids, response ids) of the newest `limit` finished main turns with an answer (of
+        `user`'s sessions, when named), newest first: the real prompts the canary measures KL on (side
+        turns are left out)."""
+        mine = "AND session_id IN (SELECT id FROM sessions WHERE user = ?) " if user is not None else ""
         rows = self._read(
             "SELECT prompt_ids, response_ids FROM turns WHERE turn_type = 'main' "
-            "AND finish_reason != 'abort' AND response_ids != '[]' ORDER BY created_at DESC LIMIT ?",
-            (limit,),
+            f"AND finish_reason != 'abort' AND response_ids != '[]' {mine}ORDER BY created_at DESC LIMIT ?",
+            (*([user] if user is not None else []), limit),
         )
         return [(json.loads(r["prompt_ids"]), json.loads(r["response_ids"])) for r in rows]
 

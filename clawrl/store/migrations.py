@@ -38,6 +38,7 @@ from clawrl.store.schema import (
     M014_MEMORY_DISTILL,
     M015_USERS,
     M016_NEXT_STATE_MATCH,
+    M017_VERSION_USER,
 )
 
 MIGRATIONS: list[tuple[str, str]] = [
@@ -57,6 +58,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m014_memory_distill", M014_MEMORY_DISTILL),
     ("m015_users", M015_USERS),
     ("m016_next_state_match", M016_NEXT_STATE_MATCH),
+    ("m017_version_user", M017_VERSION_USER),
 ]
 
 _NAME = re.compile(r"m[0-9]{3}_[a-z0-9_]+")

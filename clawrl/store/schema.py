@@ -376,3 +376,11 @@ CREATE INDEX samples_user_status ON samples(user, status, id);
 M016_NEXT_STATE_MATCH = """
 ALTER TABLE turns ADD COLUMN next_state_match TEXT NULL;
 """
+
+# An adapter per user (docs/users.md, `train.adapters = "per_user"`): whose line of versions each
+# version is on. `default` for every version from before and for the default user's (`vN`); a user's
+# own versions are `<user>/vN`, numbered on their own, each user's base being v0.
+M017_VERSION_USER = """
+ALTER TABLE versions ADD COLUMN user TEXT NOT NULL DEFAULT 'default';
+CREATE INDEX versions_user ON versions(user);
+"""

@@ -249,6 +249,15 @@ class TrainingStore:
         rows = self._read(f"SELECT count(*) FROM samples{' WHERE ' + where if where else ''}", args)
         return int(rows[0][0])
 
+    def ready_counts(self, users: Collection[str] | None = None) -> dict[str, int]:
+        """Each user's `ready` samples (of `users` if given; users with none are left out): whose
+        adapter the trainer can step next (`clawrl/train/rotation.py`), in one read of the index."""
+        where, args = _of_users(None, users)
+        rows = self._read(
+            f"SELECT user, count(*) AS n FROM samples WHERE status = 'ready' {where} GROUP BY user", args
+        )
+        return {r["user"]: int(r["n"]) for r in rows}
+
     def session_rl_count(self, session_id: str) -> int:
         """How many samples carrying a reward the session's turns gave (`rl` ones, and `opd` ones
         with a reward: combine's), in any status but `superseded`."""

@@ -8,6 +8,11 @@ version watcher, `clawrl/engine/watcher.py`, passes over held ones, as the
 trainer does when it picks the version to train on); a held version keeps its
 row, status and figures, and is never served. A rollback is a new version
 holding a copy of an older checkpoint, so the list only grows.
+
+Each version is on one user's line (m017, docs/users.md): the `default` user's `vN` (a server without
+users, the admin key, and every version from before), or a user's own `<user>/vN` when the trainer
+keeps an adapter per user (`train.adapters`). The reads take a user (the default user's by default);
+every user's line starts at v0, the base model, which a user with no version yet is served.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from clawrl.store.errors import StoreError
 from clawrl.store.rows import NOT_DISTILL
-from clawrl.types import Version
+from clawrl.types import DEFAULT_USER, Version
 
 _COLUMNS = "name, step, created_at, path, metrics, parent, status, canary"
+_NUMBER = "CAST(substr(name, instr(name, '/') + 2) AS INTEGER)"  # N of `vN` and of `alice/vN`
 
 
 def _version(row: sqlite3.Row) -> Version:
@@ -61,7 +67,7 @@ class VersionStore:
             if conn.execute("SELECT 1 FROM versions WHERE name = ?", (version.name,)).fetchone():
                 raise StoreError(f"version {version.name} exists already")
             conn.execute(
-                f"INSERT INTO versions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO versions ({_COLUMNS}, user) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     version.name,
                     version.step,
@@ -71,21 +77,38 @@ class VersionStore:
                     version.parent,
                     version.status,
                     None if version.canary is None else json.dumps(version.canary),
+                    version.user,
                 ),
             )
             _mark_trained(conn, version.name, trained)
 
-    def versions(self) -> list[Version]:
-        rows = self._read(f"SELECT {_COLUMNS} FROM versions")
-        return sorted((_version(r) for r in rows), key=lambda v: v.number)
-
-    def latest_version(self) -> Version:
-        """The newest version, held or not (v0 always exists: the initial migration inserts it).
-        Polled by the server, which lists `versions()` only when this changes."""
+    def versions(self, user: str | None = DEFAULT_USER) -> list[Version]:
+        """`user`'s line of versions, v0 (the base) first; None: every user's, each line in order."""
+        if user is None:
+            rows = self._read(f"SELECT {_COLUMNS} FROM versions ORDER BY user != 'default', user, {_NUMBER}")
+            return [_version(r) for r in rows]
         rows = self._read(
-            f"SELECT {_COLUMNS} FROM versions ORDER BY CAST(substr(name, 2) AS INTEGER) DESC LIMIT 1"
+            f"SELECT {_COLUMNS} FROM versions WHERE user = ? OR name = 'v0' ORDER BY {_NUMBER}", (user,)
+        )
+        return [_version(r) for r in rows]
+
+    def latest_version(self, user: str = DEFAULT_USER) -> Version:
+        """`user`'s newest version, held or not (v0, the base, when it has none: the initial migration
+        inserts it). Polled by the server, which lists `versions()` only when this changes."""
+        rows = self._read(
+            f"SELECT {_COLUMNS} FROM versions WHERE user = ? OR name = 'v0' ORDER BY {_NUMBER} DESC LIMIT 1",
+            (user,),
         )
         return _version(rows[0])
+
+    def latest_versions(self) -> dict[str, str]:
+        """Each user's newest version name, held or not, by user (the users with a version of their own,
+        and `default`): one cheap read for the server's watcher of an adapter per user."""
+        rows = self._read(
+            f"SELECT user, name FROM versions v WHERE {_NUMBER} = "
+            f"(SELECT MAX({_NUMBER.replace('name', 'w.name')}) FROM versions w WHERE w.user = v.user)"
+        )
+        return {r["user"]: r["name"] for r in rows}
 
     def served_version(self) -> str | None:
         """The version the server answered with last: the newest recorded turn's last one (None: no turn)."""

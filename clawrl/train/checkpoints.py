@@ -2,11 +2,12 @@
 
 What a folder holds, and what a reader may rely on, is the version-folder format
 (`clawrl/version_folder.py`). A version is written into a hidden temporary folder inside
-`checkpoints/` and renamed to `vN` only once every file is on disk, so a crash never
-leaves a `vN` that looks complete; a leftover `.vN-*.tmp` folder is ignored. Names are
-claimed, and folders and store rows written, under the publish lock (`publish_lock`).
-Loading a version into the trainer's model (`load_version`, `load_folder`) is here too.
-Pruning (`train/prune.py`) later removes files from old folders, never a folder or its manifest.
+`checkpoints/` (`checkpoints/<user>/` for a user's own line, docs/users.md) and renamed to `vN` only
+once every file is on disk, so a crash never leaves a `vN` that looks complete; a leftover
+`.vN-*.tmp` folder is ignored. Names are claimed, and folders and store rows written, under the
+publish lock (`publish_lock`). Loading a version into the trainer's model (`load_version`,
+`load_folder`) is here too. Pruning (`train/prune.py`) later removes files from old folders, never a
+folder or its manifest.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from peft import PeftModel, set_peft_model_state_dict
 
 from clawrl.train.shards import copy_whole, local_optimizer_state
+from clawrl.types import DEFAULT_USER
 from clawrl.version_folder import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -39,7 +41,9 @@ from clawrl.version_folder import (
     read_manifest,
     read_tensors,
     version_dir,
+    version_name,
     version_number,
+    version_user,
 )
 
 log = logging.getLogger(__name__)
@@ -139,13 +143,14 @@ def set_aside(folder: Path, why: str) -> Path:
     return target
 
 
-def claim_next(run_dir: Path, latest: int) -> str:
-    """Under `publish_lock`: the name after v`latest`, its folder cleared of a crash's leftover.
+def claim_next(run_dir: Path, latest: int, user: str = DEFAULT_USER) -> str:
+    """Under `publish_lock`: the name after `user`'s v`latest` (`v4`, `alice/v4`), its folder cleared
+    of a crash's leftover.
 
     Publishers finish folder and row before releasing the lock, so a folder that
     exists without a row here was left by one that died in between.
     """
-    name = f"v{latest + 1}"
+    name = version_name(user, latest + 1)
     if version_dir(run_dir, name).exists():
         set_aside(version_dir(run_dir, name), "unpublished")
     return name
@@ -231,7 +236,7 @@ def _complete(manifest: dict, version: str, number: int, model: Any) -> dict[str
         "version": version,
         "created_at": time.time(),
         "base_model": _base_name(model),
-        "parent": f"v{number - 1}",
+        "parent": version_name(version_user(version), number - 1),
         **manifest,
     }
 

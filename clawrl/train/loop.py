@@ -11,8 +11,12 @@ Each pass:
    and count again (a wait costs one count, not a read of the samples). With users
    (`server.users`, docs/users.md) only the samples of the users in the file and of the
    `default` user count: a user removed from the file is no longer trained on (their samples
-   stay `ready` in the store). Every user's samples train the one shared policy until each
-   user has an adapter of their own.
+   stay `ready` in the store). With one shared policy (`train.adapters = "shared"`) every
+   user's samples train it. With an adapter per user (`per_user`) the pass first picks whose
+   adapter this step trains (`train/rotation.py`: users in turn among those with a full batch),
+   follows that user's newest servable version (the base, v0, for a user without one: the
+   adapter as built), and reads that user's samples only; everything below is per user: the
+   staleness, the canary (KL on the user's own turns), the next name (`alice/v4`), the hold.
 3. Look at the oldest ready samples (earliest deadline first: each is trained
    while it is still inside the staleness bound; newest first was measured and
    left out, see below). Defective ones (empty response,
@@ -85,9 +89,10 @@ from clawrl.train.loggers import StepLoggers
 from clawrl.train.policy import Policy
 from clawrl.train.prune import choose, prune
 from clawrl.train.ranks import RankStatus
+from clawrl.train.rotation import next_user
 from clawrl.train.trainer import triage
-from clawrl.types import UNCHECKED, Sample, Version
-from clawrl.version_folder import CHECKPOINTS
+from clawrl.types import DEFAULT_USER, UNCHECKED, Sample, Version
+from clawrl.version_folder import version_folders
 
 log = logging.getLogger("clawrl.trainer")
 Check = Callable[[Policy], tuple[str, dict]]  # the canary: the policy's weights -> (status, figures)
@@ -114,12 +119,16 @@ class TrainLoop:
         status: RankStatus | None = None,
         loggers: StepLoggers | None = None,
         canary: Check | None = None,
-        on_hold: Callable[[Version], object] | None = None,
+        on_hold: Callable[[Version, str], object] | None = None,
         after_publish: Callable[[Version], object] | None = None,
         users: frozenset[str] | None = None,
+        per_user: bool = False,
     ) -> None:
         self.store = store
         self.users = users  # whose samples are trained (None: every user's)
+        self.per_user = per_user  # an adapter per user (module docstring); else one shared policy
+        self.user = DEFAULT_USER  # whose line of versions the policy is on now
+        self._last: str | None = None  # the user the last step, or try, was for (train/rotation.py)
         self.policy = policy
         self.cfg = policy.cfg
         self.run_dir = Path(run_dir)
@@ -127,7 +136,7 @@ class TrainLoop:
         self.status = status
         self.loggers = loggers or StepLoggers([], run_dir)  # metrics.jsonl, TensorBoard (`train.loggers`)
         self.canary = canary  # rank 0's check of each new version; None: published unchecked
-        self.on_hold = on_hold  # called with the servable version to return to, after a hold
+        self.on_hold = on_hold  # called with the servable version to return to and its user, after a hold
         self.after_publish = after_publish  # called with each servable version published (memory's probe)
         self.version = ""  # the version the policy is now; set by `resume`
         self.step = 0
@@ -152,10 +161,9 @@ class TrainLoop:
             released = self.store.release_samples()  # the claims of a trainer that died mid-step
             if released:
                 log.info("%d samples claimed by an earlier trainer are ready again", released)
-            published = {v.name for v in self.store.versions()}
-            root = self.run_dir / CHECKPOINTS
-            for folder in sorted(root.glob("v*")) if root.is_dir() else []:
-                if folder.is_dir() and folder.name not in published:
+            published = {v.name for v in self.store.versions(None)}
+            for name, folder in version_folders(self.run_dir).items():
+                if name not in published:
                     set_aside(folder, "unpublished")
             self._follow(self._target())
         version = self.group.broadcast(self._current)
@@ -177,11 +185,14 @@ class TrainLoop:
     def _load(self, version: Version) -> None:
         self.policy.load(Path(version.path) if version.path else None)
         self.version, self.step, self._current = version.name, version.step, version
+        if self.per_user:
+            self.policy.user = self.user  # the canary measures KL on this user's own turns
 
     def _target(self) -> Version:
-        """The newest published version that is neither held nor known to be broken (v0 never is)."""
+        """The user's newest published version that is neither held nor known to be broken (v0 never is)."""
         assert self.store is not None
-        return next(v for v in reversed(self.store.versions()) if not v.held and v.name not in self._broken)
+        versions = self.store.versions(self.user)
+        return next(v for v in reversed(versions) if not v.held and v.name not in self._broken)
 
     def run(self, should_stop: Callable[[], bool], steps: int | None = None) -> None:
         """Train until `should_stop()` is true on rank 0 (checked between steps and while waiting),
@@ -219,7 +230,8 @@ class TrainLoop:
         """Step, check and publish one claimed batch (every rank); True when rank 0 published."""
         self._state("training")
         if self._main:
-            log.info("step %d: training %s on %d samples", self.step + 1, self.version, len(batch))
+            whose = f" of {self.user}" if self.per_user else ""
+            log.info("step %d: training %s on %d samples%s", self.step + 1, self.version, len(batch), whose)
         metrics = self.policy.trainer.step(batch)
         if not self._main and not self.group.lockstep:
             return False
@@ -237,19 +249,27 @@ class TrainLoop:
     def _plan(self) -> Plan:
         """Rank 0: follow a version published elsewhere, then the next batch, if a full one is ready."""
         assert self.store is not None
-        latest = self.store.latest_version()
+        was = self.user
+        counts = self._choose_user()
+        latest = self.store.latest_version(self.user)
         self._seen = latest.name
         target = self._target() if latest.held or latest.name in self._broken else latest
         follow = None
-        if target.name != self.version:
-            if latest.held and latest.name == self.version:
+        # Another user's adapter: always loaded, even "v0" after "v0" (the weights may hold a dropped
+        # step of the user before).
+        if target.name != self.version or self.user != was:
+            if self.user != was:
+                log.info("training %s's adapter: from %s", self.user, target.name)
+            elif latest.held and latest.name == self.version:
                 log.warning("%s is held; training on from %s", latest.name, target.name)
             else:
                 log.info("%s was published elsewhere (parent %s); following it", target.name, target.parent)
             self._follow(target)
             follow = self._current
         # Count first: while waiting, each poll is one count, not a read of every sample's tokens.
-        ready = self.store.count_samples("ready", users=self.users)
+        ready = (
+            counts.get(self.user, 0) if self.per_user else self.store.count_samples("ready", users=self.users)
+        )
         usable = self._usable() if ready >= self.cfg.batch_size else []
         if len(usable) < self.cfg.batch_size:
             waiting = len(usable) if ready >= self.cfg.batch_size else ready
@@ -265,10 +285,22 @@ class TrainLoop:
             return Plan((self.version, self.step), follow)
         return Plan((self.version, self.step), follow, batch)
 
+    def _choose_user(self) -> dict[str, int]:
+        """With an adapter per user: the user the next step is for (train/rotation.py), and each user's
+        ready samples; {} with one shared policy."""
+        if not self.per_user:
+            return {}
+        counts = self.store.ready_counts(self.users)
+        user = next_user(counts, self.cfg.batch_size, self._last)
+        if user is not None:
+            self._last, self.user = user, user
+        return counts
+
     def _usable(self) -> list[Sample]:
         """The usable ready samples, oldest first; the rest are marked stale or skipped, with a reason."""
+        mine = {"user": self.user} if self.per_user else {"users": self.users}
         t = triage(
-            self.store.ready_samples(limit=4 * self.cfg.batch_size, users=self.users),
+            self.store.ready_samples(limit=4 * self.cfg.batch_size, **mine),
             self.version,
             self.cfg,
             self.policy.vocab_size,
@@ -299,11 +331,11 @@ class TrainLoop:
     ) -> bool:
         ids = [s.id for s in batch if s.id is not None]
         with publish_lock(self.run_dir):  # no rollback can take the name between folder and row
-            latest = self.store.latest_version()
+            latest = self.store.latest_version(self.user)
             if latest.name != self._seen:
                 log.warning("%s was published during the step; dropping the step to follow it", latest.name)
                 return False  # its claims go back: the next pass trains them from the new version
-            name = claim_next(self.run_dir, latest.number)
+            name = claim_next(self.run_dir, latest.number, self.user)
             manifest = {"step": self.step + 1, "samples": ids, "metrics": metrics, "parent": self.version}
             manifest |= {"status": status, "canary": canary}
             path = save_version(self.run_dir, name, self.policy.model, self.policy.optimizer, manifest, state)
@@ -319,7 +351,7 @@ class TrainLoop:
         if not version.held and self.after_publish is not None:
             self.after_publish(version)
         if version.held and self.on_hold is not None:
-            self.on_hold(self._target())
+            self.on_hold(self._target(), self.user)
         return True
 
     def _prune(self) -> None:
@@ -327,7 +359,11 @@ class TrainLoop:
         assert self.store is not None
         served = {self._target().name, self.store.served_version() or "v0"}
         pruning = choose(
-            self.store.versions(), served, self.cfg.keep_versions, self.cfg.weights == "full", self._broken
+            self.store.versions(self.user),
+            served,
+            self.cfg.keep_versions,
+            self.cfg.weights == "full",
+            self._broken,
         )
         try:
             freed = prune(self.run_dir, pruning)

@@ -11,7 +11,7 @@ Two kinds of weights (`train.weights`):
 
 `Policy.load(folder)` makes the policy the version saved there, optimizer
 state included; `Policy.load(None)` makes it the base model (v0) with a fresh
-optimizer, which is where a new run or a rollback to v0 starts.
+optimizer (LoRA: the adapter as built, B = 0), which is where a new run or a rollback to v0 starts.
 """
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ class Policy:
     trainer: Trainer
     base_dir: Path
     cfg: TrainConfig
+    # LoRA: the adapter as built (A from a fixed seed, B = 0), so v0 is one state whoever trained last:
+    # with an adapter per user, a user's first step never starts from another user's A.
+    initial: dict[str, torch.Tensor] | None = None
+    user: str | None = None  # whose adapter it is now, with an adapter per user; None: everyone's policy
 
     @property
     def vocab_size(self) -> int:
@@ -58,8 +62,10 @@ class Policy:
         with torch.no_grad():
             if self.cfg.weights == "lora":
                 for name, param in self.model.named_parameters():
-                    if "lora_B" in name:
-                        param.zero_()  # B = 0: the adapter adds nothing, the policy is the base
+                    if self.initial is not None and name in self.initial:
+                        param.copy_(self.initial[name])  # as built: B = 0, the policy is the base
+                    elif "lora_B" in name:
+                        param.zero_()
             else:
                 load_full_weights(self.model, read_full_weights(self.base_dir))
             if self.trainer.master is not None:
@@ -123,7 +129,10 @@ def build_policy(
     params = master.params if master else [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     trainer = Trainer(model, optimizer, cfg, reference, group, master)
-    return Policy(model, optimizer, trainer, base_dir, cfg)
+    initial = None
+    if cfg.weights == "lora":
+        initial = {n: p.detach().clone() for n, p in model.named_parameters() if ".lora_" in n}
+    return Policy(model, optimizer, trainer, base_dir, cfg, initial)
 
 
 def _bf16_masters(precision: str, on_gpu: bool, group: Group) -> bool:

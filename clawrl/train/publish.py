@@ -13,6 +13,10 @@ neither rolled back to nor exported: both fail with an error naming the versions
 are kept. Both hold the publish lock while they read the version, so the trainer, which prunes
 under it, waits for them. A version whose optimizer state was pruned rolls back with a fresh
 optimizer.
+
+With an adapter per user (`train.adapters`, docs/users.md) each user's versions are rolled back and
+exported alone: `clawrl rollback alice/v2` publishes alice's next version as a copy of `alice/v2`
+(`alice/v0`, or `v0`, given for alice: her base), and no other user's line changes.
 """
 
 from __future__ import annotations
@@ -25,25 +29,30 @@ from clawrl.store.db import Store
 from clawrl.train.checkpoints import claim_next, copy_version, publish_lock
 from clawrl.train.weights import export_merged
 from clawrl.types import Version
-from clawrl.version_folder import MANIFEST, PRUNED, version_number, weights_pruned
+from clawrl.version_folder import MANIFEST, PRUNED, version_number, version_user, weights_pruned
 
 
 def find_version(store: Store, name: str | None) -> Version:
-    """The named version (None: the latest); ValueError naming the known ones if it does not exist."""
+    """The named version (None: the latest); ValueError naming the known ones if it does not exist.
+    `alice/v0` is the base as alice's line starts from it (the v0 row)."""
     if name is None:
         return store.latest_version()
     version_number(name)
-    known = {v.name: v for v in store.versions()}
+    if version_number(name) == 0:
+        return store.versions()[0]
+    known = {v.name: v for v in store.versions(None)}
     if name not in known:
         raise ValueError(f"no version {name} in this run (there are {', '.join(known)})")
     return known[name]
 
 
-def rollback(store: Store, config: Config, target: str) -> Version:
-    """Publish the next version as a copy of `target`; returns it."""
+def rollback(store: Store, config: Config, target: str, user: str | None = None) -> Version:
+    """Publish the next version of `user` (by default: the one `target` is named for) as a copy of
+    `target`; returns it."""
+    user = user or version_user(target)
     with publish_lock(config.run_dir):  # taken first: pruning, under it too, cannot race the copy
         source = require_weights(store, find_version(store, target))
-        name = claim_next(config.run_dir, store.latest_version().number)
+        name = claim_next(config.run_dir, store.latest_version(user).number, user)
         manifest = {
             "step": source.step,
             "samples": [],
@@ -84,7 +93,9 @@ def require_weights(store: Store, version: Version) -> Version:
     """`version`, unless its full weights were pruned: then a ValueError naming those that are kept."""
     if version.path is None or not weights_pruned(Path(version.path)):
         return version
-    kept = [v.name for v in store.versions() if v.path is None or not weights_pruned(Path(v.path))]
+    kept = [
+        v.name for v in store.versions(version.user) if v.path is None or not weights_pruned(Path(v.path))
+    ]
     raise ValueError(
         f"the weights of {version.name} were pruned (train.keep_versions); "
         f"versions whose weights are kept: {', '.join(kept)}"

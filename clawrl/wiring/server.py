@@ -32,7 +32,7 @@ from clawrl.collect.collector import Collector
 from clawrl.collect.episodes import EpisodeBook
 from clawrl.collect.memory import MemoryBook
 from clawrl.config import Config
-from clawrl.config.users import read_users
+from clawrl.config.users import read_users, user_names
 from clawrl.engine.base import Engine, EngineUnavailable
 from clawrl.engine.registry import build_engine
 from clawrl.engine.watcher import VersionWatcher
@@ -127,7 +127,12 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
     metrics = Metrics(pipeline)
     if collector is not None:
         watcher = VersionWatcher(
-            engine, collector.store, collector.db, config.train.swap_poll_s, metrics.swapped
+            engine,
+            collector.store,
+            collector.db,
+            config.train.swap_poll_s,
+            metrics.swapped,
+            served_users(config),
         )
     services: list[Service] = [engine]
     services += [x for x in (collector, judge, episodes, watcher, trainer) if x is not None]
@@ -164,6 +169,12 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
         services,
         lambda: f"serving {s.served_model_name!r} ({engine.version}) on http://{s.host}:{s.port}/v1",
     )
+
+
+def served_users(config: Config) -> frozenset[str] | None:
+    """With an adapter per user: the users whose versions are served, those in the users file and
+    `default` (a user removed from it is served no more); None: the one policy for all."""
+    return user_names(config.server.users) if config.per_user_adapters else None
 
 
 def server_keys(s: Any) -> Keys:

@@ -42,7 +42,7 @@ import transformers
 
 from clawrl.chat.template import ChatRenderer
 from clawrl.config import Config, launched_world_size
-from clawrl.config.users import read_users
+from clawrl.config.users import user_names
 from clawrl.guard import trainer_hooks
 from clawrl.model.gpu import cap_process, cuda_index
 from clawrl.model.load import ModelNotFound, model_folder, served_context
@@ -53,7 +53,7 @@ from clawrl.train.loop import TrainLoop
 from clawrl.train.memory_probe import MemoryProbe
 from clawrl.train.policy import build_policy
 from clawrl.train.ranks import RankStatus
-from clawrl.types import DEFAULT_USER, Version
+from clawrl.types import Version
 
 log = logging.getLogger("clawrl.trainer")
 LOCK = "trainer.lock"
@@ -138,9 +138,7 @@ def trained_users(config: Config) -> frozenset[str] | None:
     """Whose samples are trained: with `server.users`, the users in the file and `default` (the admin
     key's and the rows from before); None (every user's) without it. Read at start, as `clawrl serve`
     reads it, so a user removed from the file is no longer trained on after a restart."""
-    if config.server.users is None:
-        return None
-    return frozenset(read_users(config.server.users, None).values()) | {DEFAULT_USER}
+    return None if config.server.users is None else user_names(config.server.users)
 
 
 def _launcher(config: Config, parent_pid: int | None, steps: int | None) -> int:
@@ -185,10 +183,13 @@ def _train(config: Config, group: Group, parent_pid: int | None, steps: int | No
         status = RankStatus(config.run_dir, group.rank, os.getppid()) if group.world > 1 else None
         loggers = StepLoggers(config.train.loggers if group.is_main else [], config.run_dir)
         canary, on_hold = trainer_hooks(config, store, policy, base, check=guarded, group=group)
-        probe = memory_probe(config, store, policy.model, base, group)
+        per_user = config.per_user_adapters
+        # The retirement probe measures experiences on the one policy; with an adapter per user it
+        # would judge one user's experiences on another's adapter: not run (docs/users.md).
+        probe = None if per_user else memory_probe(config, store, policy.model, base, group)
         users = trained_users(config)
         loop = TrainLoop(
-            store, policy, config.run_dir, group, status, loggers, canary, on_hold, probe, users=users
+            store, policy, config.run_dir, group, status, loggers, canary, on_hold, probe, users, per_user
         )
         loop.resume()
         loop.run(lambda: parent_pid is not None and os.getppid() != parent_pid, steps)

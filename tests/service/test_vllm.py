@@ -8,6 +8,7 @@ it runs last.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -25,8 +26,10 @@ from clawrl.engine.vllm.server import VLLMServer
 from clawrl.net import free_port
 from clawrl.store.db import Store
 from clawrl.testing import Publisher
+from clawrl.train.checkpoints import save_version
 from clawrl.train.weights import LoraSettings
-from tests.conftest import ROOT, attach_gateway
+from clawrl.types import Version
+from tests.conftest import ROOT, RemoteServer, attach_gateway, vllm_args
 from tests.timing import limit, wait_for
 
 
@@ -194,6 +197,60 @@ def test_lora_versions_load_into_vllm_at_run_time(tmp_path, vllm_gateway, embedd
     assert in_flight.versions == ["v1"], "an answer stays on the version it started on"
     assert in_flight.finish_reason == "abort", "its client hung up: the cut-off turn is kept"
     assert in_flight.created_at < served["since"] < in_flight.finished_at, "it was in flight at the swap"
+
+
+def test_each_users_adapter_is_served_to_that_users_requests_on_vllm(
+    tmp_path, vllm_gateway, embedded_model_dir
+):
+    """An adapter per user on vLLM (docs/users.md): alice/v1 answers alice, bob is on the base until
+    bob/v1 answers him, and the admin key's user stays on v0; each under its own vLLM adapter name."""
+    run_dir, keys = tmp_path / "run", {"alice": "sk-alice-0123456789", "bob": "sk-bob-0123456789"}
+    (tmp_path / "users.json").write_text(json.dumps(keys))
+    more = [
+        "--engine.vllm.url",
+        vllm_gateway.vllm_url,
+        "--judge.enabled",
+        "false",
+        "--train.swap-poll-s",
+        "0.2",
+    ]
+    more += ["--server.users", str(tmp_path / "users.json")]
+    server = RemoteServer(
+        run_dir, vllm_args(embedded_model_dir, *more), env={"CLAWRL_API_KEY": "admin-0123456789"}
+    )
+    try:
+        client = {who: server.client(api_key=key) for who, key in keys.items()}
+        base = _greedy(client["alice"])
+        assert base[0] == "clawrl-v0" and _greedy(client["bob"]) == base
+        publisher = Publisher(run_dir, embedded_model_dir, LoraSettings(4, 8))
+        _publish_for(publisher, "alice/v1")
+        alice = wait_for(
+            lambda: (a := _greedy(client["alice"]))[0] == "clawrl-alice-v1" and a, 30, "alice/v1"
+        )
+        assert alice[1] != base[1], "her adapter must change her answer"
+        assert _greedy(client["bob"]) == base  # bob has no version: the base, in the same server
+        _publish_for(publisher, "bob/v1")
+        bob = wait_for(lambda: (b := _greedy(client["bob"]))[0] == "clawrl-bob-v1" and b, 30, "bob/v1")
+        assert bob[1] not in (base[1], alice[1]) and _greedy(client["alice"]) == alice
+        assert {"clawrl-alice-v1", "clawrl-bob-v1"} <= {
+            m.rsplit("-", 1)[0] for m in _vllm_models(vllm_gateway)
+        }
+        assert server.health()["version"] == "v0"  # the admin's own line
+    finally:
+        server.stop()
+
+
+def _publish_for(publisher: Publisher, name: str) -> None:
+    """Write a user's version folder as the trainer does (a new random adapter), then its row."""
+    with torch.no_grad():
+        for param_name, p in publisher.model.named_parameters():
+            if "lora_B" in param_name:
+                p.normal_(0, 0.5)
+    path = save_version(
+        publisher.run_dir, name, publisher.model, publisher.optimizer, {"step": 1, "samples": []}
+    )
+    with Store.open(publisher.run_dir / "clawrl.db") as store:
+        store.publish_version(Version(name, 1, str(path), {"samples": 0}, "v0"), trained=[])
 
 
 def _serve(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -264,10 +264,10 @@ def test_with_on_hold_rollback_a_copy_of_the_last_servable_version_is_published(
     policy = build_policy(config.model.path, config.train, "cpu")
     held = {"score": 0.1, "drop": 0.5, "kl": 1.0, "seconds": 0.0, "reason": "made up for this test"}
 
-    def rollback_to(target) -> None:
+    def rollback_to(target, user) -> None:  # the trainer's hook: the version, and whose line it is on
         from clawrl.train.publish import rollback
 
-        rollback(store, config, target.name)
+        rollback(store, config, target.name, user)
 
     loop = TrainLoop(store, policy, config.run_dir, canary=lambda p: (HELD, held), on_hold=rollback_to)
     loop.resume()

@@ -31,6 +31,7 @@ def test_a_users_file_maps_each_key_to_its_user():
         ('{"' + "a" * 33 + '": "k"}', "is not 1-32"),
         ('{"": "k"}', "'' is not 1-32"),
         ('{"default": "k"}', "'default' is reserved"),
+        ('{"v12": "k"}', "'v12' is reserved: it is named like a version"),
         ('{"alice": 7}', "the key of 'alice' is not a string"),
         ('{"alice": {"key": "k"}}', "the key of 'alice' is not a string"),
         ('{"alice": ""}', "the key of 'alice' is empty"),

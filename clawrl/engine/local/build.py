@@ -79,9 +79,13 @@ def build_local_engine(config: Config) -> tuple[LocalEngine, Any]:
         prefill_chunk=prefill_chunk(e.prefill_chunk, gpu is not None),
         prefix_cache=cache,
         lora_targets=t.lora.targets,
-        merge_eagerly=config.collect.enabled and t.enabled and t.weights == "lora",
+        merge_eagerly=config.collect.enabled
+        and t.enabled
+        and t.weights == "lora"
+        and not config.per_user_adapters,
         sampling_defaults=generation_defaults(folder, config.model.repetition_guard),
         constrained_decoding=e.constrained_decoding,
         kv_tokens=kv_tokens(e.batch_kv_mb, loaded.model),
+        per_user=config.per_user_adapters,
     )
     return engine, loaded.tokenizer

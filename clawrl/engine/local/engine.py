@@ -33,7 +33,10 @@ included): once the grammar is complete, end of sequence is all it allows.
 Versions (`serve_version`): the version's folder is read and checked in a worker
 thread, outside the pause; then `swap_weights` merges it between two decoding
 steps (`clawrl/engine/local/merge.py`). A folder that cannot be read or does not fit
-the model raises `VersionRefused` with the weights untouched.
+the model raises `VersionRefused` with the weights untouched. With an adapter per user
+(`per_user`, docs/users.md) the weights never change: each row of a forward gets its request's
+user's adapter (`clawrl/engine/local/stack.py`), a user's version goes into that user's slot, and
+each token records the version of its request's user (`version_of`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
 from typing import Any
 
@@ -63,10 +67,11 @@ from clawrl.engine.local.prefix_cache import PrefixCache
 from clawrl.engine.local.sampling import RowSampler, Sampled, sample_rows
 from clawrl.engine.local.schedule import Job, Parked, Request, Scheduler, Work
 from clawrl.engine.local.scoring import Scorer
+from clawrl.engine.local.stack import AdapterStack
 from clawrl.model import constrain, rope
 from clawrl.model.heap import release_free_memory
 from clawrl.model.sampling import CLAWRL_SAMPLING, SamplingDefaults
-from clawrl.types import Version
+from clawrl.types import DEFAULT_USER, Version
 from clawrl.version_folder import DEFAULT_TARGETS
 
 log = logging.getLogger(__name__)
@@ -94,6 +99,7 @@ class LocalEngine:
         sampling_defaults: SamplingDefaults = CLAWRL_SAMPLING,
         constrained_decoding: bool = True,
         kv_tokens: int | None = None,
+        per_user: bool = False,
     ) -> None:
         self.model = model.eval()
         self.model_name = model_name
@@ -120,7 +126,10 @@ class LocalEngine:
         # idle team spinning beside the busy one steals the cores (seen as 10-20% lost throughput).
         self._thread: ThreadPoolExecutor | None = None
         self._stats = EngineStats()
-        self._versions = VersionMerger(self.model, lora_targets)
+        # An adapter per user (docs/users.md): each row its user's adapter (stack.py); else one version
+        # for every request, merged into the weights or on side paths (merge.py).
+        self._adapters = AdapterStack(self.model, lora_targets) if per_user else None
+        self._versions = self._adapters or VersionMerger(self.model, lora_targets)
         self._scorer = Scorer(self.model, self._versions, self.device)
         self._merge_eagerly = merge_eagerly  # a server that trains LoRA copies the base weights at start
         self._rope = rope.find(self.model)  # None: one RoPE for every sequence
@@ -148,6 +157,11 @@ class LocalEngine:
         self._stats.waiting = self._queue.queued()
         if self.prefix_cache is not None:
             self._stats.extra["prefix_cache"] = asdict(self.prefix_cache.stats)
+        if self._adapters is not None:  # an adapter per user: whose versions, and what the stack holds
+            self._stats.extra["adapters"] = {
+                "served": dict(self._adapters.served),
+                "bytes": self._adapters.bytes,
+            }
         return self._stats
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
@@ -203,11 +217,21 @@ class LocalEngine:
         next_token = self._scorer.next_token
         return await self._submit(lambda: next_token(prompt_ids, token_ids, base), background=True)
 
+    def version_of(self, user: str) -> str:
+        """The version `user`'s new requests get: their own with an adapter per user, else `version`."""
+        if self._adapters is None or user == DEFAULT_USER:
+            return self.version
+        return self._adapters.served.get(user, "v0")
+
     async def serve_version(self, version: Version) -> None:
         loop = asyncio.get_running_loop()
         try:
             load = await loop.run_in_executor(None, self._versions.loader, version)
-            await self.swap_weights(load, version.name)  # checks shapes before changing a weight
+            if version.user == DEFAULT_USER:
+                await self.swap_weights(load, version.name)  # checks shapes before changing a weight
+            else:  # a user's own, in their slot (stack.py): the other users' rows and cache carry on
+                await self._submit(lambda: load(self.model))
+                log.info("now serving %s to %s", version.name, version.user)
         except (ValueError, KeyError, OSError) as exc:  # a broken checkpoint must not stop serving
             raise VersionRefused(f"cannot serve {version.name} from {version.path}: {exc}") from exc
 
@@ -278,7 +302,7 @@ class LocalEngine:
         events: list[tuple[Request, TokenEvent]] = []
         rows = self._queue.rows
         if rows:
-            with rope.rope_rows(self._rope, [r.scaled for r in rows]):
+            with rope.rope_rows(self._rope, [r.scaled for r in rows]), self._rows(rows):
                 logits = self._batch.step([r.last_token for r in rows])
             sampled = self._sample(logits, rows)
             events += [(req, self._emit(req, s)) for req, s in zip(rows, sampled, strict=True)]
@@ -309,7 +333,7 @@ class LocalEngine:
 
     def _prefill(self, admitted: list[Request]) -> list[tuple[Request, TokenEvent]]:
         self._retire()
-        with rope.rope_rows(self._rope, [r.scaled for r in admitted]):
+        with rope.rope_rows(self._rope, [r.scaled for r in admitted]), self._rows(admitted):
             logits, cache, mask = self._batch.prefill([r.prompt_ids for r in admitted])
         sampled = self._sample(logits, admitted)
         events = [(req, self._emit(req, s)) for req, s in zip(admitted, sampled, strict=True)]
@@ -325,7 +349,7 @@ class LocalEngine:
         # Background prompts go in quarter-size chunks: a served request arriving meanwhile waits less.
         chunk = self._queue.chunk
         size = max(16, chunk // 4) if req.background else chunk
-        with rope.rope_rows(self._rope, [req.scaled]):
+        with rope.rope_rows(self._rope, [req.scaled]), self._rows([req]):
             logits, req.cache = self._batch.extend(req.cache, req.prompt_ids[start : start + size], start)
         req.prefilled = min(len(req.prompt_ids), start + size)
         if req.prefilled < len(req.prompt_ids):
@@ -341,27 +365,34 @@ class LocalEngine:
         req.cache = None
         return [(req, event)]
 
+    def _rows(self, reqs: list[Request]) -> AbstractContextManager[None]:
+        """Each row of the next forward decoded with its user's adapter (an adapter per user)."""
+        return (
+            nullcontext() if self._adapters is None else self._adapters.rows([r.params.adapter for r in reqs])
+        )
+
     def _start_from_cache(self, req: Request) -> None:
         """Before a long prompt's first chunk: start its KV from the longest cached prefix.
 
         Entries are salted by version: a prompt starts from another version's KV only with
         `across_versions`, and then records which (`cached_version`)."""
-        req.kv_version = self.version
+        version = req.kv_version = self.version_of(req.params.adapter)
         if self.prefix_cache is None:
             return
-        hit, kv = self.prefix_cache.lookup(req.prompt_ids, self.version, _rope_key(req))
+        hit, kv = self.prefix_cache.lookup(req.prompt_ids, version, _rope_key(req))
         if kv is not None:
             req.cache, req.prefilled, req.cached_tokens = self._batch.cache_of(kv), hit, hit
             older = self.prefix_cache.last_hit_version
-            req.cached_version = older if older != self.version else None
+            req.cached_version = older if older != version else None
 
     def _keep_prefix(self, req: Request) -> None:
         """After a long prompt's last chunk: keep its KV, salted by the oldest version that computed
         part of it (none kept if a swap came during its prefill)."""
-        if self.prefix_cache is None or req.kv_version != self.version:
+        version = self.version_of(req.params.adapter)
+        if self.prefix_cache is None or req.kv_version != version:
             return
         kv = [(layer.keys, layer.values) for layer in req.cache.layers]
-        self.prefix_cache.insert(req.prompt_ids, kv, req.cached_version or self.version, _rope_key(req))
+        self.prefix_cache.insert(req.prompt_ids, kv, req.cached_version or version, _rope_key(req))
 
     def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[Sampled]:
         """One token per row of logits [B, V], each row masked by its grammar (if any) first."""
@@ -387,8 +418,9 @@ class LocalEngine:
             self._stats.requests_finished += 1
         first = req.generated == 1
         scaled = req.scaled if first else None
+        version = self.version_of(req.params.adapter)
         return TokenEvent(
-            s.token_id, s.logprob, self.version, s.top, finish, req.cached_tokens if first else 0, scaled,
+            s.token_id, s.logprob, version, s.top, finish, req.cached_tokens if first else 0, scaled,
             req.cached_version if first else None,
         )  # fmt: skip
 

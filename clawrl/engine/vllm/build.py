@@ -22,6 +22,7 @@ import logging
 from typing import Any
 
 from clawrl.config import Config
+from clawrl.config.users import user_names
 from clawrl.engine.choice import vllm_python_path
 from clawrl.engine.vllm.engine import VLLMEngine
 from clawrl.engine.vllm.server import VLLMServer, VLLMUnavailable, vllm_command
@@ -50,6 +51,14 @@ def vllm_python(config: Config) -> str:
     return str(python)
 
 
+def max_loras(config: Config) -> int:
+    """vLLM's --max-loras: `engine.vllm.max_loras`, raised with an adapter per user to every served
+    user's adapter (the users in the file and the default user) and one more for a swap's moment."""
+    if not config.per_user_adapters:
+        return config.engine.vllm.max_loras
+    return max(config.engine.vllm.max_loras, len(user_names(config.server.users)) + 1)
+
+
 def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
     v = config.engine.vllm
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per token stream and health poll
@@ -65,6 +74,7 @@ def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
         port = v.port or free_port()
         lora = config.train.weights == "lora"
         share = config.engine.gpu_share  # set at start on a GPU (the memory budget); None on a CPU
+        v = v.model_copy(update={"max_loras": max_loras(config)})
         command = vllm_command(vllm_python(config), folder, port, v, loaded.max_context, lora, rope, share)
         log_path = config.run_dir / "logs" / "vllm.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,5 +96,6 @@ def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
         sampling_defaults=generation_defaults(folder, config.model.repetition_guard),
         constrained_decoding=config.engine.constrained_decoding,
         rope_scaled=rope is not None,
+        per_user=config.per_user_adapters,
     )
     return engine, loaded.tokenizer

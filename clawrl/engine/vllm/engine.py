@@ -47,6 +47,12 @@ versions are refused too: vLLM's supported way to serve other full weights is
 a restart on the new folder (see docs/vllm.md), which clawrl does not do
 mid-run. After the supervisor restarts a dead server, the adapter being served
 is loaded again before the server counts as up.
+
+An adapter per user (`per_user`, docs/users.md): vLLM's multi-LoRA serving. Each user's version is
+loaded under its own name as above and a request names its user's (`SamplingParams.adapter`; the
+base for a user with none), so several users' adapters decode in one vLLM batch (up to its
+`--max-loras`, which clawrl sets from the number of users when it starts vLLM). A user's new version
+retires only that user's previous adapter; after a restart every user's is loaded again.
 """
 
 from __future__ import annotations
@@ -73,7 +79,7 @@ from clawrl.engine.base import (
 from clawrl.engine.vllm.server import VLLMServer
 from clawrl.model.sampling import CLAWRL_SAMPLING, SamplingDefaults
 from clawrl.net import pool_limits
-from clawrl.types import Version
+from clawrl.types import DEFAULT_USER, Version
 from clawrl.version_folder import ADAPTER_CONFIG
 
 log = logging.getLogger(__name__)
@@ -92,8 +98,10 @@ class VLLMEngine:
         sampling_defaults: SamplingDefaults = CLAWRL_SAMPLING,
         constrained_decoding: bool = True,
         rope_scaled: bool = False,
+        per_user: bool = False,
     ) -> None:
         self.server = server
+        self.per_user = per_user  # an adapter per user (docs/users.md): each user's own adapter name
         self.rope_scaled = rope_scaled  # vLLM was given the scaled RoPE: every position of every turn
         self.constrained_decoding = constrained_decoding
         self.processed_logprobs = True  # --logprobs-mode processed_logprobs (module docstring)
@@ -105,6 +113,7 @@ class VLLMEngine:
         self._max_rank = max_lora_rank
         self._base = ""  # vLLM's name of the base model, read at start
         self._serving: tuple[str, Version | None] = ("", None)  # vLLM model name, version (None: v0)
+        self._users: dict[str, tuple[str, Version]] = {}  # per user: their vLLM model name, version
         self._inflight: Counter[str] = Counter()  # requests in flight per vLLM model name
         self._retired: set[str] = set()  # adapters to unload once no request uses them
         self._unloading: set[asyncio.Task[None]] = set()
@@ -134,6 +143,17 @@ class VLLMEngine:
         """Stop a vLLM server clawrl started (also when the app never ran)."""
         self.server.close()
 
+    def version_of(self, user: str) -> str:
+        return self._route(user)[1]
+
+    def _route(self, user: str) -> tuple[str, str]:
+        """The vLLM model name `user`'s new requests name, and the version it is."""
+        if self.per_user and user != DEFAULT_USER:
+            name, version = self._users.get(user, (self._base, None))  # type: ignore[arg-type]
+            return name, version.name if version is not None else "v0"
+        name, served = self._serving
+        return name, served.name if served else "v0"
+
     def stats(self) -> EngineStats:
         self._stats.active = sum(self._inflight.values())
         self._stats.status = self.server.health.status
@@ -143,11 +163,11 @@ class VLLMEngine:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
         if not self.server.up:
             raise EngineFailed(f"the vLLM server at {self.server.url} is {self.server.health.status}")
-        name, version = self._serving
+        name, version = self._route(params.adapter)
         self._inflight[name] += 1
         done = failed = False
         try:
-            async for event in self._stream(name, version.name if version else "v0", prompt_ids, params):
+            async for event in self._stream(name, version, prompt_ids, params):
                 done = event.finish_reason is not None
                 yield event
         except EngineFailed:
@@ -281,6 +301,14 @@ class VLLMEngine:
 
     async def serve_version(self, version: Version) -> None:
         name = self._base if version.path is None else await self._load(version)
+        if self.per_user and version.user != DEFAULT_USER:  # the user's own name; the others' stay
+            old = self._users.get(version.user, (self._base, version))[0]
+            self._users[version.user] = (name, version)
+            if old not in (self._base, name):
+                self._retired.add(old)
+                await self._unload_idle()
+            log.info("now serving %s to %s (vLLM model %s)", version.name, version.user, name)
+            return
         old = self._serving[0]
         self._serving = (name, version if version.path else None)
         self.version = version.name
@@ -299,7 +327,8 @@ class VLLMEngine:
                 f"--max-lora-rank {self._max_rank} (engine.vllm.max_lora_rank)"
             )
         # A new name per version and folder: gateways sharing one vLLM server never collide.
-        name = f"clawrl-{version.name}-{hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:8]}"
+        digest = hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:8]
+        name = f"clawrl-{version.name.replace('/', '-')}-{digest}"  # alice/v1: clawrl-alice-v1-<digest>
         body = {"lora_name": name, "lora_path": str(folder.resolve())}
         try:
             await self._call("POST", "/v1/load_lora_adapter", body)
@@ -325,6 +354,13 @@ class VLLMEngine:
     async def _reload(self) -> None:
         """After a restart the server has no adapter: load the one being served again."""
         self._retired.clear()
+        for user, (_, served) in list(self._users.items()):  # each user's own adapter first
+            if served.path is not None:
+                try:
+                    await self._load(served)
+                except VersionRefused:
+                    log.error("%s's %s cannot be loaded again: serving them the base", user, served.name)
+                    del self._users[user]
         name, version = self._serving
         if version is not None:
             try:

@@ -1,0 +1,103 @@
+"""An adapter per user on one live server (docs/users.md): alice's ratings train `alice/v1`, bob's
+`bob/v1`, each from their own samples alone; each user's next answer is made by their own version
+(`system_fingerprint`, and the versions the turn records), while the admin key is still served the
+base. Through the real openai client, with the real trainer process beside the server."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from contextlib import closing
+
+import httpx
+import pytest
+
+from clawrl.store.db import Store
+from tests.conftest import RemoteServer
+from tests.timing import limit, wait_for
+
+ADMIN = "admin-key-0123456789"
+KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-0123456789"}
+BATCH = 2
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_model_dir):
+    folder = tmp_path_factory.mktemp("adapters")
+    users = folder / "users.json"
+    users.write_text(json.dumps(KEYS))
+    args = [
+        "--model", str(tiny_model_dir), "--server.users", str(users), "--judge.backend", "feedback",
+        "--train.enabled", "true",
+        "--method", "rl", "--train.batch-size", str(BATCH), "--train.lr", "0.01", "--train.poll-s", "0.1",
+        "--train.swap-poll-s", "0.1", "--train.nice", "0", "--guard.enabled", "false",
+    ]  # fmt: skip
+    s = RemoteServer(folder / "run", args, env={"CLAWRL_API_KEY": ADMIN})
+    yield s
+    s.stop()
+
+
+def ask(server, key: str, text: str):
+    client = server.client(api_key=key)
+    messages = [{"role": "user", "content": text}]
+    return client.chat.completions.create(model="clawrl", messages=messages, max_tokens=4, temperature=1.0)
+
+
+def rate(server, key: str, answer_id: str, rating: int) -> None:
+    body = {"response_id": answer_id, "rating": rating}
+    r = httpx.post(
+        server.url + "/v1/feedback", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=limit(10)
+    )
+    assert r.status_code == 200, r.text
+
+
+@pytest.fixture(scope="module")
+def trained(server):
+    """Each user asks BATCH questions and rates every answer: one full batch each, so one version each."""
+    answers = {
+        who: [ask(server, KEYS[who], f"{who} asks question {i}") for i in range(BATCH)] for who in KEYS
+    }
+    for who, mine in answers.items():
+        assert {a.system_fingerprint for a in mine} == {"clawrl-v0"}  # no version of their own yet: the base
+        for i, a in enumerate(mine):
+            rate(server, KEYS[who], a.id, 1 if i % 2 else -1)
+
+    def published():
+        with Store.open(server.run_dir / "clawrl.db", readonly=True) as store:
+            names = {v.name for v in store.versions(None)}
+        return names if {"alice/v1", "bob/v1"} <= names else None
+
+    names = wait_for(published, 60, "alice/v1 and bob/v1 published")
+    assert names == {"v0", "alice/v1", "bob/v1"}  # nothing for the admin's own line, no v1
+    return answers
+
+
+def test_each_users_samples_make_that_users_version_alone(server, trained):
+    db = sqlite3.connect(f"file:{server.run_dir / 'clawrl.db'}?mode=ro", uri=True)
+    with closing(db):
+        rows = db.execute("SELECT id, turn_id, user, status FROM samples").fetchall()
+    sample_of = {
+        who: {i for i, turn, _, _ in rows if turn in {a.id for a in mine}} for who, mine in trained.items()
+    }
+    assert all(sample_of.values())
+    assert {(user, status) for _, _, user, status in rows} == {("alice", "trained"), ("bob", "trained")}
+    for who, other in (("alice", "bob"), ("bob", "alice")):
+        manifest = json.loads((server.run_dir / "checkpoints" / who / "v1" / "manifest.json").read_text())
+        assert set(manifest["samples"]) == sample_of[who]
+        assert not set(manifest["samples"]) & sample_of[other]  # alice's samples never in bob's version
+
+
+def test_each_user_is_answered_by_their_own_version(server, trained):
+    def served(who: str, version: str):
+        answer = ask(server, KEYS[who], f"{who} asks again")
+        return answer if answer.system_fingerprint == f"clawrl-{version}" else None
+
+    alice = wait_for(lambda: served("alice", "alice-v1"), 60, "alice served alice/v1", every=0.2)
+    bob = wait_for(lambda: served("bob", "bob-v1"), 60, "bob served bob/v1", every=0.2)
+    assert ask(server, KEYS["alice"], "and once more").system_fingerprint == "clawrl-alice-v1"
+    assert ask(server, ADMIN, "the admin asks").system_fingerprint == "clawrl-v0"  # the default line: v0
+    with Store.open(server.run_dir / "clawrl.db", readonly=True) as store:
+        assert wait_for(lambda: store.get_turn(bob.id), 10, "bob's turn recorded").versions == ["bob/v1"]
+        assert wait_for(lambda: store.get_turn(alice.id), 10, "alice's turn recorded").versions == [
+            "alice/v1"
+        ]
