@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from peft import PeftModel, set_peft_model_state_dict
 
+from clawrl.train.meta_load import fill_shards
 from clawrl.train.shards import copy_whole, local_optimizer_state
 from clawrl.version_folder import (
     ADAPTER_CONFIG,
@@ -220,6 +221,9 @@ def _load_adapter_shards(model: Any, tensors: dict[str, torch.Tensor]) -> tuple[
 def _load_full(folder: Path, model: Any) -> None:
     if isinstance(model, PeftModel):
         raise ValueError(f"{folder} holds full weights; this trainer trains a LoRA adapter (train.weights)")
+    if any(is_sharded(p) for p in model.parameters()):
+        fill_shards(folder, model)  # each rank reads its slices, never the whole state (train/meta_load.py)
+        return
     with torch.no_grad():
         load_full_weights(model, read_full_weights(folder))
 

@@ -1,0 +1,93 @@
+"""FSDP's loader: a model built on the meta device, sharded, then filled rank by rank from its checkpoint.
+
+In-process, with torch's fake process group (world 2, one rank at a time, no communication): each
+rank's shards must be its cut of the checkpoint's whole tensors (`local_part`, torch's own
+`distribute_tensor`), the rotary buffers the loaded model's, the LM head still tied, and a LoRA
+adapter the one `attach_lora` draws on real weights. The group test (tests/unit/test_train_group.py)
+trains with it under gloo against one process.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+
+from clawrl.model.load import load_model
+from clawrl.train.meta_load import fill_sharded, fill_shards
+from clawrl.train.shards import shard_model
+from clawrl.train.weights import LoraSettings, attach_lora
+from clawrl.version_folder import AdapterError, is_sharded, local_part
+
+CPU = torch.device("cpu")
+LORA = LoraSettings(4, 8, 0.0, ["q_proj", "v_proj", "down_proj"])
+
+
+@pytest.fixture(params=[0, 1], ids=["rank0", "rank1"])
+def rank(request):
+    """This process as rank 0 or 1 of a fake group of two."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=request.param, world_size=2)
+    yield request.param
+    dist.destroy_process_group()
+
+
+def lora(model):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)  # as build_policy attaches it
+        return attach_lora(model, LORA)
+
+
+def test_each_rank_holds_its_cut_of_the_checkpoint(rank, tiny_model_dir):
+    whole = load_file(tiny_model_dir / "model.safetensors")
+    loaded = load_model(tiny_model_dir, "cpu", "float32")
+    skeleton = load_model(tiny_model_dir, "cpu", "float32", empty=True)
+    model = skeleton.model
+    assert all(p.is_meta for p in model.parameters())  # nothing read before sharding
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    shard_model(model, bf16=False)
+    fill_sharded(model, tiny_model_dir, CPU)
+    own = model.state_dict(keep_vars=True)
+    assert own.keys() - whole.keys() == {"lm_head.weight"}  # tied: stored once, as the embeddings
+    for key, param in own.items():
+        assert is_sharded(param) and not param.is_meta
+        cut = local_part(whole[key if key in whole else "model.embed_tokens.weight"], param)
+        assert torch.equal(param.to_local(), cut.to_local()), key
+        assert param.to_local().shape[0] <= (param.shape[0] + 1) // 2, key  # its half, never the whole
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    buffers = dict(loaded.model.named_buffers())
+    assert buffers and all(torch.equal(b, buffers[n]) for n, b in model.named_buffers())
+    assert skeleton.stop_token_ids == loaded.stop_token_ids
+
+
+def test_a_sharded_lora_adapter_starts_as_peft_draws_it_on_real_weights(rank, tiny_model_dir):
+    real = dict(lora(load_model(tiny_model_dir, "cpu", "float32").model).named_parameters())
+    model = lora(load_model(tiny_model_dir, "cpu", "float32", empty=True).model)
+    shard_model(model, bf16=False)
+    fill_sharded(model, tiny_model_dir, CPU)
+    adapters = 0
+    for name, param in model.named_parameters():
+        assert torch.equal(param.to_local(), local_part(real[name].detach(), param).to_local()), name
+        adapters += ".lora_A." in name
+    assert adapters == 2 * 3  # 2 layers, 3 adapted projections
+    assert not any(p.requires_grad for n, p in model.named_parameters() if ".lora_" not in n)
+
+
+def test_weights_that_do_not_fit_are_refused_before_anything_is_copied(rank, tiny_model_dir, tmp_path):
+    model = load_model(tiny_model_dir, "cpu", "float32", empty=True).model
+    shard_model(model, bf16=False)
+    fill_sharded(model, tiny_model_dir, CPU)
+    before = {k: p.to_local().clone() for k, p in model.state_dict(keep_vars=True).items()}
+    whole = load_file(tiny_model_dir / "model.safetensors")
+    wrong = {k: v + 1 for k, v in whole.items()}
+    wrong["model.norm.weight"] = torch.ones(7)
+    save_file(wrong, tmp_path / "model.safetensors")
+    with pytest.raises(AdapterError, match=r"model.norm.weight: the weights are \(7,\)"):
+        fill_shards(tmp_path, model)
+    del wrong["model.norm.weight"]
+    save_file(wrong, tmp_path / "model.safetensors")
+    with pytest.raises(AdapterError, match="leave out"):
+        fill_shards(tmp_path, model)
+    assert all(torch.equal(p.to_local(), before[k]) for k, p in model.state_dict(keep_vars=True).items())
