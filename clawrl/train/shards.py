@@ -10,6 +10,9 @@ CPU under gloo in clawrl's tests (accelerate runs its plugin on accelerators onl
   model is sharded at its Hugging Face model, so `generate` (the canary's greedy answers) runs
   through the root's hooks too. On a GPU the gathered weights are bf16 and the gradients are
   reduced in float32 (`MixedPrecisionPolicy`): the sharded float32 weights stay the master copy.
+  A model without trainable weights (the reference) frees its root's gathered weights (the
+  embeddings and LM head) after each forward; FSDP's default keeps them whole until a backward
+  that a frozen model never runs.
 - `full_state`: the whole model's and optimizer's state on rank 0 (CPU), for a version folder;
   a collective (every rank calls it). The optimizer's state is written as one process writes
   it (`Optimizer.state_dict()`: parameters numbered in order), so a version saved by any
@@ -48,7 +51,10 @@ def shard_model(model: nn.Module, bf16: bool) -> nn.Module:
     layers = decoder_layers(root)
     for layer in layers:
         fully_shard(layer, mp_policy=policy)
-    fully_shard(root, mp_policy=policy)
+    # FSDP keeps the root's weights gathered from its forward until the backward frees them; a frozen
+    # model (full fine-tuning's reference) has no backward, so it frees them after each forward.
+    frozen = not any(p.requires_grad for p in root.parameters())
+    fully_shard(root, mp_policy=policy, reshard_after_forward=True if frozen else None)
     return model
 
 

@@ -91,3 +91,18 @@ def test_weights_that_do_not_fit_are_refused_before_anything_is_copied(rank, tin
     with pytest.raises(AdapterError, match="leave out"):
         fill_shards(tmp_path, model)
     assert all(torch.equal(p.to_local(), before[k]) for k, p in model.state_dict(keep_vars=True).items())
+
+
+def test_a_frozen_model_frees_its_gathered_root_after_each_forward(rank, tiny_model_dir):
+    """The reference has no backward, where FSDP frees the root's gathered embeddings by default."""
+    ids = torch.tensor([[1, 9690, 198, 2]])
+    models = []
+    for frozen in (True, False):
+        model = load_model(tiny_model_dir, "cpu", "float32", empty=True).model.requires_grad_(not frozen)
+        shard_model(model, bf16=False)
+        fill_sharded(model, tiny_model_dir, CPU)
+        with torch.no_grad():
+            model(input_ids=ids)
+        models.append(model)
+    reference, trained = (is_sharded(m.model.embed_tokens.weight) for m in models)
+    assert reference and not trained  # the trained model's root waits for its backward
