@@ -1,8 +1,8 @@
 """FSDP's loader: a model built on the meta device, sharded, then filled rank by rank from its checkpoint.
 
 In-process, with torch's fake process group (world 2, one rank at a time, no communication): each
-rank's shards must be its cut of the checkpoint's whole tensors (`local_part`, torch's own
-`distribute_tensor`), the rotary buffers the loaded model's, the LM head still tied, and a LoRA
+rank's shards must be its cut of the checkpoint's whole tensors (its chunk of the rows, as FSDP2
+lays a shard out), the rotary buffers the loaded model's, the LM head still tied, and a LoRA
 adapter the one `attach_lora` draws on real weights. The group test (tests/unit/test_train_group.py)
 trains with it under gloo against one process.
 """
@@ -18,20 +18,32 @@ from clawrl.model.load import load_model
 from clawrl.train.meta_load import fill_sharded, fill_shards
 from clawrl.train.shards import shard_model
 from clawrl.train.weights import LoraSettings, attach_lora
-from clawrl.version_folder import AdapterError, is_sharded, local_part
+from clawrl.version_folder import AdapterError, is_sharded
 
 CPU = torch.device("cpu")
 LORA = LoraSettings(4, 8, 0.0, ["q_proj", "v_proj", "down_proj"])
 
 
-@pytest.fixture(params=[0, 1], ids=["rank0", "rank1"])
+@pytest.fixture(params=[(2, 1), (3, 2)], ids=["rank1of2", "rank2of3"])
 def rank(request):
-    """This process as rank 0 or 1 of a fake group of two."""
+    """This process as one rank of a fake group: (world, rank). DTensor caches shard layouts by
+    mesh, and a mesh compares equal whatever this process's rank is, so each world size is taken
+    with one rank only (a later rank would read the first one's cached offsets). Both ranks start
+    past row 0, and 3 ranks cut 64 rows unevenly (22, 22, 20)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dist.init_process_group("fake", store=FakeStore(), rank=request.param, world_size=2)
-    yield request.param
+    world, rank = request.param
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    yield world, rank
     dist.destroy_process_group()
+
+
+def cut(whole: torch.Tensor, rank: tuple[int, int]) -> torch.Tensor:
+    """A rank's shard as FSDP2 lays it out: its chunk of the rows (none past the last chunk: a
+    LoRA A of 4 rows over 3 ranks is 2, 2 and 0 rows)."""
+    world, r = rank
+    chunks = torch.chunk(whole, world)
+    return chunks[r] if r < len(chunks) else whole[:0]
 
 
 def lora(model):
@@ -53,9 +65,8 @@ def test_each_rank_holds_its_cut_of_the_checkpoint(rank, tiny_model_dir):
     assert own.keys() - whole.keys() == {"lm_head.weight"}  # tied: stored once, as the embeddings
     for key, param in own.items():
         assert is_sharded(param) and not param.is_meta
-        cut = local_part(whole[key if key in whole else "model.embed_tokens.weight"], param)
-        assert torch.equal(param.to_local(), cut.to_local()), key
-        assert param.to_local().shape[0] <= (param.shape[0] + 1) // 2, key  # its half, never the whole
+        expected = cut(whole[key if key in whole else "model.embed_tokens.weight"], rank)
+        assert torch.equal(param.to_local(), expected), key  # its rows, never the whole
     assert model.lm_head.weight is model.model.embed_tokens.weight
     buffers = dict(loaded.model.named_buffers())
     assert buffers and all(torch.equal(b, buffers[n]) for n, b in model.named_buffers())
@@ -69,7 +80,7 @@ def test_a_sharded_lora_adapter_starts_as_peft_draws_it_on_real_weights(rank, ti
     fill_sharded(model, tiny_model_dir, CPU)
     adapters = 0
     for name, param in model.named_parameters():
-        assert torch.equal(param.to_local(), local_part(real[name].detach(), param).to_local()), name
+        assert torch.equal(param.to_local(), cut(real[name].detach(), rank)), name
         adapters += ".lora_A." in name
     assert adapters == 2 * 3  # 2 layers, 3 adapted projections
     assert not any(p.requires_grad for n, p in model.named_parameters() if ".lora_" not in n)
