@@ -185,7 +185,9 @@ def _load_folder(folder: Path, model: Any, optimizer: torch.optim.Optimizer | No
     else:
         _load_full(folder, model)
     if optimizer is not None and (folder / OPTIMIZER).is_file():  # a rollback to the base has none
-        saved = torch.load(folder / OPTIMIZER, map_location="cpu", weights_only=True)
+        # Sharded, the file is mapped, not read: each rank copies only its shards out of it.
+        mapped = any(is_sharded(p) for group in optimizer.param_groups for p in group["params"])
+        saved = torch.load(folder / OPTIMIZER, map_location="cpu", weights_only=True, mmap=mapped)
         optimizer.load_state_dict(local_optimizer_state(saved, optimizer))
     return read_manifest(folder)
 

@@ -18,8 +18,9 @@ CPU under gloo in clawrl's tests (accelerate runs its plugin on accelerators onl
   it (`Optimizer.state_dict()`: parameters numbered in order), so a version saved by any
   strategy loads under any other.
 - `local_part` and `local_optimizer_state`: a whole tensor (read from a version folder by every
-  rank) cut to the shard this rank holds, with no communication, so each rank loads a version
-  on its own, as the DDP ranks do.
+  rank; `optimizer.pt` mapped, not read, so no rank holds the whole AdamW state) cut to the shard
+  this rank holds, with no communication, so each rank loads a version on its own, as the DDP
+  ranks do. A full-weight version's weights are read by slice instead (`train/meta_load.py`).
 """
 
 from __future__ import annotations
@@ -117,11 +118,17 @@ def local_optimizer_state(state: dict[str, Any], optimizer: torch.optim.Optimize
     out = {}
     for i, entry in state["state"].items():
         p = params[int(i)]
-        out[i] = {
-            k: local_part(v, p) if isinstance(v, Tensor) and v.shape == p.shape and v.dim() else v
-            for k, v in entry.items()
-        }
+        out[i] = {k: _local_state(v, p) for k, v in entry.items()}
     return {**state, "state": out}
+
+
+def _local_state(value: Any, param: Tensor) -> Any:
+    """One entry of a parameter's saved optimizer state as this rank keeps it: its shard of a moment,
+    a copy of anything else (a tensor of a file mapped by `torch.load(mmap=True)` would keep the
+    whole file mapped, and on disk once pruned, for as long as the step count lives)."""
+    if not isinstance(value, Tensor):
+        return value
+    return local_part(value, param) if value.shape == param.shape and value.dim() else value.clone()
 
 
 def grad_norm_value(norm: Tensor) -> float:
