@@ -117,3 +117,17 @@ def test_a_frozen_model_frees_its_gathered_root_after_each_forward(rank, tiny_mo
         models.append(model)
     reference, trained = (is_sharded(m.model.embed_tokens.weight) for m in models)
     assert reference and not trained  # the trained model's root waits for its backward
+
+
+def test_a_checkpoint_in_several_files_fills_every_shard(rank, tiny_model_dir, tmp_path):
+    """Released checkpoints come as model-0000k-of-0000n.safetensors: each weight from its own file."""
+    whole = load_file(tiny_model_dir / "model.safetensors")
+    keys = sorted(whole)
+    for k, part in enumerate((keys[::2], keys[1::2])):
+        save_file({key: whole[key] for key in part}, tmp_path / f"model-0000{k + 1}-of-00002.safetensors")
+    model = load_model(tiny_model_dir, "cpu", "float32", empty=True).model
+    shard_model(model, bf16=False)
+    fill_sharded(model, tmp_path, CPU)
+    for key, param in model.state_dict(keep_vars=True).items():
+        expected = cut(whole[key if key in whole else "model.embed_tokens.weight"], rank)
+        assert torch.equal(param.to_local(), expected), key
