@@ -6,7 +6,10 @@ the ranks with torch's FSDP2 (`fully_shard`, the sharding accelerate's FSDP plug
 CPU under gloo in clawrl's tests (accelerate runs its plugin on accelerators only):
 
 - `shard_model`: each decoder layer is one unit (its weights are gathered for its forward and
-  backward, then freed), the model itself the root (embeddings, final norm, LM head). A PEFT
+  backward, then freed), and so are untied embeddings and LM head (1.2B parameters at 8B: in the
+  root they would stay gathered from the forward to the end of the backward, the LM head's
+  gradient whole until then); the model itself is the root (the final norm, and embeddings tied
+  to the LM head, one parameter used at both ends of the model). A PEFT
   model is sharded at its Hugging Face model, so `generate` (the canary's greedy answers) runs
   through the root's hooks too. On a GPU the gathered weights are bf16 and the gradients are
   reduced in float32 (`MixedPrecisionPolicy`): the sharded float32 weights stay the master copy.
@@ -52,6 +55,12 @@ def shard_model(model: nn.Module, bf16: bool) -> nn.Module:
     layers = decoder_layers(root)
     for layer in layers:
         fully_shard(layer, mp_policy=policy)
+    embed, head = root.get_input_embeddings(), root.get_output_embeddings()
+    # Untied embeddings and LM head are units of their own; a tied weight is one parameter used at
+    # both ends of the model, so it stays in the root.
+    if head is not None and head.weight is not embed.weight:
+        fully_shard(embed, mp_policy=policy)
+        fully_shard(head, mp_policy=policy)
     # FSDP keeps the root's weights gathered from its forward until the backward frees them; a frozen
     # model (full fine-tuning's reference) has no backward, so it frees them after each forward.
     frozen = not any(p.requires_grad for p in root.parameters())

@@ -9,6 +9,9 @@ trains with it under gloo against one process.
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -131,3 +134,26 @@ def test_a_checkpoint_in_several_files_fills_every_shard(rank, tiny_model_dir, t
     for key, param in model.state_dict(keep_vars=True).items():
         expected = cut(whole[key if key in whole else "model.embed_tokens.weight"], rank)
         assert torch.equal(param.to_local(), expected), key
+
+
+def test_untied_embeddings_and_lm_head_are_units_of_their_own(rank, tiny_model_dir, tmp_path):
+    """Gathered only around their own passes, not from the forward to the end of the backward as
+    the root's weights are (a tied pair stays in the root: one parameter used at both ends)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    shutil.copytree(tiny_model_dir, tmp_path, dirs_exist_ok=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    whole = load_file(tiny_model_dir / "model.safetensors")
+    whole["lm_head.weight"] = torch.randn(whole["model.embed_tokens.weight"].shape)
+    save_file(whole, tmp_path / "model.safetensors")
+    models = []
+    for folder in (tiny_model_dir, tmp_path):
+        model = load_model(folder, "cpu", "float32", empty=True).model
+        shard_model(model, bf16=False)
+        fill_sharded(model, folder, CPU)
+        models.append(model)
+    tied, untied = models
+    assert not isinstance(tied.lm_head, FSDPModule) and not isinstance(tied.model.embed_tokens, FSDPModule)
+    assert isinstance(untied.lm_head, FSDPModule) and isinstance(untied.model.embed_tokens, FSDPModule)
+    assert torch.equal(untied.lm_head.weight.to_local(), cut(whole["lm_head.weight"], rank))
