@@ -9,6 +9,10 @@ Two kinds of weights (`train.weights`):
   reference only when something needs it (`kl_coef > 0` or
   `opd_teacher = "reference"`). A version is the whole model.
 
+Under FSDP (a lockstep group) no rank loads the whole model: the model, and full fine-tuning's
+reference, are built on the meta device, sharded, and each rank reads its shards from the
+checkpoint (`train/meta_load.py`).
+
 `Policy.load(folder)` makes the policy the version saved there, optimizer
 state included; `Policy.load(None)` makes it the base model (v0) with a fresh
 optimizer, which is where a new run or a rollback to v0 starts.
