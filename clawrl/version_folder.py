@@ -317,10 +317,18 @@ def is_sharded(t: torch.Tensor) -> bool:
 
 def local_part(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """`whole` as `like` holds it: itself, or, when `like` is sharded, this rank's shard of it (cut
-    here, with no communication: every rank of an FSDP trainer loads a version on its own)."""
+    here, with no communication: every rank of an FSDP trainer loads a version on its own).
+
+    The shard is cut where `whole` lies (a CPU tensor, perhaps mapped from a file) and only the
+    shard is copied to `like`'s device and dtype: never a whole tensor on a rank's GPU."""
     if not is_sharded(like):
         return whole
-    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    whole = whole.to(device=like.device, dtype=like.dtype)
-    return distribute_tensor(whole, like.device_mesh, like.placements, src_data_rank=None)
+    size, offset = compute_local_shape_and_global_offset(like.shape, like.device_mesh, like.placements)
+    part = whole[tuple(slice(o, o + n) for o, n in zip(offset, size, strict=True))]
+    part = part.to(device=like.device, dtype=like.dtype, copy=True).contiguous()  # its own memory
+    return DTensor.from_local(
+        part, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride()
+    )

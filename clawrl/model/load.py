@@ -206,12 +206,16 @@ def load_model(
     max_context: int | None = None,
     rope_scaling: str = "yarn",
     scale_rope: str = "past_window",
+    empty: bool = False,
 ) -> LoadedModel:
     """Load a local Hugging Face model folder (safetensors + tokenizer with a chat template).
 
     `max_context` beyond the window the model was trained on scales its RoPE (`scaled_config`);
     None serves the model's own window. With `scale_rope = "past_window"` the scaling applies
     only to sequences that need it (`clawrl/model/rope.py`); "always" scales every position.
+    `empty`: read no weights; the model's parameters are on the meta device (no memory), its
+    buffers (the rotary tables) computed on the CPU: FSDP shards it and fills each rank's
+    shards from the folder (`clawrl/train/meta_load.py`).
     """
     if not (path / "config.json").is_file():
         raise ModelNotFound(f"{path} is not a Hugging Face model folder (no config.json)")
@@ -222,8 +226,7 @@ def load_model(
     own = AutoConfig.from_pretrained(path)
     unscaled, trained = copy.deepcopy(own), trained_context(own)
     config = scaled_config(own, max_context, rope_scaling)
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=resolve_dtype(dtype, dev))
-    model = model.to(dev).eval()
+    model = _skeleton(path, config, resolve_dtype(dtype, dev)) if empty else _read(path, config, dtype, dev)
     scaled_here = trained is not None and max_context is not None and max_context > trained
     windowed = scale_rope == "past_window" and scaled_here and _rope_type(unscaled) == "default"
     if windowed and install_windowed_rope(model, unscaled, trained) is None:
@@ -231,6 +234,23 @@ def load_model(
     windows = [w for w in (getattr(model.config, "max_position_embeddings", None), max_context) if w]
     context = min(windows) if windows else 2048  # a shorter max_context caps the window
     return LoadedModel(model, tokenizer, path, context, _stop_ids(model, tokenizer))
+
+
+def _read(path: Path, config: Any, dtype: str, dev: torch.device) -> torch.nn.Module:
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=resolve_dtype(dtype, dev))
+    return model.to(dev).eval()
+
+
+def _skeleton(path: Path, config: Any, dtype: torch.dtype) -> torch.nn.Module:
+    """The model of `config` with its parameters on the meta device and its buffers real (CPU)."""
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.tie_weights()  # as from_pretrained does: an LM head tied to the embeddings is one parameter
+    if (path / GENERATION_CONFIG).is_file():  # the stop tokens and sampling the canary decodes with
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    return model.eval()
 
 
 @dataclass

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from peft import PeftModel, set_peft_model_state_dict
 
+from clawrl.train.meta_load import fill_shards
 from clawrl.train.shards import copy_whole, local_optimizer_state
 from clawrl.types import DEFAULT_USER
 from clawrl.version_folder import (
@@ -189,7 +190,9 @@ def _load_folder(folder: Path, model: Any, optimizer: torch.optim.Optimizer | No
     else:
         _load_full(folder, model)
     if optimizer is not None and (folder / OPTIMIZER).is_file():  # a rollback to the base has none
-        saved = torch.load(folder / OPTIMIZER, map_location="cpu", weights_only=True)
+        # Sharded, the file is mapped, not read: each rank copies only its shards out of it.
+        mapped = any(is_sharded(p) for group in optimizer.param_groups for p in group["params"])
+        saved = torch.load(folder / OPTIMIZER, map_location="cpu", weights_only=True, mmap=mapped)
         optimizer.load_state_dict(local_optimizer_state(saved, optimizer))
     return read_manifest(folder)
 
@@ -225,6 +228,9 @@ def _load_adapter_shards(model: Any, tensors: dict[str, torch.Tensor]) -> tuple[
 def _load_full(folder: Path, model: Any) -> None:
     if isinstance(model, PeftModel):
         raise ValueError(f"{folder} holds full weights; this trainer trains a LoRA adapter (train.weights)")
+    if any(is_sharded(p) for p in model.parameters()):
+        fill_shards(folder, model)  # each rank reads its slices, never the whole state (train/meta_load.py)
+        return
     with torch.no_grad():
         load_full_weights(model, read_full_weights(folder))
 

@@ -9,7 +9,8 @@ is, and does the few collective things a step needs:
   accelerate under a group, the model itself alone);
 - `no_sync(module, skip)` and `backward(loss)`: gradients are reduced by DDP
   in the backward of each rank's last micro-batch (never by hand);
-- `sum(values)`: the step's metrics, summed over the ranks.
+- `sum(values)`: the step's metrics, summed over the ranks; `gather(value)`: every rank's
+  figure (each rank's peak memory).
 
 Under FSDP (`FsdpGroup`, `train/shards.py`) a rank holds a shard of every weight, so every
 forward and backward is a collective: the group runs in `lockstep`. Every rank makes the
@@ -111,6 +112,10 @@ class Group:
         """The smallest of every rank's `value`."""
         return value
 
+    def gather(self, value: float) -> list[float]:
+        """Every rank's `value`, rank 0 first."""
+        return [value]
+
     def close(self) -> None:
         pass
 
@@ -175,6 +180,11 @@ class AccelerateGroup(Group):
         t = torch.tensor([value], dtype=torch.float64, device=self.accelerator.device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return float(t.item())
+
+    def gather(self, value: float) -> list[float]:
+        from accelerate.utils import gather_object
+
+        return [float(v) for v in gather_object([value])]
 
     def close(self) -> None:
         self.accelerator.end_training()  # destroys the process group

@@ -9,6 +9,10 @@ Two kinds of weights (`train.weights`):
   reference only when something needs it (`kl_coef > 0` or
   `opd_teacher = "reference"`). A version is the whole model.
 
+Under FSDP (a lockstep group) no rank loads the whole model: the model, and full fine-tuning's
+reference, are built on the meta device, sharded, and each rank reads its shards from the
+checkpoint (`train/meta_load.py`).
+
 `Policy.load(folder)` makes the policy the version saved there, optimizer
 state included; `Policy.load(None)` makes it the base model (v0) with a fresh
 optimizer (LoRA: the adapter as built, B = 0), which is where a new run or a rollback to v0 starts.
@@ -25,14 +29,15 @@ import torch
 from torch import nn
 
 from clawrl.config import TrainConfig
-from clawrl.model.load import load_model
+from clawrl.model.load import load_model, resolve_device
 from clawrl.train.checkpoints import load_folder
 from clawrl.train.group import Group
 from clawrl.train.master import MasterWeights
+from clawrl.train.meta_load import fill_sharded, fill_shards
 from clawrl.train.sizing import resolve
 from clawrl.train.trainer import Trainer
 from clawrl.train.weights import LoraSettings, attach_lora
-from clawrl.version_folder import load_full_weights, read_full_weights
+from clawrl.version_folder import is_sharded, load_full_weights, read_full_weights
 
 
 @dataclass
@@ -66,6 +71,8 @@ class Policy:
                         param.copy_(self.initial[name])  # as built: B = 0, the policy is the base
                     elif "lora_B" in name:
                         param.zero_()
+            elif any(is_sharded(p) for p in self.model.parameters()):
+                fill_shards(self.base_dir, self.model)  # each rank its slices (train/meta_load.py)
             else:
                 load_full_weights(self.model, read_full_weights(self.base_dir))
             if self.trainer.master is not None:
@@ -95,10 +102,13 @@ def build_policy(
     # (PEFT casts it); full: the model in bf16, as served, AdamW on float32 masters of its weights
     # (train/master.py), so small updates are not rounded away; FSDP keeps float32 shards as the
     # masters and computes in bf16 itself (train/shards.py).
+    group = group or Group()
+    sharded = group.lockstep  # FSDP: built on the meta device, each rank reads its shards (meta_load.py)
     dtype = "float32" if cfg.weights == "full" else "auto"
-    loaded = load_model(Path(base_dir), device, dtype, max_context, rope_scaling, scale_rope)
+    dev = resolve_device(device)
+    loaded = load_model(Path(base_dir), device, dtype, max_context, rope_scaling, scale_rope, empty=sharded)
     base = loaded.model
-    on_gpu = next(base.parameters()).device.type == "cuda"
+    on_gpu = dev.type == "cuda"
     size = sum(p.numel() for p in base.parameters())
     cfg = resolve(cfg, size, getattr(base.config, "model_type", None), on_gpu, loaded.max_context)
     reference: nn.Module | None = None
@@ -113,14 +123,15 @@ def build_policy(
     else:
         model = base
         if keep_base or cfg.kl_coef > 0 or cfg.opd_teacher == "reference" or cfg.replay_fraction > 0:
-            reference = copy.deepcopy(base).eval().requires_grad_(False)
-            if on_gpu:  # read without gradients only: bf16 is enough, and half the memory of float32
-                reference = reference.to(torch.bfloat16)
+            rope = (max_context, rope_scaling, scale_rope)
+            reference = _reference(base, Path(base_dir), device, on_gpu, sharded, rope)
         model.requires_grad_(True)
-    group = group or Group()
     model = group.shard(model)  # before the optimizer: under FSDP it holds the shards
     if reference is not None:
         reference = group.shard(reference)
+    if sharded:
+        for module in (model, reference) if reference is not None else (model,):
+            fill_sharded(module, Path(base_dir), dev)
     model.eval()
     master = None
     if cfg.weights == "full" and _bf16_masters(cfg.precision, on_gpu, group):
@@ -133,6 +144,23 @@ def build_policy(
     if cfg.weights == "lora":
         initial = {n: p.detach().clone() for n, p in model.named_parameters() if ".lora_" in n}
     return Policy(model, optimizer, trainer, base_dir, cfg, initial)
+
+
+def _reference(
+    base: nn.Module, base_dir: Path, device: str, on_gpu: bool, sharded: bool, rope: tuple
+) -> nn.Module:
+    """Full fine-tuning's frozen reference, the base model. It is read without gradients only: bf16
+    on a GPU is enough, and half the memory of float32. Alone: a copy of `base`, loaded already.
+    Sharded: built on the meta device like the model, from the checkpoint (never a whole copy on a
+    rank), in the dtype one process keeps it in (float32 on a CPU: train/meta_load.py)."""
+    if sharded:
+        dtype = "bfloat16" if on_gpu else "float32"
+        reference = load_model(base_dir, device, dtype, *rope, empty=True).model
+    else:
+        reference = copy.deepcopy(base)
+        if on_gpu:
+            reference = reference.to(torch.bfloat16)
+    return reference.eval().requires_grad_(False)
 
 
 def _bf16_masters(precision: str, on_gpu: bool, group: Group) -> bool:

@@ -6,17 +6,24 @@ the ranks with torch's FSDP2 (`fully_shard`, the sharding accelerate's FSDP plug
 CPU under gloo in clawrl's tests (accelerate runs its plugin on accelerators only):
 
 - `shard_model`: each decoder layer is one unit (its weights are gathered for its forward and
-  backward, then freed), the model itself the root (embeddings, final norm, LM head). A PEFT
+  backward, then freed), and so are untied embeddings and LM head (1.2B parameters at 8B: in the
+  root they would stay gathered from the forward to the end of the backward, the LM head's
+  gradient whole until then); the model itself is the root (the final norm, and embeddings tied
+  to the LM head, one parameter used at both ends of the model). A PEFT
   model is sharded at its Hugging Face model, so `generate` (the canary's greedy answers) runs
   through the root's hooks too. On a GPU the gathered weights are bf16 and the gradients are
   reduced in float32 (`MixedPrecisionPolicy`): the sharded float32 weights stay the master copy.
+  A model without trainable weights (the reference) frees its root's gathered weights (the
+  embeddings and LM head) after each forward; FSDP's default keeps them whole until a backward
+  that a frozen model never runs.
 - `full_state`: the whole model's and optimizer's state on rank 0 (CPU), for a version folder;
   a collective (every rank calls it). The optimizer's state is written as one process writes
   it (`Optimizer.state_dict()`: parameters numbered in order), so a version saved by any
   strategy loads under any other.
 - `local_part` and `local_optimizer_state`: a whole tensor (read from a version folder by every
-  rank) cut to the shard this rank holds, with no communication, so each rank loads a version
-  on its own, as the DDP ranks do.
+  rank; `optimizer.pt` mapped, not read, so no rank holds the whole AdamW state) cut to the shard
+  this rank holds, with no communication, so each rank loads a version on its own, as the DDP
+  ranks do. A full-weight version's weights are read by slice instead (`train/meta_load.py`).
 """
 
 from __future__ import annotations
@@ -48,7 +55,16 @@ def shard_model(model: nn.Module, bf16: bool) -> nn.Module:
     layers = decoder_layers(root)
     for layer in layers:
         fully_shard(layer, mp_policy=policy)
-    fully_shard(root, mp_policy=policy)
+    embed, head = root.get_input_embeddings(), root.get_output_embeddings()
+    # Untied embeddings and LM head are units of their own; a tied weight is one parameter used at
+    # both ends of the model, so it stays in the root.
+    if head is not None and head.weight is not embed.weight:
+        fully_shard(embed, mp_policy=policy)
+        fully_shard(head, mp_policy=policy)
+    # FSDP keeps the root's weights gathered from its forward until the backward frees them; a frozen
+    # model (full fine-tuning's reference) has no backward, so it frees them after each forward.
+    frozen = not any(p.requires_grad for p in root.parameters())
+    fully_shard(root, mp_policy=policy, reshard_after_forward=True if frozen else None)
     return model
 
 
@@ -111,11 +127,17 @@ def local_optimizer_state(state: dict[str, Any], optimizer: torch.optim.Optimize
     out = {}
     for i, entry in state["state"].items():
         p = params[int(i)]
-        out[i] = {
-            k: local_part(v, p) if isinstance(v, Tensor) and v.shape == p.shape and v.dim() else v
-            for k, v in entry.items()
-        }
+        out[i] = {k: _local_state(v, p) for k, v in entry.items()}
     return {**state, "state": out}
+
+
+def _local_state(value: Any, param: Tensor) -> Any:
+    """One entry of a parameter's saved optimizer state as this rank keeps it: its shard of a moment,
+    a copy of anything else (a tensor of a file mapped by `torch.load(mmap=True)` would keep the
+    whole file mapped, and on disk once pruned, for as long as the step count lives)."""
+    if not isinstance(value, Tensor):
+        return value
+    return local_part(value, param) if value.shape == param.shape and value.dim() else value.clone()
 
 
 def grad_norm_value(norm: Tensor) -> float:

@@ -19,7 +19,8 @@ on-policy by assumption.
 Per step, besides the loss terms: `mismatch`, the mean |logp_t - mu_t| over the weighted
 tokens, and the weights' `is_weight_mean`, `is_weight_min`, `is_truncated_frac` (and the
 samples with a truncated token, or none recorded); the OPD gap's 5/50/95% quantiles and the
-share of opd tokens the clip cut (`opd_gap_*`).
+share of opd tokens the clip cut (`opd_gap_*`); each rank's peak memory so far, a list, rank 0
+first (`peak_rss_mb`, and `peak_gpu_mb` on a GPU: train/peaks.py).
 
 Every mean is over all response tokens of the step (token-level): each
 micro-batch's loss is its share of the step's mean (`num_tokens` = the step's
@@ -55,6 +56,7 @@ from clawrl.train.importance import WeightSums, truncated_weights
 from clawrl.train.loss import policy_loss
 from clawrl.train.master import MasterWeights
 from clawrl.train.packing import pack_prefixes, unpack
+from clawrl.train.peaks import peak_memory
 from clawrl.train.shards import grad_norm_value
 from clawrl.train.sizing import CPU_MICRO_BATCH_TOKENS
 from clawrl.types import Sample
@@ -205,7 +207,8 @@ class Trainer:
         weights = weights.reduced(group.sum, group.min)  # over the ranks
         took = time.perf_counter() - start
         metrics = self._metrics(samples, summed, total, grad_norm_value(grad_norm), took)
-        return metrics | weights.metrics() | gaps.metrics() | replayed
+        peaks = {key: group.gather(mb) for key, mb in peak_memory(self.device).items()}  # per rank
+        return metrics | weights.metrics() | gaps.metrics() | replayed | peaks
 
     def _micro_batches(self, samples: list[Sample]) -> list[tuple[list[Sample], list[list[int]]]]:
         """Per rank: (its share of `samples`, its micro-batches as indices into that share).

@@ -171,7 +171,9 @@ def test_two_fsdp_ranks_train_versions_as_one_process(tmp_path, tiny_model_dir, 
     base (the loader cuts the full weights' shards at v0). With LoRA the group starts from a copy of
     one process's run folder at v1 (its store, weights and optimizer state: what the DDP test above
     shows two ranks make too), loads v1 into the shards, each rank cutting its own, and trains v2:
-    a version loaded, trained and written again under FSDP."""
+    a version loaded, trained and written again under FSDP. Each rank builds the model (and full
+    fine-tuning's reference) on the meta device and reads its shards of the base from the checkpoint
+    (train/meta_load.py)."""
     two = run_folder(tmp_path, "two", tiny_model_dir, weights, strategy="fsdp")
     if step > 1:
         one, *_ = one_process(weights, step - 1)
@@ -194,6 +196,11 @@ def test_two_fsdp_ranks_train_versions_as_one_process(tmp_path, tiny_model_dir, 
     c1, c2 = m1["canary"]["collapse"], m2["canary"]["collapse"]  # rank 0's answers, packed on both ranks
     for key in ("entropy", "self_rouge_l", "drift"):
         assert c2[key] == pytest.approx(c1[key], rel=1e-3, abs=1e-6), key
+    # Each rank's peak memory, rank 0 first (MiB: a Python process with torch is hundreds of them);
+    # bench/fsdp_memory.py compares them with one process's on a model whose weights dominate.
+    peaks = m2["metrics"]["peak_rss_mb"]
+    assert len(peaks) == 2 and len(m1["metrics"]["peak_rss_mb"]) == 1
+    assert all(100 < mb < 8192 for mb in peaks), peaks
     opt1, opt2 = (torch.load(c.run_dir / "checkpoints" / f"v{step}" / "optimizer.pt") for c in (one, two))
     assert opt1["state"].keys() == opt2["state"].keys() and opt1["state"]
     for i, state in opt1["state"].items():
