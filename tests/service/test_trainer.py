@@ -16,11 +16,12 @@ import sys
 import time
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from clawrl.store.db import Store
 from tests.conftest import RemoteServer
-from tests.timing import wait_for
+from tests.timing import limit, wait_for
 
 
 def start(run_dir, tiny_model_dir, batch_size: int, *more: str) -> RemoteServer:
@@ -136,25 +137,29 @@ def trained_once(run_dir) -> list[list[int]]:
     return used
 
 
-def test_versions_published_by_the_trainer_swap_in_under_eight_streaming_clients(tmp_path, tiny_model_dir):
-    run_dir = tmp_path / "run"
-    server = start(run_dir, tiny_model_dir, batch_size=4)
-    try:
-        seen, errors = _load(server, lambda h: _number(h) >= 3, timeout=180)
-        assert errors == []
-        # The server swaps in the latest version: two published back to back may be served as one swap.
-        fingerprints = set().union(*seen) - {"clawrl", "clawrl-v0"}
-        assert len(fingerprints) >= 2, fingerprints
-        health = server.health()
-        assert health["trainer"]["status"] == "running" and health["trainer"]["restarts"] == 0
-        used = trained_once(run_dir)
-        assert len(used) >= 3 and all(len(ids) == 4 for ids in used)
-        with Store.open(run_dir / "clawrl.db", readonly=True) as store:
-            served = {v for turn in store.turns() for v in turn.versions}
-        assert "v0" in served and len(served - {"v0"}) >= 2, served
-        assert "published v3 (step 3)" in server.output()  # the trainer's progress reaches the server log
-    finally:
-        server.stop()
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_model_dir):
+    """A server and its trainer for the tests below that only read what it does (one start)."""
+    server = start(tmp_path_factory.mktemp("trained") / "run", tiny_model_dir, batch_size=4)
+    yield server
+    server.stop()
+
+
+def test_versions_published_by_the_trainer_swap_in_under_eight_streaming_clients(trained):
+    server, run_dir = trained, trained.run_dir
+    seen, errors = _load(server, lambda h: _number(h) >= 3, timeout=180)
+    assert errors == []
+    # The server swaps in the latest version: two published back to back may be served as one swap.
+    fingerprints = set().union(*seen) - {"clawrl", "clawrl-v0"}
+    assert len(fingerprints) >= 2, fingerprints
+    health = server.health()
+    assert health["trainer"]["status"] == "running" and health["trainer"]["restarts"] == 0
+    used = trained_once(run_dir)
+    assert len(used) >= 3 and all(len(ids) == 4 for ids in used)
+    with Store.open(run_dir / "clawrl.db", readonly=True) as store:
+        served = {v for turn in store.turns() for v in turn.versions}
+    assert "v0" in served and len(served - {"v0"}) >= 2, served
+    assert "published v3 (step 3)" in server.output()  # the trainer's progress reaches the server log
 
 
 def test_a_trainer_killed_mid_step_is_restarted_and_resumes_without_reusing_a_sample(
@@ -203,18 +208,10 @@ def test_a_trainer_killed_mid_step_is_restarted_and_resumes_without_reusing_a_sa
         server.stop()
 
 
-def test_a_second_trainer_on_the_same_run_folder_is_refused(tmp_path, tiny_model_dir):
-    run_dir = tmp_path / "run"
-    server = start(run_dir, tiny_model_dir, batch_size=4)
-    try:
-        lock = run_dir / "trainer.lock"
-        deadline = time.monotonic() + 60
-        while not (lock.is_file() and lock.read_text().strip()):
-            assert time.monotonic() < deadline, "the server's trainer never took the run folder"
-            time.sleep(0.1)
-        cmd = [sys.executable, "-m", "clawrl", "train", "--run-dir", str(run_dir)]
-        second = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        assert second.returncode == 3
-        assert f"another trainer (pid {server.health()['trainer']['pid']})" in second.stderr
-    finally:
-        server.stop()
+def test_a_second_trainer_on_the_same_run_folder_is_refused(trained):
+    lock = trained.run_dir / "trainer.lock"
+    wait_for(lambda: lock.is_file() and lock.read_text().strip(), 60, "the trainer taking the run folder")
+    cmd = [sys.executable, "-m", "clawrl", "train", "--run-dir", str(trained.run_dir)]
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=limit(120))
+    assert second.returncode == 3
+    assert f"another trainer (pid {trained.health()['trainer']['pid']})" in second.stderr
