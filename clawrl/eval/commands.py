@@ -59,7 +59,7 @@ def _eval_parser(sub: Any) -> None:
     p.add_argument(
         "--persona",
         default="student",
-        help="student | teacher | brief | pirate | direct | autograde (default student)",
+        help="student | teacher | brief | pirate | direct | autograde | stepwise (default student)",
     )
     p.add_argument("--persona-base-url", help="play the persona with the model at this OpenAI-compatible URL")
     p.add_argument("--persona-model", help="the persona model's name (with --persona-base-url)")
