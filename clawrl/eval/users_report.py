@@ -65,7 +65,8 @@ def build_users_report(
 
 def per_line(report: dict[str, Any]) -> dict[str, Any]:
     """The report as report.py's tables read it: one entry per line of versions (users on one line,
-    as with a shared policy, share its canary and collapse figures), named by their users."""
+    as with a shared policy, share its canary and collapse figures), named by their users; a shared
+    line's held-out self-ROUGE-L is its first user's answers'."""
     lines: dict[str, list[str]] = {}
     for name, entry in report["users"].items():
         lines.setdefault(entry["line"], []).append(name)
