@@ -31,7 +31,9 @@ the started servers' config, e.g. --train.batch-size 8 --train.lr 5e-4 --judge.b
 With --base-url, the running server's own config counts; give its --train.batch-size so the
 users are paced to it, and --server.api-key (or $CLAWRL_API_KEY) if it needs a key.
 
-Writes OUT/report.json, OUT/report.md and OUT/scores.png; run folders go to OUT/runs/METHOD."""
+Writes OUT/report.json, OUT/report.md and OUT/scores.png; run folders go to OUT/runs/METHOD.
+--users brief,stepwise runs several simulated users on one server instead (docs/evaluation.md,
+"Several users on one server"): its run folder is OUT/runs/METHOD-ADAPTERS."""
 
 
 def add_eval_parsers(sub: Any) -> None:

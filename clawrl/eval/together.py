@@ -105,8 +105,10 @@ async def _follow(
         for t in tracks:
             if held and not t.done:
                 await _count_held(t, held, settings.steps)
+            if t.done:
+                continue
             served = await t.user.client.version()
-            if not t.done and version_number(served) > version_number(t.version):
+            if version_number(served) > version_number(t.version):
                 newer[t.user.name] = served
         if newer:
             await _measure_newer(tracks, newer, held_out, settings, started)
