@@ -2,6 +2,7 @@
 
     clawrl eval --persona brief --method rl,combine --steps 8 --out eval-out --train.batch-size 8
     clawrl eval --base-url http://127.0.0.1:8000 --persona student --steps 4
+    clawrl eval --users brief,stepwise --method combine --train.adapters per_user --steps 4 --out two
     clawrl report --run-dir eval-out/runs/rl
 
 `eval` goes through `clawrl.cli.main`'s config path: its dotted options are checked and
@@ -30,7 +31,9 @@ the started servers' config, e.g. --train.batch-size 8 --train.lr 5e-4 --judge.b
 With --base-url, the running server's own config counts; give its --train.batch-size so the
 users are paced to it, and --server.api-key (or $CLAWRL_API_KEY) if it needs a key.
 
-Writes OUT/report.json, OUT/report.md and OUT/scores.png; run folders go to OUT/runs/METHOD."""
+Writes OUT/report.json, OUT/report.md and OUT/scores.png; run folders go to OUT/runs/METHOD.
+--users brief,stepwise runs several simulated users on one server instead (docs/evaluation.md,
+"Several users on one server"): its run folder is OUT/runs/METHOD-ADAPTERS."""
 
 
 def add_eval_parsers(sub: Any) -> None:
@@ -58,8 +61,13 @@ def _eval_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--persona",
-        default="student",
-        help="student | teacher | brief | pirate | direct | autograde (default student)",
+        help="student | teacher | brief | pirate | direct | autograde | stepwise (default student)",
+    )
+    p.add_argument(
+        "--users",
+        help="several simulated users on one server, e.g. brief,stepwise: one persona each, under its own "
+        "key, all at once; each measured on their own versions (train.adapters per_user: brief/v1, ...; "
+        "shared: v1, ...). One method; --concurrency is per user",
     )
     p.add_argument("--persona-base-url", help="play the persona with the model at this OpenAI-compatible URL")
     p.add_argument("--persona-model", help="the persona model's name (with --persona-base-url)")
@@ -110,16 +118,17 @@ def cmd_eval(config: Any, args: argparse.Namespace) -> int:
 
     from clawrl.eval.client import EvalError
     from clawrl.eval.run import run_eval
+    from clawrl.eval.run_users import run_users_eval
     from clawrl.launcher import LaunchError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # SIGTERM unwinds like Ctrl-C, so the servers eval started are stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        report = run_eval(config, args)
+        report = run_users_eval(config, args) if args.users is not None else run_eval(config, args)
     except (ValueError, EvalError, LaunchError) as exc:
         return _fail(str(exc))
-    for method, entry in report["methods"].items():
+    for method, entry in (report.get("methods") or report["users"]).items():
         scores = " -> ".join(f"{s:.3f}" for s in entry["scores"])
         print(f"clawrl eval: {method}: {scores} ({entry['wall_s']:.0f} s, {entry['stopped']})")
     print(f"clawrl eval: signal: {report['signal']}")

@@ -51,13 +51,13 @@ async def run_experiment(
     judge, method = check_learning(await client.health())
     outcome = Outcome(method=method, judge=judge)
     start = await client.version()
-    outcome.points.append(await _point(client, persona, held_out, settings, start, start, started))
+    outcome.points.append(await measure_point(client, persona, held_out, settings, start, start, started))
     traffic = Traffic(client, persona, train, method, settings)
     users = traffic.begin(start)
     try:
         await _follow(client, persona, held_out, settings, traffic, users, outcome, started)
     finally:
-        await _stop(users)
+        await stop_users(users)
     outcome.conversations, outcome.answers = traffic.conversations, traffic.answers
     outcome.sessions = traffic.sessions
     outcome.unanswered = client.unanswered
@@ -81,15 +81,15 @@ async def _follow(
         deadline = started + settings.max_wall_s
         newer = await _next_version(client, traffic, users, version, deadline, outcome, start, settings.steps)
         if newer is None:
-            outcome.stopped = "held" if _made(outcome, start) >= settings.steps else "timeout"
+            outcome.stopped = "held" if made(outcome, start) >= settings.steps else "timeout"
             return
         await traffic.pause()
-        outcome.points.append(await _point(client, persona, held_out, settings, start, newer, started))
+        outcome.points.append(await measure_point(client, persona, held_out, settings, start, newer, started))
         version = newer
         await traffic.resume(version)
 
 
-async def _point(
+async def measure_point(
     client: EvalClient,
     persona: Persona,
     tasks: list[Task],
@@ -97,14 +97,16 @@ async def _point(
     start: str,
     version: str,
     started: float,
+    who: str = "",
 ) -> Point:
+    """Measure the held-out tasks at `version` (`who`: the simulated user, printed before the step)."""
     scores, seen, answers = await measure(client, persona, tasks, settings.max_tokens, f"{start}-{version}")
     step = version_number(version) - version_number(start)
     elapsed = time.monotonic() - started
     alike = self_rouge_l([a for a in answers if a is not None])
     point = Point(step, version, sum(scores) / len(scores), scores, seen, elapsed, alike)
     log.info("step %d (%s): held-out score %.3f", step, version, point.score)
-    print(f"clawrl eval: step {step} ({version}): held-out score {point.score:.3f}", flush=True)
+    print(f"clawrl eval: {who}step {step} ({version}): held-out score {point.score:.3f}", flush=True)
     return point
 
 
@@ -121,7 +123,7 @@ async def _next_version(
     """The first version newer than `current` that `/healthz` shows served; None at the deadline,
     or once `steps` versions were made and the newest ones were held."""
     while time.monotonic() < deadline:
-        _raise_failed(users)
+        raise_failed(users)
         health = await client.health()
         check_learning(health)
         if version_number(health["version"]) > version_number(current):
@@ -131,7 +133,7 @@ async def _next_version(
             outcome.held.append(held)
             step = version_number(held) - version_number(start)
             print(f"clawrl eval: step {step} ({held}): held by the canary gate, not served", flush=True)
-            if _made(outcome, start) >= steps:
+            if made(outcome, start) >= steps:
                 return None
             await traffic.resume(held)  # its step's samples are spent: the users' next step opens
         await traffic.poke()
@@ -139,20 +141,21 @@ async def _next_version(
     return None
 
 
-def _made(outcome: Outcome, start: str) -> int:
+def made(outcome: Outcome, start: str) -> int:
     """Versions made past `start`, served (measured) or held."""
     newest = [version_number(p.version) for p in outcome.points] + [version_number(v) for v in outcome.held]
     return max(newest) - version_number(start)
 
 
-def _raise_failed(users: list[asyncio.Task[None]]) -> None:
+def raise_failed(users: list[asyncio.Task[None]]) -> None:
     """Re-raise the error of a simulated user that stopped (their loops never end otherwise)."""
     for user in users:
         if user.done() and not user.cancelled() and user.exception() is not None:
             raise EvalError(f"a simulated user failed: {user.exception()}") from user.exception()
 
 
-async def _stop(users: list[asyncio.Task[None]]) -> None:
+async def stop_users(users: list[asyncio.Task[None]]) -> None:
+    """Cancel the simulated users' tasks and wait until they have ended."""
     for user in users:
         user.cancel()
     await asyncio.gather(*users, return_exceptions=True)

@@ -143,7 +143,7 @@ def markdown(report: dict[str, Any]) -> str:
         *_score_table(report),
         "",
         *_method_table(report),
-        *_canary_tables(report),
+        *canary_tables(report),
         *collapse_panel(report),
     ]
     return "\n".join(lines) + "\n"
@@ -159,7 +159,8 @@ def canary_rows(versions: list[Any]) -> list[dict[str, Any]]:
     ]
 
 
-def _canary_tables(report: dict[str, Any]) -> list[str]:
+def canary_tables(report: dict[str, Any]) -> list[str]:
+    """report.md's canary tables, one per entry of `report["methods"]` that has canary rows."""
     lines: list[str] = []
     for method, entry in report["methods"].items():
         rows = entry.get("canary") or []

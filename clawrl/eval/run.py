@@ -92,7 +92,7 @@ def make_settings(config: Any, args: Namespace) -> Settings:
 
 def make_persona(args: Namespace) -> Persona:
     """The scripted persona, or the same role played by a model at --persona-base-url."""
-    persona = get_persona(args.persona, max_turns=args.max_turns)
+    persona = get_persona(args.persona or "student", max_turns=args.max_turns)
     if args.persona_base_url is None:
         return persona
     if not args.persona_model:

@@ -68,12 +68,21 @@ def test_unreachable_base_url_fails_with_the_address(capsys, tmp_path):
         (["--tasks", "physics"], "unknown task set 'physics'"),
         (["--persona-base-url", "http://127.0.0.1:1/v1"], "--persona-base-url needs --persona-model"),
         (["--base-url", "http://127.0.0.1:1", "--model", "/m"], "--model is for the servers eval starts"),
+        (["--users", "brief,wizard"], "--users: unknown persona wizard"),
+        (["--users", "brief,stepwise", "--persona", "brief"], "leave --persona out"),
+        (["--users", "brief,stepwise", "--method", "rl,combine"], "--users runs one method"),
+        (
+            ["--users", "brief,stepwise", "--base-url", "http://127.0.0.1:1"],
+            "--users does not go with --base-url",
+        ),
+        (["--users", "brief", "--via", "openclaw"], "bare API only"),
     ],
 )
 def test_bad_options_are_named(capsys, tmp_path, argv, message):
     code, err = _run(capsys, "eval", "--out", str(tmp_path / "out"), *argv)
     assert code == 2
     assert message in err
+    assert not (tmp_path / "out").exists()  # nothing started, no users file written
 
 
 def test_via_openclaw_without_openclaw_names_the_setup_script(capsys, tmp_path, monkeypatch):

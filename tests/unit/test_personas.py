@@ -14,6 +14,7 @@ import pytest
 
 from clawrl.eval.llm_persona import LLMPersona, PersonaError
 from clawrl.eval.personas import PERSONAS, get_persona, mentions_answer, student_answer
+from clawrl.eval.personas.stepwise import worked_steps
 from clawrl.eval.tasks import Task, load_tasks, split
 
 BAKER = Task("t1", "A baker makes 24 rolls and sells 15 of them. How many rolls are left?", 9)
@@ -75,10 +76,10 @@ def test_mentions_answer(text: str, answer: int, expected: bool):
 
 
 def test_registry_and_unknown_persona():
-    assert set(PERSONAS) == {"student", "teacher", "brief", "pirate", "direct", "autograde"}
+    assert set(PERSONAS) == {"student", "teacher", "brief", "pirate", "direct", "autograde", "stepwise"}
     assert get_persona("brief", max_turns=5).max_turns == 5
     with pytest.raises(
-        ValueError, match="known personas: student, teacher, brief, pirate, direct, autograde"
+        ValueError, match="known personas: student, teacher, brief, pirate, direct, autograde, stepwise"
     ):
         get_persona("pilot")
 
@@ -141,6 +142,35 @@ def test_brief_gives_partial_credit_falling_with_length():
     reply = brief.reply(BAKER, long, turn=1)
     assert reply.rating == -1 and "under 30 words" in (reply.message or "")
     assert brief.reply(BAKER, short, turn=1).rating == 1
+
+
+def test_stepwise_counts_worked_steps():
+    assert worked_steps("24 - 15 = 9.") == 1
+    assert worked_steps("First, 3 x 8 is 24. Then 24 minus 6 is 18. So the total = 18.") == 3
+    assert worked_steps("Step 1: 36 / 6\nStep 2: 6 \\times 2\nDone, nothing else.") == 2
+    assert worked_steps("There are 9 rolls left. The baker had 24.") == 0  # numbers, no calculation
+
+
+def test_stepwise_wants_every_calculation_as_a_step_and_is_briefs_opposite():
+    stepwise, brief = get_persona("stepwise"), get_persona("brief")
+    worked = (
+        "The baker starts with 24 rolls in the morning, fresh from the oven and ready to sell.\n"
+        "Step 1: during the day the baker sells 15 of them, so we take those away: 24 - 15 = 9.\n"
+        "Step 2: to check, add the sold rolls back to what is left: 9 + 15 = 24, the rolls we began with.\n"
+        "Step 3: so the number of rolls still on the shelf at the end of the day = 9 rolls in all."
+    )
+    terse = "9 rolls are left."
+    assert stepwise.score(BAKER, worked) == 1.0 and brief.score(BAKER, worked) < 0.5
+    assert stepwise.score(BAKER, terse) == 0.0 and brief.score(BAKER, terse) == 1.0
+    # PLAIN: one step of three (1/3); 16 words, credit 0 at 15 and 1 at 60 (1/45): the mean of both
+    assert stepwise.score(BAKER, PLAIN) == pytest.approx((1 / 3 + 1 / 45) / 2)
+    reply = stepwise.reply(BAKER, terse, turn=1)
+    assert reply.rating == -1 and not reply.done
+    assert "its own step" in (reply.message or "") and "(4 words)" in (reply.message or "")
+    assert "every calculation as its own step" in (reply.comment or "")
+    accepted = stepwise.reply(BAKER, worked, turn=1)
+    assert accepted.rating == 1 and accepted.done and accepted.comment is None
+    assert accepted.message in stepwise.thanks
 
 
 def test_teacher_quotes_a_scripted_student_answer():

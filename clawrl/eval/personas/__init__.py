@@ -8,8 +8,10 @@
 | `pirate`  | a question for the club                  | every answer starting with "Ahoy!" (OPD-only)   |
 | `direct`  | the bare question                        | no "To solve this problem, we need to..." opener |
 | `autograde` | the question, for a grading script     | a last line that is exactly "Answer: N"         |
+| `stepwise` | the question, asking to be walked through | every calculation as a step, at least 60 words |
 
-`direct` and `autograde` are held out: clawrl's defaults are tuned on `brief` only.
+`direct` and `autograde` are held out: clawrl's defaults are tuned on `brief` only. `stepwise`,
+`brief`'s opposite, is for the two-user figures (`clawrl eval --users brief,stepwise`).
 
 All are scripted and deterministic (clawrl.eval.personas.base explains the interface);
 `clawrl.eval.llm_persona.LLMPersona` plays any of them with an OpenAI-compatible model.
@@ -22,12 +24,13 @@ from clawrl.eval.personas.base import Check, Persona, Reply, RulePersona
 from clawrl.eval.personas.brief import Brief
 from clawrl.eval.personas.direct import Direct
 from clawrl.eval.personas.pirate import Pirate
+from clawrl.eval.personas.stepwise import Stepwise
 from clawrl.eval.personas.student import Student
 from clawrl.eval.personas.teacher import Teacher, student_answer
 from clawrl.eval.personas.text import mentions_answer, numbers_in
 
 PERSONAS: dict[str, type[RulePersona]] = {
-    p.name: p for p in (Student, Teacher, Brief, Pirate, Direct, Autograde)
+    p.name: p for p in (Student, Teacher, Brief, Pirate, Direct, Autograde, Stepwise)
 }
 
 

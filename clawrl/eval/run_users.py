@@ -1,0 +1,155 @@
+"""`clawrl eval --users brief,stepwise`: several simulated users on one fresh server.
+
+One method (`--method`, one name, or the config's), one server in `<run-root>/<method>-<adapters>`
+(`adapters`: per_user or shared, from `train.adapters` as the server resolves it with users on),
+started with a users file eval writes there (`clawrl.eval.users`: one generated key per user) and
+the admin key (`server.api_key`, or a generated one). The users talk at once, each under their own
+key (`clawrl.eval.together`); the report folder gets report.json, report.md and scores.png
+(`clawrl.eval.users_report`), one line per user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shlex
+import sys
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
+
+from clawrl.eval.client import EvalClient
+from clawrl.eval.personas import PERSONAS, get_persona
+from clawrl.eval.plot import plot_scores
+from clawrl.eval.report import canary_rows, method_entry
+from clawrl.eval.run import make_settings, parse_methods
+from clawrl.eval.scenario import Outcome, Settings
+from clawrl.eval.tasks import Task, load_tasks, split
+from clawrl.eval.together import SimUser, run_together
+from clawrl.eval.users import line_of, new_key, parse_users, write_users_file
+from clawrl.eval.users_report import build_users_report, users_markdown
+from clawrl.store.db import Store
+from clawrl.types import DEFAULT_USER
+
+# Options of the one-persona path that --users does not take (each user is a scripted persona).
+_NOT_WITH_USERS = {
+    "base_url": "--base-url (eval starts the server, with a users file of its own)",
+    "persona_base_url": "--persona-base-url",
+}
+
+
+def check_users_args(args: Namespace) -> None:
+    """ValueError naming an option that does not go with --users."""
+    for name, shown in _NOT_WITH_USERS.items():
+        if getattr(args, name, None) is not None:
+            raise ValueError(f"--users does not go with {shown}")
+    if args.persona is not None:
+        raise ValueError("--users names the personas, one per user: leave --persona out")
+    if args.via != "api":
+        raise ValueError("--users talks through the bare API only (no --via openclaw)")
+
+
+def run_users_eval(config: Any, args: Namespace) -> dict[str, Any]:
+    """Run the experiment with several users; returns the report, also written to --out."""
+    check_users_args(args)
+    names = parse_users(args.users, list(PERSONAS))
+    method = parse_methods(args.method, config.method, remote=False)
+    if len(method) != 1:
+        raise ValueError("--users runs one method: give one --method")
+    settings = make_settings(config, args)
+    train, held_out = split(load_tasks(args.tasks), args.held_out, seed=args.seed)
+    if not held_out or not train:
+        raise ValueError("--held-out must leave at least one held-out and one training task")
+    keys = {name: new_key(name) for name in names}
+    cfg = users_config(
+        config, method[0], keys, args.run_dir if args.run_dir is not None else args.out / "runs"
+    )
+    adapters = "per_user" if cfg.per_user_adapters else "shared"
+    outcomes = _serve(cfg, keys, args, train, held_out, settings)
+    entries = {name: user_entry(outcomes[name], name, line_of(name, cfg.per_user_adapters)) for name in names}
+    _add_canary(entries, cfg.run_dir / "clawrl.db")
+    command = shlex.join(["clawrl", *sys.argv[1:]])
+    held = [t.id for t in held_out]
+    report = build_users_report(
+        entries, method[0], adapters, settings, held, command, cfg.dump(), str(cfg.run_dir)
+    )
+    write_users_report(report, args.out)
+    return report
+
+
+def users_config(config: Any, method: str, keys: dict[str, str], run_root: Path) -> Any:
+    """The served config: `method`, the users file with `keys` in a fresh run folder named after the
+    method and the adapters, and an admin key (the config's, or a generated one)."""
+    probe = config.model_copy(
+        update={"server": config.server.model_copy(update={"users": Path("users.json")})}
+    )
+    adapters = "per_user" if probe.per_user_adapters else "shared"
+    run_dir = run_root / f"{method}-{adapters}"
+    if (run_dir / "clawrl.db").exists():
+        raise ValueError(f"{run_dir} holds a run already; give another --out or --run-dir")
+    admin = config.server.api_key or SecretStr(new_key(DEFAULT_USER))
+    server = config.server.model_copy(update={"users": write_users_file(run_dir, keys), "api_key": admin})
+    return config.model_copy(update={"method": method, "run_dir": run_dir, "server": server}, deep=True)
+
+
+def user_entry(outcome: Outcome, persona: str, line: str) -> dict[str, Any]:
+    """One user's part of report.json: their `method_entry`, persona and line of versions."""
+    return method_entry(outcome, None) | {"persona": persona, "line": line}
+
+
+def _serve(
+    cfg: Any,
+    keys: dict[str, str],
+    args: Namespace,
+    train: list[Task],
+    held_out: list[Task],
+    settings: Settings,
+) -> dict[str, Outcome]:
+    """Start the server, let every user talk under their own key, stop it; each user's outcome."""
+    from clawrl.launcher import ServerProcess
+
+    print(f"clawrl eval: users {', '.join(keys)}: starting a server in {cfg.run_dir}", flush=True)
+    with ServerProcess.from_config(cfg, fresh=True) as server:
+        return asyncio.run(_together(server.url, cfg, keys, args.max_turns, train, held_out, settings))
+
+
+async def _together(
+    url: str,
+    cfg: Any,
+    keys: dict[str, str],
+    max_turns: int,
+    train: list[Task],
+    held_out: list[Task],
+    settings: Settings,
+) -> dict[str, Outcome]:
+    async with contextlib.AsyncExitStack() as stack:
+        admin = await stack.enter_async_context(EvalClient(url, cfg.server.api_key.get_secret_value()))
+        users = []
+        for name, key in keys.items():
+            client = await stack.enter_async_context(EvalClient(url, key))
+            persona = get_persona(name, max_turns=max_turns)
+            users.append(SimUser(name, persona, client, line_of(name, cfg.per_user_adapters)))
+        return await run_together(admin, users, train, held_out, settings)
+
+
+def _add_canary(entries: dict[str, dict[str, Any]], db: Path) -> None:
+    """Each user's line's canary rows, from the run's store."""
+    with Store.open(db, readonly=True) as store:
+        for entry in entries.values():
+            entry["canary"] = canary_rows(store.versions(entry["line"]))
+
+
+def write_users_report(report: dict[str, Any], out: Path) -> None:
+    """report.json, report.md and scores.png (one line per user) in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "report.md").write_text(users_markdown(report))
+    view = {
+        "methods": report["users"],
+        "persona": ", ".join(report["users"]),
+        "signal": f"{report['adapters']}: {report['signal']}",
+    }
+    plot_scores(view, out / "scores.png")

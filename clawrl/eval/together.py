@@ -1,0 +1,175 @@
+"""Several simulated users on one live server at once, each measured on their own line of versions.
+
+`run_together` is `clawrl.eval.experiment.run_experiment` for several users (`clawrl eval --users`):
+each user (`SimUser`) talks under their own key (their own `EvalClient`) with their own persona and
+their own paced traffic (`clawrl.eval.scenario.Traffic`), all at once. The admin client reads
+`/healthz`'s details (is it learning, which version the canary gate held); each user's own
+`/healthz` gives the version that user is served: their own (`brief/v2`) with an adapter per user,
+the shared `v2` otherwise. Whenever any user's version is newer than the one last measured for
+them, every user's traffic pauses, those users' held-out tasks are measured with their own key
+and persona, and the traffic goes on. A user is done once `steps` versions of their line were
+made (served or held); their traffic then stops, so it trains their line no further.
+
+A held version is seen in `guard.last_held`, the newest held of any line: a user counts it when it
+is on their line. Two lines' holds between two polls show only the newer one; the other user's
+pacing then waits `stall_s` before going on (their next served version still counts the steps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+from clawrl.eval.client import EvalClient
+from clawrl.eval.experiment import check_learning, made, measure_point, raise_failed, stop_users
+from clawrl.eval.personas.base import Persona
+from clawrl.eval.scenario import Outcome, Point, Settings, Traffic
+from clawrl.eval.tasks import Task
+from clawrl.eval.users import per_step_share
+from clawrl.version_folder import version_number, version_user
+
+
+@dataclass(frozen=True)
+class SimUser:
+    """One simulated user: a persona under its own key, on a line of versions (`users.line_of`)."""
+
+    name: str
+    persona: Persona
+    client: EvalClient  # with this user's key
+    line: str
+
+
+@dataclass
+class Track:
+    """One user during the experiment: their traffic and what was measured of them."""
+
+    user: SimUser
+    outcome: Outcome
+    traffic: Traffic
+    start: str  # the version they were served when it began
+    version: str  # the newest version measured for them
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    done: bool = False
+
+
+async def run_together(
+    admin: EvalClient, users: list[SimUser], train: list[Task], held_out: list[Task], settings: Settings
+) -> dict[str, Outcome]:
+    """Measure every user at their start, then each user's every new version, until each has
+    `settings.steps` versions made or `settings.max_wall_s` has passed; each user's outcome."""
+    started = time.monotonic()
+    judge, method = check_learning(await admin.health())
+    tracks = [await _track(u, users, method, judge, train, settings) for u in users]
+    for t in tracks:
+        t.outcome.points.append(await _measure(t, held_out, settings, started))
+    for t in tracks:
+        t.tasks = t.traffic.begin(t.start)
+    try:
+        await _follow(admin, tracks, held_out, settings, started)
+    finally:
+        await stop_users([task for t in tracks for task in t.tasks])
+    for t in tracks:
+        _close(t, started)
+    return {t.user.name: t.outcome for t in tracks}
+
+
+async def _track(
+    user: SimUser, users: list[SimUser], method: str, judge: str, train: list[Task], settings: Settings
+) -> Track:
+    """`user`'s track: their traffic paced to their share of their line's steps."""
+    share = per_step_share(settings.samples_per_step, sum(u.line == user.line for u in users))
+    traffic = Traffic(
+        user.client, user.persona, train, method, dataclasses.replace(settings, samples_per_step=share)
+    )
+    start = await user.client.version()
+    return Track(user, Outcome(method=method, judge=judge), traffic, start, start)
+
+
+async def _follow(
+    admin: EvalClient, tracks: list[Track], held_out: list[Task], settings: Settings, started: float
+) -> None:
+    """Poll until every user is done: count holds, measure newer versions, re-check stalls."""
+    deadline = started + settings.max_wall_s
+    while not all(t.done for t in tracks):
+        if time.monotonic() >= deadline:
+            for t in tracks:
+                t.outcome.stopped = t.outcome.stopped if t.done else "timeout"
+            return
+        raise_failed([task for t in tracks for task in t.tasks])
+        health = await admin.health()
+        check_learning(health)
+        held = ((health.get("guard") or {}).get("last_held") or {}).get("version")
+        newer: dict[str, str] = {}
+        for t in tracks:
+            if held and not t.done:
+                await _count_held(t, held, settings.steps)
+            if t.done:
+                continue
+            served = await t.user.client.version()
+            if version_number(served) > version_number(t.version):
+                newer[t.user.name] = served
+        if newer:
+            await _measure_newer(tracks, newer, held_out, settings, started)
+        for t in tracks:
+            if not t.done:
+                await t.traffic.poke()
+        await asyncio.sleep(settings.poll_s)
+
+
+async def _count_held(t: Track, held: str, steps: int) -> None:
+    """Count `held` if it is a new hold on `t`'s line: they are done when it was the last of their
+    steps, else their traffic's next step opens (the trainer goes on)."""
+    if version_user(held) != t.user.line or held in t.outcome.held:
+        return
+    if version_number(held) <= version_number(t.version):
+        return
+    t.outcome.held.append(held)
+    step = version_number(held) - version_number(t.start)
+    print(
+        f"clawrl eval: {t.user.name}: step {step} ({held}): held by the canary gate, not served", flush=True
+    )
+    if made(t.outcome, t.start) >= steps:
+        await _finish(t, "held")
+    else:
+        await t.traffic.resume(held)
+
+
+async def _measure_newer(
+    tracks: list[Track], newer: dict[str, str], held_out: list[Task], settings: Settings, started: float
+) -> None:
+    """Pause everyone's traffic, measure the users with a newer version, let the traffic go on."""
+    active = [t for t in tracks if not t.done]
+    for t in active:
+        await t.traffic.pause()
+    for t in active:
+        if t.user.name in newer:
+            t.version = newer[t.user.name]
+            t.outcome.points.append(await _measure(t, held_out, settings, started))
+    for t in active:
+        if t.outcome.points[-1].step >= settings.steps:
+            await _finish(t, "done")  # before its next step's budget could open
+        else:
+            await t.traffic.resume(t.version)
+
+
+async def _measure(t: Track, held_out: list[Task], settings: Settings, started: float) -> Point:
+    user = t.user
+    return await measure_point(
+        user.client, user.persona, held_out, settings, t.start, t.version, started, f"{user.name}: "
+    )
+
+
+async def _finish(t: Track, stopped: str) -> None:
+    """`t`'s user has their steps: their traffic stops, so their line is trained no further by them."""
+    t.done = True
+    t.outcome.stopped = stopped
+    await stop_users(t.tasks)
+
+
+def _close(t: Track, started: float) -> None:
+    t.outcome.conversations, t.outcome.answers = t.traffic.conversations, t.traffic.answers
+    t.outcome.sessions = t.traffic.sessions
+    t.outcome.unanswered = t.user.client.unanswered
+    t.outcome.wall_s = time.monotonic() - started
