@@ -140,7 +140,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "Mean persona score of the first answer to each held-out task (greedy), per training step:",
         "",
-        *_score_table(report),
+        *score_table(report["methods"]),
         "",
         *_method_table(report),
         *canary_tables(report),
@@ -185,11 +185,12 @@ def canary_tables(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _score_table(report: dict[str, Any]) -> list[str]:
-    methods = list(report["methods"])
-    lines = ["| step | " + " | ".join(methods) + " |", "| --- | " + " | ".join("---" for _ in methods) + " |"]
-    for step, cells in score_rows(report):
-        shown = [f"{cells[m][0]:.3f} ({cells[m][1]})" if m in cells else "-" for m in methods]
+def score_table(curves: dict[str, Any]) -> list[str]:
+    """A step x curve table of scores (and the version measured), one column per method or user."""
+    names = list(curves)
+    lines = ["| step | " + " | ".join(names) + " |", "| --- | " + " | ".join("---" for _ in names) + " |"]
+    for step, cells in score_rows({"methods": curves}):
+        shown = [f"{cells[n][0]:.3f} ({cells[n][1]})" if n in cells else "-" for n in names]
         lines.append(f"| {step} | " + " | ".join(shown) + " |")
     return lines
 

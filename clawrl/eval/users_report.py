@@ -22,7 +22,7 @@ import dataclasses
 from typing import Any
 
 from clawrl.eval.panel import collapse_panel, collapse_rows, limits_json, limits_of
-from clawrl.eval.report import VIA, canary_tables, change, score_rows, sessions_to_effect, signal
+from clawrl.eval.report import VIA, canary_tables, change, score_table, sessions_to_effect, signal
 from clawrl.eval.scenario import Settings
 
 ADAPTERS = {
@@ -89,22 +89,13 @@ def users_markdown(report: dict[str, Any]) -> str:
         "Each user's persona's mean score of the first answer to each held-out task (greedy), on each",
         "of the versions that user is served, per training step of that user's line:",
         "",
-        *_score_table(report),
+        *score_table(report["users"]),
         "",
         *_user_table(report),
         *canary_tables(per_line(report)),
         *collapse_panel(per_line(report)),
     ]
     return "\n".join(lines) + "\n"
-
-
-def _score_table(report: dict[str, Any]) -> list[str]:
-    names = list(report["users"])
-    lines = ["| step | " + " | ".join(names) + " |", "| --- | " + " | ".join("---" for _ in names) + " |"]
-    for step, cells in score_rows({"methods": report["users"]}):
-        shown = [f"{cells[n][0]:.3f} ({cells[n][1]})" if n in cells else "-" for n in names]
-        lines.append(f"| {step} | " + " | ".join(shown) + " |")
-    return lines
 
 
 def _user_table(report: dict[str, Any]) -> list[str]:

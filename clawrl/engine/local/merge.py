@@ -119,7 +119,22 @@ class MergedLora:
         _check(self.model, self._linears, self.targets, deltas)
 
 
-class SidePaths:
+class Bypass:
+    """Side paths that a block can switch off: the model is the base model inside `bypass()`."""
+
+    _off = False
+
+    @contextmanager
+    def bypass(self) -> Iterator[None]:
+        """The model is the base model inside this block (the engine's thread only)."""
+        self._off = True
+        try:
+            yield
+        finally:
+            self._off = False
+
+
+class SidePaths(Bypass):
     """Serve LoRA versions of a half-precision model unmerged (see the module docstring).
 
     Same interface as `MergedLora` (`apply`, `reset`, `loader`); the weights never change. An
@@ -165,15 +180,6 @@ class SidePaths:
 
     def reset(self) -> None:
         self._side = {}
-
-    @contextmanager
-    def bypass(self) -> Iterator[None]:
-        """The model is the base model inside this block (the engine's thread only)."""
-        self._off = True
-        try:
-            yield
-        finally:
-            self._off = False
 
     def loader(self, adapter_dir: Path | None) -> Callable[[nn.Module], None]:
         return _loader(self, adapter_dir)

@@ -38,14 +38,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from clawrl.engine.local.merge import _check, _linear32, _linears
+from clawrl.engine.local.merge import Bypass, _check, _linear32, _linears
 from clawrl.types import DEFAULT_USER, Version
 from clawrl.version_folder import DEFAULT_TARGETS, AdapterError, LoraDelta, is_adapter, read_adapter
 
 Stacked = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # A [S, r, in], B [S, out, r], scale [S]
 
 
-class AdapterStack:
+class AdapterStack(Bypass):
     """Per-row LoRA adapters for one plain model (see the module docstring). Not thread-safe: the
     engine changes it and runs forwards in its one worker thread."""
 
@@ -158,15 +158,6 @@ class AdapterStack:
                     scale[k] = float(d[name].scale)
             out[name] = (a, b, scale)
         return out
-
-    @contextmanager
-    def bypass(self) -> Iterator[None]:
-        """The model is the base model inside this block (the engine's thread only)."""
-        self._off = True
-        try:
-            yield
-        finally:
-            self._off = False
 
     @contextmanager
     def on_base(self, device: torch.device) -> Iterator[dict[str, torch.Tensor]]:
