@@ -17,11 +17,13 @@ whose prompt + max_tokens passes the window the model was trained on uses the sc
 table for all its positions, every other one the model's own (`clawrl/model/rope.py`); the
 choice goes out on the first token (`TokenEvent.rope_scaled`) to be recorded with the turn.
 
-Prefix caching (`engine.prefix_cache_mb`): a long prompt is looked up in the
+Prefix caching (`engine.prefix_cache_mb`, `prefix_kv.py`): a long prompt is looked up in the
 `PrefixCache` before its first chunk; on a hit its KV starts as a view of the
 cached prompt's and only the rest is prefilled. Each fully prefilled long
 prompt is kept for later requests, unless a weight swap happened while it was
-prefilled (its KV would then mix two versions). A swap empties the cache.
+prefilled (its KV would then mix two versions). A swap keeps the entries
+(`engine.prefix_cache_across_versions`, the default: a turn started from an older
+version's KV records it) or, without it, empties the cache.
 
 Grammars (`SamplingParams.grammar`, `engine.constrained_decoding`): a request decoded under one
 gets an llguidance matcher (`clawrl/model/constrain.py`), compiled off the event loop before
@@ -64,6 +66,7 @@ from clawrl.engine.local.batch import DecodeBatch
 from clawrl.engine.local.merge import VersionMerger
 from clawrl.engine.local.penalties import Penalties
 from clawrl.engine.local.prefix_cache import PrefixCache
+from clawrl.engine.local.prefix_kv import keep_prefix, start_from_cache
 from clawrl.engine.local.sampling import RowSampler, Sampled, sample_rows
 from clawrl.engine.local.schedule import Job, Parked, Request, Scheduler, Work
 from clawrl.engine.local.scoring import Scorer
@@ -344,7 +347,7 @@ class LocalEngine:
 
     def _prefill_chunk(self, req: Request) -> list[tuple[Request, TokenEvent]]:
         if req.kv_version is None:
-            self._start_from_cache(req)
+            start_from_cache(self.prefix_cache, self._batch, req, self.version_of(req.params.adapter))
         start = req.prefilled
         # Background prompts go in quarter-size chunks: a served request arriving meanwhile waits less.
         chunk = self._queue.chunk
@@ -355,7 +358,7 @@ class LocalEngine:
         if req.prefilled < len(req.prompt_ids):
             return []
         self._queue.chunking.remove(req)
-        self._keep_prefix(req)
+        keep_prefix(self.prefix_cache, req, self.version_of(req.params.adapter))
         self._retire()
         event = self._emit(req, self._sample(logits[None], [req])[0])
         if not req.done:
@@ -370,29 +373,6 @@ class LocalEngine:
         return (
             nullcontext() if self._adapters is None else self._adapters.rows([r.params.adapter for r in reqs])
         )
-
-    def _start_from_cache(self, req: Request) -> None:
-        """Before a long prompt's first chunk: start its KV from the longest cached prefix.
-
-        Entries are salted by version: a prompt starts from another version's KV only with
-        `across_versions`, and then records which (`cached_version`)."""
-        version = req.kv_version = self.version_of(req.params.adapter)
-        if self.prefix_cache is None:
-            return
-        hit, kv = self.prefix_cache.lookup(req.prompt_ids, version, _rope_key(req))
-        if kv is not None:
-            req.cache, req.prefilled, req.cached_tokens = self._batch.cache_of(kv), hit, hit
-            older = self.prefix_cache.last_hit_version
-            req.cached_version = older if older != version else None
-
-    def _keep_prefix(self, req: Request) -> None:
-        """After a long prompt's last chunk: keep its KV, salted by the oldest version that computed
-        part of it (none kept if a swap came during its prefill)."""
-        version = self.version_of(req.params.adapter)
-        if self.prefix_cache is None or req.kv_version != version:
-            return
-        kv = [(layer.keys, layer.values) for layer in req.cache.layers]
-        self.prefix_cache.insert(req.prompt_ids, kv, req.cached_version or version, _rope_key(req))
 
     def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[Sampled]:
         """One token per row of logits [B, V], each row masked by its grammar (if any) first."""
@@ -430,8 +410,3 @@ class LocalEngine:
         if len(keep) != len(rows):
             self._batch.keep(keep)
             self._queue.rows = [rows[i] for i in keep]
-
-
-def _rope_key(req: Request) -> str:
-    """The prefix cache keeps scaled and unscaled KV apart: they never match each other."""
-    return "scaled" if req.scaled else "own"
