@@ -178,7 +178,7 @@ def test_a_trainer_killed_mid_step_is_restarted_and_resumes_without_reusing_a_sa
         before = _number(server.health())
         seen, errors = _load(
             server,
-            lambda h: h["trainer"]["restarts"] >= 1 and _number(h) >= before + 2,
+            lambda h: h["trainer"]["restarts"] >= 1 and _number(h) >= before + 1,  # one step after it
             timeout=180,
             clients=2,
         )

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import openai
 import pytest
 
 from clawrl.cli import main
-from tests.conftest import RemoteServer
+from tests.conftest import ROOT, RemoteServer
+from tests.timing import limit
 
 pytestmark = pytest.mark.slow
 
@@ -203,3 +206,16 @@ def test_the_embedded_model_samples_with_smollm2s_published_defaults(smol_server
         for seed in range(3)
     ]
     assert sum("Paris" in text for text in texts) >= 2, texts
+
+
+def test_the_calculator_on_the_embedded_model(smol_server, tmp_path):
+    """`clawrl envs eval --base-url` on a held-out calculator task (the shipped environment): the
+    episode makes the forced calculate-then-submit calls and is scored 0 or 1."""
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "clawrl", "envs", "eval", "--env", "calculator"]
+    command += ["--base-url", smol_server.url, "--limit", "1", "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=limit(900), cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    lines = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert len(lines) == 1 and lines[0]["reward"] in (0.0, 1.0)
+    assert lines[0]["tool_calls"] == 2 and lines[0]["reason"] == "done", lines

@@ -1,12 +1,13 @@
 """`clawrl envs` end to end: train (grpo) and eval through real servers and a real trainer.
 
-1. On the tiny random model, a TRL-style coin environment whose reward depends on the side the
-   model picks (the forced call's grammar makes it pick one of the two): `envs train` runs groups
-   until the trainer publishes a version, then `envs eval` measures v0 and v1, each exported and
-   served by a server of its own. The tiny model learns nothing useful; this checks the plumbing
-   and the bookkeeping (groups used, versions counted, the report files).
-2. On the embedded model, `envs eval --base-url` on a held-out calculator task: the episode makes
-   the forced calculate-then-submit calls and is scored 0 or 1.
+On the tiny random model, a TRL-style coin environment whose reward depends on the side the
+model picks (the forced call's grammar makes it pick one of the two): `envs train` runs groups
+until the trainer publishes a version, then `envs eval` measures v0 and v1, each exported and
+served by a server of its own. The tiny model learns nothing useful; this checks the plumbing
+and the bookkeeping (groups used, versions counted, the report files).
+
+(`envs eval --base-url` on the embedded model, a calculator episode: tests/slow/test_embedded.py,
+on that module's server.)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from clawrl.store.db import Store
-from tests.conftest import ROOT, RemoteServer
+from tests.conftest import ROOT
 from tests.timing import limit
 
 # A trainer, exports and several servers on a 2-core CPU: minutes, more on a busy machine.
@@ -126,25 +127,3 @@ def test_envs_eval_measures_each_version_on_a_server_of_its_own(trained: Path, c
         with Store.open(out / "servers" / version / "clawrl.db", readonly=True) as store:
             assert len(list(store.turns())) == 3
     assert _versions(trained / "run") == before  # the run was only read
-
-
-@pytest.fixture(scope="module")
-def embedded(tmp_path_factory, embedded_model_dir):
-    server = RemoteServer(
-        tmp_path_factory.mktemp("envs-embedded") / "run",
-        ["--model", str(embedded_model_dir), "--judge.enabled", "false"],
-    )
-    yield server
-    server.stop()
-
-
-def test_the_calculator_on_the_embedded_model(embedded, tmp_path):
-    out = tmp_path / "out"
-    done = clawrl(
-        "envs", "eval", "--env", "calculator", "--base-url", embedded.url, "--limit", "1", "--out", str(out),
-        timeout=900,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    lines = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
-    assert len(lines) == 1 and lines[0]["reward"] in (0.0, 1.0)
-    assert lines[0]["tool_calls"] == 2 and lines[0]["reason"] == "done", lines

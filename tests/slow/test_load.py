@@ -1,6 +1,6 @@
-"""Load on the embedded model: 32 streaming clients plus 8 that hang up mid-stream.
+"""Load on the embedded model: 24 streaming clients plus 8 that hang up mid-stream.
 
-Forty requests for the engine's 16 batch slots: they queue, and slots free as clients leave.
+Thirty-two requests for the engine's 16 batch slots: they queue, and slots free as clients leave.
 (bench/load.py runs the same at 64 + 16 and reports its times: docs/benchmarks.md.)
 
 What a user would see: every client that stays gets its whole answer (no failures), the
@@ -21,7 +21,7 @@ from tests.timing import limit, wait_for
 
 pytestmark = pytest.mark.slow
 
-STAYING, LEAVING, MAX_TOKENS = 32, 8, 16
+STAYING, LEAVING, MAX_TOKENS = 24, 8, 16
 
 
 def _rss_mb(pid: int) -> float:
@@ -40,7 +40,7 @@ def _idle(server: RemoteServer) -> bool:
     return engine["active"] == 0 and engine["waiting"] == 0
 
 
-def test_32_streams_and_8_hang_ups_lose_nothing(tmp_path):
+def test_24_streams_and_8_hang_ups_lose_nothing(tmp_path):
     server = RemoteServer(tmp_path / "run", ["--judge.enabled", "false"])
     try:
         url = server.url + "/v1"
