@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -12,6 +13,8 @@ from transformers import PreTrainedTokenizerBase
 from clawrl.chat.tools import ToolCall
 from clawrl.engine.base import TokenEvent
 from clawrl.version_folder import fingerprint_of
+
+UNLIKELY = -9999.0  # OpenAI's logprob for a token with no probability (JSON has no -inf)
 
 
 @dataclass
@@ -59,8 +62,11 @@ class TokenText:
         self._decode = lru_cache(maxsize=65536)(lambda i: tokenizer.decode([i]))
 
     def entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        """One token's logprob entry; a logprob that is not finite (-inf: a token masked out) is
+        OpenAI's -9999.0, as JSON has no infinity."""
         text = self._decode(token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+        shown = logprob if math.isfinite(logprob) else UNLIKELY
+        return {"token": text, "logprob": shown, "bytes": list(text.encode())}
 
     def logprobs(self, events: list[TokenEvent], top: int) -> dict[str, Any]:
         content = []

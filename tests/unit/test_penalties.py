@@ -3,6 +3,8 @@ draw only, never to the logprob the trainer compares against."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -61,3 +63,17 @@ def test_a_penalised_row_does_not_change_its_neighbours_draw():
     alone = RowSampler.create(1.0, 1.0, 0, 11)
     together = [sample_rows(logits, rows)[1].token_id for _ in range(20)]
     assert together == [sample_rows(LOGITS[None], [alone])[0].token_id for _ in range(20)]
+
+
+def test_a_tiny_repetition_penalty_keeps_every_logprob_finite():
+    """r = 5e-324 (the smallest float above 0, which the API accepts and the fuzzer sent) would
+    make l / r infinite and the distribution undefined: the seen tokens get the largest finite
+    logit instead, so they take all the mass and every logprob drawn and recorded is a number."""
+    state = PenaltyState(Penalties(repetition=5e-324), prompt_ids=[0, 3])
+    out = state.apply(LOGITS)
+    assert torch.isfinite(out).all() and out[0] == out[3] == torch.finfo(out.dtype).max
+    assert out[[1, 2, 4]].tolist() == [-1.0, 0.5, -2.0]  # unseen tokens are untouched
+    row = RowSampler.create(1.0, 1.0, 2, None, penalties=Penalties(repetition=5e-324), prompt_ids=[0, 3])
+    (drawn,) = sample_rows(LOGITS[None].clone(), [row])
+    assert drawn.token_id in (0, 3) and math.isfinite(drawn.logprob)
+    assert all(math.isfinite(lp) for _, lp in drawn.top)

@@ -54,6 +54,9 @@ class PenaltyState:
         out = logits
         if p.repetition != 1.0:
             scaled = torch.where(out > 0, out / p.repetition, out * p.repetition)
+            # A tiny r (the API takes any r > 0) overflows l / r: the largest finite logit instead, so
+            # the distribution stays defined (all its mass on the seen tokens) and every logprob finite.
+            scaled = scaled.clamp(max=torch.finfo(scaled.dtype).max)
             out = torch.where(self._seen, scaled, out)
         if p.frequency != 0.0:
             out = out - p.frequency * self._counts
