@@ -41,7 +41,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -286,6 +286,16 @@ def list_versions(run_dir: Path) -> list[dict]:
     return [read_manifest(folder) for folder in complete_versions(run_dir)]
 
 
+def check_names(names: Collection[str], own: Mapping[str, torch.Tensor]) -> None:
+    """`AdapterError` unless `names` are the model's weights (`own`, its state dict): none it lacks,
+    none left out but tied copies of a named one (one parameter under two names)."""
+    if unexpected := sorted(set(names) - own.keys()):
+        raise AdapterError(f"the weights name tensors this model does not have: {unexpected[:5]}")
+    given = {id(own[k]) for k in names}
+    if missing := sorted(k for k in own.keys() - set(names) if id(own[k]) not in given):
+        raise AdapterError(f"the weights leave out {missing[:5]}")
+
+
 def load_full_weights(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
     """Copy `state` into `model`'s weights in place (cast to their dtype and device); no grad needed.
 
@@ -294,11 +304,7 @@ def load_full_weights(model: nn.Module, state: Mapping[str, torch.Tensor]) -> No
     `AdapterError` nothing has changed.
     """
     own = model.state_dict(keep_vars=True)
-    if unexpected := sorted(state.keys() - own.keys()):
-        raise AdapterError(f"the weights name tensors this model does not have: {unexpected[:5]}")
-    given = {id(own[k]) for k in state}  # a tied weight is one parameter under two names
-    if missing := sorted(k for k in own.keys() - state.keys() if id(own[k]) not in given):
-        raise AdapterError(f"the weights leave out {missing[:5]}")
+    check_names(state.keys(), own)
     for key, tensor in state.items():
         if tuple(tensor.shape) != tuple(own[key].shape):
             raise AdapterError(

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from clawrl.train.shards import copy_whole
-from clawrl.version_folder import ADAPTER_WEIGHTS, AdapterError, is_sharded, weights_pruned
+from clawrl.version_folder import ADAPTER_WEIGHTS, AdapterError, check_names, is_sharded, weights_pruned
 
 
 def fill_sharded(model: nn.Module, folder: Path, device: torch.device) -> None:
@@ -88,11 +88,7 @@ def checkpoint_names(model: nn.Module) -> dict[str, Tensor]:
 
 
 def _check(where: dict[str, Any], own: dict[str, Tensor]) -> None:
-    if unexpected := sorted(where.keys() - own.keys()):
-        raise AdapterError(f"the weights name tensors this model does not have: {unexpected[:5]}")
-    given = {id(own[k]) for k in where}  # a tied weight is one parameter under two names
-    if missing := sorted(k for k in own.keys() - where.keys() if id(own[k]) not in given):
-        raise AdapterError(f"the weights leave out {missing[:5]}")
+    check_names(where.keys(), own)
     for key, handle in where.items():
         shape = tuple(handle.get_slice(key).get_shape())
         if shape != tuple(own[key].shape):
