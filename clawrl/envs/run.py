@@ -7,10 +7,11 @@ out of range) is found by `make_plan` before any server starts, as a ValueError 
 
 train: without --base-url, `clawrl serve` on the embedded model (or --model) in
 `--run-dir` (default OUT/run) with method grpo; the server and its trainer are stopped
-afterwards, the run folder kept. eval: each version of `--run-dir` is exported
-(`clawrl export --merged`, into a temporary folder) and served by a fresh server of
-its own in OUT/servers/<version> (training, judge and canary off), so the run is
-only read; with --base-url, the version that server serves now.
+afterwards, the run folder kept. eval: each version of `--run-dir` is served by a
+fresh server of its own in OUT/servers/<version> (training, judge and canary off),
+so the run is only read: v0 is the run's base model as its config names it, a
+trained version is first exported (`clawrl export --merged`, into a temporary
+folder); with --base-url, the version that server serves now.
 """
 
 from __future__ import annotations
@@ -261,13 +262,11 @@ def _serve_and_measure(
     from clawrl.launcher import ServerProcess
 
     with tempfile.TemporaryDirectory(prefix=f"clawrl-{version}-") as tmp:
-        model = export_version(args.run_dir, version, Path(tmp) / "model")
-        run_dir = args.out / "servers" / version
-        cfg = config.model_copy(
-            update={"run_dir": run_dir, "model": config.model.model_copy(update={"path": str(model)})},
-            deep=True,
-        )
-        print(f"clawrl envs: measuring {version} (served in {run_dir})", file=sys.stderr, flush=True)
+        cfg = config.model_copy(update={"run_dir": args.out / "servers" / version}, deep=True)
+        if version.rsplit("/", 1)[-1] != "v0":  # v0 (any user's) is the base: served as the run served it
+            model = export_version(args.run_dir, version, Path(tmp) / "model")
+            cfg.model = cfg.model.model_copy(update={"path": str(model)})
+        print(f"clawrl envs: measuring {version} (served in {cfg.run_dir})", file=sys.stderr, flush=True)
         with ServerProcess.from_config(cfg, off=("train", "guard", "judge"), fresh=True) as server:
             return asyncio.run(_measure(server.url, key, plan, version))
 

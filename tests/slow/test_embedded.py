@@ -38,9 +38,10 @@ ASK_WEATHER = 'Call get_weather with {"city": "Paris"}.'
 
 @pytest.fixture(scope="module")
 def smol_server(tmp_path_factory, embedded_model_dir):
-    # No --model: the server finds the embedded model itself, as `./scripts/serve` does.
-    # The judge is off here: its background work would compete for the CPU with the judge test's server.
-    server = RemoteServer(tmp_path_factory.mktemp("smol") / "run", ["--judge.enabled", "false"])
+    # No --model: the server finds the embedded model itself, as `./scripts/serve` does. The default
+    # judge is on (the judge test below reads its judgments), with method combine; no trainer.
+    args = ["--method", "combine", "--train.enabled", "false"]
+    server = RemoteServer(tmp_path_factory.mktemp("smol") / "run", args)
     yield server
     server.stop()
 
@@ -145,7 +146,7 @@ REPLIES = [  # (question, the user's next message, the sign it gives the answer)
 ]
 
 
-def test_the_default_judge_reads_corrections_and_thanks_on_the_embedded_model(tmp_path):
+def test_the_default_judge_reads_corrections_and_thanks_on_the_embedded_model(smol_server):
     """The default judge (label likelihoods on the frozen base, m = 3 prompt variants, leaned by
     dissatisfaction cues) on the embedded model, end to end through the server: every vote is cast
     (none fails), corrections and complaints about an answer's form score -1 and thanks +1 on at
@@ -154,26 +155,23 @@ def test_the_default_judge_reads_corrections_and_thanks_on_the_embedded_model(tm
     state as the OPD hint."""
     from tests.service.test_judge import converse, judged
 
-    server = RemoteServer(tmp_path / "run", ["--method", "combine", "--train.enabled", "false"])
-    try:
-        turns = [(converse(server, question, reply)[0], sign) for question, reply, sign in REPLIES]
-        right = 0
-        for (turn_id, sign), (_, reply, _) in zip(turns, REPLIES, strict=True):
-            j, samples = judged(server, turn_id, timeout=240)
-            assert j.judge == "likelihood:base"
-            assert [v.kind for v in j.votes] == ["prm"] * 3 + ["hint"]
-            assert all(v.value is not None and v.error is None for v in j.votes), [v.error for v in j.votes]
-            right += j.score == sign
-            if j.score == -1:
-                assert j.hint is not None and reply in j.hint
-                assert [(s.kind, s.reward) for s in samples] == [("opd", -1.0)]  # combine: one, carrying r
-            else:
-                assert j.hint is None
-        assert right >= 7, f"{right} of 8 signs right"
-        judge = server.health()["judge"]
-        assert judge["failed_votes"] == 0 and judge["judged"] >= 8
-    finally:
-        server.stop()
+    server = smol_server
+    turns = [(converse(server, question, reply)[0], sign) for question, reply, sign in REPLIES]
+    right = 0
+    for (turn_id, sign), (_, reply, _) in zip(turns, REPLIES, strict=True):
+        j, samples = judged(server, turn_id, timeout=240)
+        assert j.judge == "likelihood:base"
+        assert [v.kind for v in j.votes] == ["prm"] * 3 + ["hint"]
+        assert all(v.value is not None and v.error is None for v in j.votes), [v.error for v in j.votes]
+        right += j.score == sign
+        if j.score == -1:
+            assert j.hint is not None and reply in j.hint
+            assert [(s.kind, s.reward) for s in samples] == [("opd", -1.0)]  # combine: one, carrying r
+        else:
+            assert j.hint is None
+    assert right >= 7, f"{right} of 8 signs right"
+    judge = server.health()["judge"]
+    assert judge["failed_votes"] == 0 and judge["judged"] >= 8
 
 
 def test_the_embedded_model_serves_a_32k_window(smol_server):
