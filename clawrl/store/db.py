@@ -12,14 +12,14 @@ Errors (clawrl.store.errors, re-exported here):
 Judgments and samples live in `clawrl.store.training` (`TrainingStore`, mixed in); the
 dashboard's bounded reads in `clawrl.store.stats` (`StatsStore`); Track 2's episodes and
 groups in `clawrl.store.episodes` (`EpisodeStore`); memory's experiences in `clawrl.store.memory`
-(`MemoryStore`).
+(`MemoryStore`); a removed user's rows counted and erased in `clawrl.store.erase` (`EraseStore`).
 
 The methods are synchronous. The server calls them from one dedicated writer
 thread; the connection is shared (`check_same_thread=False`) and guarded by a
 lock, so another thread may read safely too. Other processes (`clawrl records`,
 later a judge) open their own connection: WAL mode lets them read while the
-server writes. Nothing is ever deleted: the API only inserts and updates (an erased
-experience is retired, not deleted).
+server writes. The API only inserts and updates (an erased experience is retired, not
+deleted); the one delete is `clawrl users erase`, a removed user's every row (`EraseStore`).
 
 `Store.open` fails loudly: after migrating it commits a real write, so a
 read-only folder or a full disk is found at start, not on the first turn.
@@ -39,6 +39,7 @@ from urllib.parse import quote
 
 from clawrl.store import migrations
 from clawrl.store.episodes import EpisodeStore
+from clawrl.store.erase import EraseStore
 from clawrl.store.errors import (
     EpisodeConflict,
     StoreBusy,
@@ -139,7 +140,7 @@ def _connect_readonly(path: Path) -> sqlite3.Connection:
         return _connect(uri + "&immutable=1", uri=True)
 
 
-class Store(TrainingStore, VersionStore, StatsStore, EpisodeStore, MemoryStore):
+class Store(TrainingStore, VersionStore, StatsStore, EpisodeStore, MemoryStore, EraseStore):
     """Sessions, turns and feedback of one run; judgments and samples come from `TrainingStore`."""
 
     def __init__(self, conn: sqlite3.Connection, path: Path, readonly: bool = False) -> None:

@@ -39,6 +39,7 @@ from clawrl.store.schema import (
     M015_USERS,
     M016_NEXT_STATE_MATCH,
     M017_VERSION_USER,
+    M018_DELETE_TRIGGERS,
 )
 
 MIGRATIONS: list[tuple[str, str]] = [
@@ -59,6 +60,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m015_users", M015_USERS),
     ("m016_next_state_match", M016_NEXT_STATE_MATCH),
     ("m017_version_user", M017_VERSION_USER),
+    ("m018_delete_triggers", M018_DELETE_TRIGGERS),
 ]
 
 _NAME = re.compile(r"m[0-9]{3}_[a-z0-9_]+")

@@ -384,3 +384,78 @@ M017_VERSION_USER = """
 ALTER TABLE versions ADD COLUMN user TEXT NOT NULL DEFAULT 'default';
 CREATE INDEX versions_user ON versions(user);
 """
+
+# Erasing a removed user (`clawrl users erase`, clawrl/store/erase.py) deletes rows: these triggers take
+# each deleted row's part back out of the running totals exactly as m005's, m009's, m011's, m013's and
+# m014's put it in, so the totals stay what a recount gives (the deletes cost what was erased, never a
+# scan of every table under the write lock). A turn's latest judgment deleted: its part comes out and
+# the turn's judgment before it, if one is left, counts instead (an older one deleted changes nothing;
+# so any order of deletes ends right); a version's or a minute's row left with no judged turn goes, as
+# a recount would not make it. `memory:distilled` and `memory:reactivated` count the probe's state
+# changes, events no row keeps: a deleted experience leaves them. An experience deleted leaves the
+# full-text index too.
+M018_DELETE_TRIGGERS = """
+CREATE TRIGGER counters_session_delete AFTER DELETE ON sessions BEGIN
+    UPDATE counters SET n = n - 1 WHERE name = 'sessions';
+END;
+CREATE TRIGGER counters_turn_delete AFTER DELETE ON turns BEGIN
+    UPDATE counters SET n = n - 1 WHERE name = 'turns:' || OLD.turn_type;
+    UPDATE counters SET n = n - 1 WHERE name = 'turns:next_state' AND OLD.next_state IS NOT NULL;
+    UPDATE counters SET n = n - 1 WHERE OLD.memory IS NOT NULL
+        AND name = CASE WHEN json_extract(OLD.memory, '$.dropped') IS NULL THEN 'memory:injected'
+            ELSE 'memory:dropped' END;
+END;
+CREATE TRIGGER counters_sample_delete AFTER DELETE ON samples BEGIN
+    UPDATE counters SET n = n - 1 WHERE name = 'samples:' || OLD.status;
+    UPDATE counters SET n = n - 1 WHERE OLD.status = 'skipped' AND name = 'skipped:' || CASE
+        WHEN instr(coalesce(OLD.status_reason, ''), ':') > 0
+        THEN substr(OLD.status_reason, 1, instr(OLD.status_reason, ':') - 1) ELSE 'other' END;
+    UPDATE counters SET n = n - 1 WHERE name = 'memory:samples'
+        AND CASE WHEN json_valid(OLD.payload) THEN json_extract(OLD.payload, '$.experience_ids') END
+            IS NOT NULL;
+END;
+CREATE TRIGGER counters_episode_delete AFTER DELETE ON episodes BEGIN
+    UPDATE counters SET n = n - 1 WHERE name = 'episodes';
+    UPDATE counters SET n = n - 1 WHERE name = 'episodes:dropped' AND OLD.status = 'dropped';
+END;
+CREATE TRIGGER counters_group_delete AFTER DELETE ON groups WHEN OLD.status != 'open' BEGIN
+    UPDATE counters SET n = n - 1 WHERE name = 'groups:' || OLD.status;
+END;
+
+CREATE TRIGGER reward_judgment_delete AFTER DELETE ON judgments
+WHEN NOT EXISTS (SELECT 1 FROM judgments WHERE turn_id = OLD.turn_id AND id > OLD.id) BEGIN
+    INSERT INTO reward_by_version (version, judged, scored, score_sum, positive, negative, hinted)
+    SELECT coalesce(json_extract(t.versions, '$[0]'), 'v0'), d.sign, d.sign * (d.score IS NOT NULL),
+        d.sign * coalesce(d.score, 0), d.sign * (coalesce(d.score, 0) > 0),
+        d.sign * (coalesce(d.score, 0) < 0), d.sign * (d.hint IS NOT NULL)
+    FROM (SELECT -1 AS sign, OLD.score AS score, OLD.hint AS hint
+          UNION ALL SELECT 1, score, hint FROM judgments
+          WHERE id = (SELECT max(id) FROM judgments WHERE turn_id = OLD.turn_id)) AS d
+    JOIN turns t ON t.id = OLD.turn_id
+    WHERE true
+    ON CONFLICT (version) DO UPDATE SET judged = judged + excluded.judged, scored = scored + excluded.scored,
+        score_sum = score_sum + excluded.score_sum, positive = positive + excluded.positive,
+        negative = negative + excluded.negative, hinted = hinted + excluded.hinted;
+    INSERT INTO reward_by_minute (minute, judged, scored, score_sum, positive, negative, hinted)
+    SELECT CAST(t.created_at / 60 AS INTEGER), d.sign, d.sign * (d.score IS NOT NULL),
+        d.sign * coalesce(d.score, 0), d.sign * (coalesce(d.score, 0) > 0),
+        d.sign * (coalesce(d.score, 0) < 0), d.sign * (d.hint IS NOT NULL)
+    FROM (SELECT -1 AS sign, OLD.score AS score, OLD.hint AS hint
+          UNION ALL SELECT 1, score, hint FROM judgments
+          WHERE id = (SELECT max(id) FROM judgments WHERE turn_id = OLD.turn_id)) AS d
+    JOIN turns t ON t.id = OLD.turn_id
+    WHERE true
+    ON CONFLICT (minute) DO UPDATE SET judged = judged + excluded.judged, scored = scored + excluded.scored,
+        score_sum = score_sum + excluded.score_sum, positive = positive + excluded.positive,
+        negative = negative + excluded.negative, hinted = hinted + excluded.hinted;
+    DELETE FROM reward_by_version WHERE judged = 0
+        AND version = (SELECT coalesce(json_extract(versions, '$[0]'), 'v0') FROM turns
+            WHERE id = OLD.turn_id);
+    DELETE FROM reward_by_minute WHERE judged = 0
+        AND minute = (SELECT CAST(created_at / 60 AS INTEGER) FROM turns WHERE id = OLD.turn_id);
+END;
+
+CREATE TRIGGER experiences_fts_delete AFTER DELETE ON experiences BEGIN
+    INSERT INTO experiences_fts (experiences_fts, rowid, text) VALUES ('delete', OLD.id, OLD.text);
+END;
+"""

@@ -76,8 +76,9 @@ class StatsStore:
         return dict(rows[0]) if rows else None
 
     def version_count(self) -> int:
-        """How many versions exist, v0 included (the largest rowid: versions are never deleted)."""
-        return int(self._read("SELECT coalesce(max(rowid), 0) FROM versions")[0][0])
+        """How many versions exist, v0 included (a count, not the largest rowid: an erased user's
+        versions are deleted, `clawrl users erase`; a few rows a version, a small table)."""
+        return int(self._read("SELECT count(*) FROM versions")[0][0])
 
 
 def _reward(row: sqlite3.Row) -> dict[str, int]:

@@ -101,7 +101,7 @@ DASHBOARD_QUERIES = [
     (RECENT_SESSIONS.format(where=""), (20,)),
     (RECENT_SESSIONS.format(where="WHERE s.user = ?"), ("alice", 20)),  # one user's (docs/users.md)
     ("SELECT * FROM versions ORDER BY rowid DESC LIMIT ?", (20,)),
-    ("SELECT coalesce(max(rowid), 0) FROM versions", ()),
+    ("SELECT count(*) FROM versions", ()),
 ]
 
 
