@@ -3,8 +3,9 @@
 On the tiny random model, a TRL-style coin environment whose reward depends on the side the
 model picks (the forced call's grammar makes it pick one of the two): `envs train` runs groups
 until the trainer publishes a version, then `envs eval` measures v0 and v1, each served by a
-server of its own (v0 the run's base as it names it, v1 exported first). The tiny model learns nothing useful; this checks the plumbing
-and the bookkeeping (groups used, versions counted, the report files).
+server of its own (v0 the run's base as it names it, v1 exported first). The tiny model learns
+nothing useful; this checks the plumbing and the bookkeeping (groups used, versions counted, the
+report files).
 
 (`envs eval --base-url` on the embedded model, a calculator episode: tests/slow/test_embedded.py,
 on that module's server.)
