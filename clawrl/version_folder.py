@@ -187,14 +187,15 @@ def version_folders(run_dir: Path) -> dict[str, Path]:
     return {name: p for name, p in found.items() if p.is_dir()}
 
 
+def is_user_dir_name(name: str) -> bool:
+    """Whether `name` can be a user's folder of versions under checkpoints/ (never a `vN` name)."""
+    return bool(_USER_DIR.fullmatch(name)) and not _PLAIN.fullmatch(name)
+
+
 def _user_dirs(root: Path) -> dict[str, Path]:
     if not root.is_dir():
         return {}
-    return {
-        p.name: p
-        for p in sorted(root.iterdir())
-        if p.is_dir() and _USER_DIR.match(p.name) and not _PLAIN.match(p.name)
-    }
+    return {p.name: p for p in sorted(root.iterdir()) if p.is_dir() and is_user_dir_name(p.name)}
 
 
 def _complete_in(root: Path) -> list[Path]:

@@ -38,7 +38,6 @@ Decisions:
 
 from __future__ import annotations
 
-import re
 import shutil
 import sqlite3
 from contextlib import AbstractContextManager
@@ -46,10 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clawrl.types import DEFAULT_USER
-from clawrl.version_folder import CHECKPOINTS
-
-_NAME = re.compile(r"[a-z0-9_-]{1,32}")  # a user name (clawrl/config/users.py), ...
-_VERSION_LIKE = re.compile(r"v[0-9]+")  # ... never named like a version: checkpoints/vN is default's
+from clawrl.version_folder import CHECKPOINTS, is_user_dir_name
 
 _SESSIONS = "SELECT id FROM sessions WHERE user = ?1"
 _TURNS = f"SELECT id FROM turns WHERE session_id IN ({_SESSIONS})"
@@ -122,7 +118,7 @@ def delete_rows(conn: sqlite3.Connection, user: str) -> dict[str, int]:
 def user_folder(run_dir: Path, user: str) -> Path:
     """`checkpoints/<user>/`, where `user`'s own versions live; ValueError for a name that is no
     user's (`default`, whose versions are `checkpoints/vN`, a name like a version, `..`)."""
-    if user == DEFAULT_USER or not _NAME.fullmatch(user) or _VERSION_LIKE.fullmatch(user):
+    if user == DEFAULT_USER or not is_user_dir_name(user):
         raise ValueError(f"{user!r} is not a user's name: 1-32 of a-z, 0-9, _ and -, not default or vN")
     return Path(run_dir) / CHECKPOINTS / user
 
