@@ -7,7 +7,7 @@ the per-token advantage A_t and in which turns they keep:
 | --------- | -------------------- | ---------------------------------------------- | ------------------ |
 | `rl`      | BinaryRL             | r, the PRM vote in {-1, 0, +1}                 | `rl` if r != 0 (*) |
 | `opd`     | OnPolicyDistillation | logp_teacher - logp_old                        | `opd` if hinted    |
-| `combine` | Combine              | w_rl * r + w_opd * (logp_teacher - logp_old)   | both (*)           |
+| `combine` | Combine              | w_rl * r + w_opd * (logp_teacher - logp_old)   | one (**)           |
 | `grpo`    | GroupRelative        | (R_i - mean R) / (std R + eps), per episode    | `rl` per main turn |
 
 logp_teacher = log pi(a_t | s + hint), the response token under the enhanced
@@ -16,6 +16,8 @@ serving. grpo (Track 2) reads no judgment of its own: R_i is the reward the envi
 gave episode i of a group of G episodes of one task (clawrl/algo/grpo.py).
 (*) At-least-one guarantee: a session that gave no `rl` sample
 contributes its first scored turn (reward 0) when it ends.
+(**) A hinted turn gives one `opd` sample carrying r as its reward (its tokens count once), an
+unhinted one an `rl` sample if r != 0 (*). `Method.per_rating` says how many a rating makes.
 
 Besides the method, a turn served with a memory block gives a memory distillation sample
 (clawrl/algo/distill.py: an `opd` sample whose student prompt lacks the block and whose teacher

@@ -30,6 +30,11 @@ class Method(Protocol):
         """The samples one judged turn gives (possibly none)."""
         ...
 
+    def per_rating(self, score: int, hinted: bool) -> int:
+        """How many samples `samples` makes from an eligible turn judged `score`, with an accepted
+        hint or not (a client pacing its ratings counts them: clawrl/eval/pacing.py)."""
+        ...
+
     def session_end(self, scored: list[tuple[Turn, Judgment]], emitted_rl: int) -> list[Sample]:
         """Extra samples when a session ends.
 

@@ -35,5 +35,8 @@ class Combine:
             return [replace(sample, reward=float(judgment.score or 0)) for sample in hinted]
         return self._rl.samples(turn, judgment, teacher)
 
+    def per_rating(self, score: int, hinted: bool) -> int:
+        return 1 if hinted else self._rl.per_rating(score, hinted)
+
     def session_end(self, scored: list[tuple[Turn, Judgment]], emitted_rl: int) -> list[Sample]:
         return self._rl.session_end(scored, emitted_rl)

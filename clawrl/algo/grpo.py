@@ -69,6 +69,9 @@ class GroupRelative:
     def samples(self, turn: Turn, judgment: Judgment, teacher: TeacherPrompt) -> list[Sample]:
         return []  # a step's judgment counts only inside its group (`group`)
 
+    def per_rating(self, score: int, hinted: bool) -> int:
+        return 0  # its samples come from groups of episodes, never from a rating
+
     def session_end(self, scored: list[tuple[Turn, Judgment]], emitted_rl: int) -> list[Sample]:
         return []
 

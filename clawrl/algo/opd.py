@@ -29,5 +29,8 @@ class OnPolicyDistillation:
         hint = judgment.hint
         return [make_sample(turn, judgment, "opd", hint=hint, teacher_prompt_ids=teacher(turn, hint))]
 
+    def per_rating(self, score: int, hinted: bool) -> int:
+        return int(hinted)
+
     def session_end(self, scored: list[tuple[Turn, Judgment]], emitted_rl: int) -> list[Sample]:
         return []

@@ -27,6 +27,9 @@ class BinaryRL:
             return []
         return [make_sample(turn, judgment, "rl", reward=float(judgment.score))]
 
+    def per_rating(self, score: int, hinted: bool) -> int:
+        return int(score != 0)
+
     def session_end(self, scored: list[tuple[Turn, Judgment]], emitted_rl: int) -> list[Sample]:
         if emitted_rl:
             return []

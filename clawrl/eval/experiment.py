@@ -126,6 +126,7 @@ async def _next_version(
         raise_failed(users)
         health = await client.health()
         check_learning(health)
+        await traffic.seen(health)
         if version_number(health["version"]) > version_number(current):
             return str(health["version"])
         held = ((health.get("guard") or {}).get("last_held") or {}).get("version")

@@ -12,15 +12,22 @@ The rating is what is held, not the answer request: the next message always foll
 the rating at once. (A next message arriving after its turn's sample was trained makes
 the server judge the turn again, and the same answer would be trained twice.)
 
-How many samples one explicit rating makes (the method's `kinds`, see clawrl/algo/):
+How many samples one explicit rating makes (the method's `per_rating`, see clawrl/algo/):
 
     rl        1 (an explicit rating is +1 or -1, never 0)
     opd       1 when a comment over 10 characters comes with it (the hint), else 0
-    combine   both of the above
+    combine   1: an `opd` sample carrying the rating as its reward when hinted, else an `rl` one
 
 If the count is off (a sample skipped by the trainer, a hint refused), the users would
 wait for a version that never comes; after `stall_s` without one they get one more
 step's worth of budget, so an evaluation slows down but never hangs.
+
+Without ratings there is nothing to hold back: the samples come from the judge reading each
+next message. Unpaced, the users' agents and the judge then take the cores the trainer needs
+(through OpenClaw on two cores a step took 22 minutes, the niced trainer at 7% of one core). So
+`Backlog` holds the users' next messages instead, as a person's pauses would, once `/healthz`
+shows a step's batch waiting for the trainer or being trained (ready + training samples >= the
+batch), until the next version is made (served or held) or `stall_s` passes.
 """
 
 from __future__ import annotations
@@ -34,13 +41,10 @@ from clawrl.judge.votes import MIN_HINT_CHARS
 def expected_samples(method: str, rating: int, comment: str | None) -> int:
     """Training samples the server makes from one explicit rating (see the module docstring)."""
     try:
-        kinds = get_method(method).kinds
+        counted = get_method(method).per_rating
     except KeyError as exc:
         raise ValueError(exc.args[0]) from None
-    rl = 1 if rating != 0 and "rl" in kinds else 0
-    hint = comment is not None and len(comment.strip()) > MIN_HINT_CHARS
-    opd = 1 if hint and "opd" in kinds else 0
-    return rl + opd
+    return counted(rating, comment is not None and len(comment.strip()) > MIN_HINT_CHARS)
 
 
 @dataclass
@@ -74,8 +78,8 @@ class Pacer:
     def take(self, now: float, samples: int) -> bool:
         """Count a rating that makes `samples` samples, if the budget has room; else note the wait.
 
-        Room means fewer samples sent than the budget, so a `combine` rating worth two
-        may pass the budget by one: the trainer leaves that one for the next step.
+        Room means fewer samples sent than the budget, so a rating worth more than one sample
+        (no method's is now) may pass it: the trainer leaves the rest for the next step.
         """
         budget = self.budget
         if samples == 0 or budget is None or self.sent < budget:
@@ -98,4 +102,39 @@ class Pacer:
             return False
         self.granted += self.per_step
         self.blocked_since = None
+        return True
+
+
+@dataclass
+class Backlog:
+    """Without ratings: whether the users hold their next messages while a batch waits.
+
+    `per_step=None` holds nothing (ratings are paced by `Pacer` instead). `until` is the version
+    number the users wait for once a full batch was seen pending.
+    """
+
+    per_step: int | None
+    stall_s: float = 120.0
+    until: int | None = None
+    since: float | None = None
+
+    @property
+    def holding(self) -> bool:
+        return self.until is not None
+
+    def seen(self, now: float, pending: int, newest: int) -> None:
+        """`/healthz` showed `pending` samples ready or in training, `newest` the newest version made."""
+        if self.per_step is not None and self.until is None and pending >= self.per_step:
+            self.until, self.since = newest + 1, now
+
+    def made(self, number: int) -> None:
+        """Version `number` was made (served or held): the users go on if it is the one awaited."""
+        if self.until is not None and number >= self.until:
+            self.until = self.since = None
+
+    def stalled(self, now: float) -> bool:
+        """Let the users go on after `stall_s` of holding; True if that happened now."""
+        if self.since is None or now - self.since < self.stall_s:
+            return False
+        self.until = self.since = None
         return True

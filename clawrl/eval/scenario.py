@@ -12,7 +12,8 @@
 3. Whenever `/healthz` shows a newer version, the users pause, the held-out tasks are
    measured again, and they go on, until `steps` versions past the start are measured.
 
-Users are paced (clawrl.eval.pacing) so that each training step is measured.
+Users are paced (clawrl.eval.pacing) so that each training step is measured; without ratings
+they hold their next messages while a full batch waits for the trainer.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 from clawrl.eval.client import Answer, EvalClient, EvalError, Unanswered
-from clawrl.eval.pacing import Pacer, expected_samples
+from clawrl.eval.pacing import Backlog, Pacer, expected_samples
 from clawrl.eval.personas.base import Persona
 from clawrl.eval.tasks import Task
 from clawrl.version_folder import version_number
@@ -121,6 +122,7 @@ class Traffic:
         self._tasks = itertools.cycle(order)
         self._numbers = itertools.count(1)
         self.pacer = Pacer(settings.samples_per_step if settings.feedback else None, stall_s=settings.stall_s)
+        self.backlog = Backlog(None if settings.feedback else settings.samples_per_step, settings.stall_s)
         self._open = True
         self._changed = asyncio.Condition()
         self._in_flight = 0
@@ -146,12 +148,26 @@ class Traffic:
         async with self._changed:
             self._open = True
             self.pacer.served(version_number(version))
+            self.backlog.made(version_number(version))
             self._changed.notify_all()
+
+    async def seen(self, health: dict) -> None:
+        """What `/healthz` shows: without ratings, a full batch pending holds the next messages."""
+        samples = health.get("samples") or {}
+        pending = int(samples.get("ready", 0)) + int(samples.get("training", 0))
+        async with self._changed:
+            held = self.backlog.holding
+            self.backlog.seen(
+                time.monotonic(), pending, max(self.pacer.current, version_number(health["version"]))
+            )
+            if self.backlog.holding and not held:
+                log.info("%d samples pending for the trainer: the users hold their next messages", pending)
 
     async def poke(self) -> None:
         """Re-check the pacing budget now (after a stall grant)."""
         async with self._changed:
-            if self.pacer.unstall(time.monotonic()):
+            now = time.monotonic()
+            if self.pacer.unstall(now) or self.backlog.stalled(now):
                 log.warning("no new version after %.0f s of waiting; the users go on", self.pacer.stall_s)
                 self._changed.notify_all()
 
@@ -190,9 +206,9 @@ class Traffic:
                 return
 
     async def _answer(self, messages: list[dict[str, str]], session_id: str) -> Answer:
-        """An answer, once the users are not paused for a measurement."""
+        """An answer, once the users are not paused for a measurement or holding for the trainer."""
         async with self._changed:
-            await self._changed.wait_for(lambda: self._open)
+            await self._changed.wait_for(lambda: self._open and not self.backlog.holding)
             self._in_flight += 1
         try:
             return await self.client.chat(

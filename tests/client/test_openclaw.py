@@ -75,18 +75,19 @@ def _names(text: str, keys: list[str]) -> bool:
     return any(re.search(rf"(?<![a-z0-9]){re.escape(k.lower())}(?![a-z0-9])", text.lower()) for k in keys)
 
 
-def test_a_three_turn_session_at_openclaws_own_sampling_is_one_session_and_answers_right(
+def test_a_two_turn_session_at_openclaws_own_sampling_is_one_session_and_answers_right(
     openclaw_bin, tmp_path, server, workspace
 ):
-    """Three everyday questions in one OpenClaw session, at OpenClaw's own sampling (it sends no
+    """Two everyday questions in one OpenClaw session, at OpenClaw's own sampling (it sends no
     temperature: the model's defaults, 0.2 / top_p 0.9 and the repetition guard, presence 1.0 /
-    frequency 0.3): one clawrl session (OpenClaw's affinity key), each turn's next state the
-    following question, the resent prompt read from the prefix cache, and each answer right.
+    frequency 0.3): one clawrl session (OpenClaw's affinity key), the first turn's next state the
+    second question, the resent prompt read from the prefix cache, and each answer right. (Two
+    turns show all of it; a third cost the suite an agent call, ~15 CPU-s of node, and a decode.)
 
     Each answer gets 48 tokens, not the README's 512: the right answer is the first line (Paris
-    8/8, 5 in 5/5 second turns, blue 5/5 third turns, measured with OpenClaw's captured prompt and
-    wrapping). Whether an answer at this sampling *ends on its own* and is no loop is a rate, not a
-    yes or no: `bench/answers.py --conditions openclaw-turn` measures it on seeded questions
+    8/8, 5 in 5/5 second turns, measured with OpenClaw's captured prompt and wrapping). Whether an
+    answer at this sampling *ends on its own* and is no loop is a rate, not a yes or no:
+    `bench/answers.py --conditions openclaw-turn` measures it on seeded questions
     (docs/benchmarks.md, "The repetition guard"; the first question as OpenClaw wraps it, 16 seeds
     at 512 tokens on 2026-11-25: right 16/16, ended 16/16 in 33 to 365 tokens). Here, with no seed
     to pin (OpenClaw sends none), one such answer in about ten ran to 512 tokens or looped
@@ -95,18 +96,15 @@ def test_a_three_turn_session_at_openclaws_own_sampling_is_one_session_and_answe
     questions = [
         ("What is the capital of France?", ["Paris"]),
         ("What is 2 + 3?", ["5", "five"]),
-        ("What color is the sky on a clear day?", ["blue"]),
     ]
     replies = [say("everyday", question) for question, _ in questions]
     assert replies[1].usage.get("cacheRead", 0) > 1000  # the prompt OpenClaw resent came from the cache
-    assert replies[2].usage.get("cacheRead", 0) > replies[1].usage["cacheRead"]
     main = [t for t in _turns(server) if t.turn_type == "main" and t.session_id.startswith("everyday:")]
-    assert len(main) == 3 and len({t.session_id for t in main}) == 1
+    assert len(main) == 2 and len({t.session_id for t in main}) == 1
     assert main[0].session_id == "everyday:0"  # OpenClaw's session affinity key
-    for turn, (following, _) in zip(main, questions[1:], strict=False):
-        assert following in json.dumps(turn.next_state)
-    assert main[2].next_state is None
-    assert server.health()["engine"]["extra"]["prefix_cache"]["hits"] >= 2
+    assert questions[1][0] in json.dumps(main[0].next_state)
+    assert main[1].next_state is None
+    assert server.health()["engine"]["extra"]["prefix_cache"]["hits"] >= 1
     seen = [(t.finish_reason, t.response_text[:200]) for t in main]
     for (question, keys), reply, turn in zip(questions, replies, main, strict=True):
         assert _names(reply.text, keys), (question, seen)
@@ -114,7 +112,7 @@ def test_a_three_turn_session_at_openclaws_own_sampling_is_one_session_and_answe
 
 
 def test_compaction_housekeeping_is_side_and_opens_a_new_session(openclaw_bin, tmp_path, server, workspace):
-    """After the three-turn session (module order): its first prompt, ~2,300 tokens of OpenClaw's
+    """After the two-turn session (module order): its first prompt, ~2,300 tokens of OpenClaw's
     system prompt, is in the prefix cache, so this session's first turn reads it from there; the
     memory flush carries another tool list, hence another system prompt, and is prefilled whole."""
     say, _, config = _agent(openclaw_bin, tmp_path, server, workspace, max_tokens=16)

@@ -308,3 +308,14 @@ def test_unknown_method_lists_the_known_ones():
     with pytest.raises(KeyError, match="ppo") as error:
         get_method("ppo")
     assert all(name in str(error.value) for name in ("rl", "opd", "combine", "grpo"))
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("score", [-1, 0, 1])
+@pytest.mark.parametrize("hinted", [False, True])
+def test_per_rating_counts_the_samples_a_judged_turn_gives(name, score, hinted, make_turn, teacher):
+    """What a client pacing its ratings counts (clawrl/eval/pacing.py) is what the method makes."""
+    method = get_method(name)
+    turn = make_turn()
+    made = method.samples(turn, judged(turn, score, HINT if hinted else None), teacher)
+    assert len(made) == method.per_rating(score, hinted)

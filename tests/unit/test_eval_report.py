@@ -178,7 +178,7 @@ def test_history_png_has_an_eval_panel_when_scores_are_given(tmp_path):
         ("opd", -1, "Answer in one short sentence.", 1),
         ("opd", -1, "too long", 0),  # a hint must be over 10 characters
         ("opd", 1, None, 0),
-        ("combine", -1, "Answer in one short sentence.", 2),
+        ("combine", -1, "Answer in one short sentence.", 1),  # one opd sample carrying the -1
         ("combine", 1, None, 1),
     ],
 )

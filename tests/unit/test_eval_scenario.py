@@ -189,3 +189,61 @@ def test_a_run_whose_last_versions_are_held_ends_when_enough_versions_were_made(
     outcome = asyncio.run(run_experiment(server, get_persona("brief"), train, held, settings))
     assert [p.version for p in outcome.points] == ["v0", "v1"] and outcome.held == ["v2", "v3"]
     assert outcome.stopped == "held"
+
+
+@dataclass
+class JudgedServer(ScriptedServer):
+    """Without ratings: every training answer gives one sample (the judge reads the next message),
+    shown in `/healthz`'s samples; the trainer steps only when the test says so."""
+
+    async def chat(self, messages, session_id, *, temperature, max_tokens, side=False, done=False) -> Answer:
+        answer = await super().chat(
+            messages, session_id, temperature=temperature, max_tokens=max_tokens, side=side, done=done
+        )
+        if not side and not done:
+            self.ready += 1
+        return answer
+
+    async def health(self) -> dict[str, Any]:
+        return await super().health() | {"samples": {"ready": self.ready, "training": 0}}
+
+    def training_calls(self) -> int:
+        return sum(not c.side for c in self.calls)
+
+    def step(self) -> None:
+        self.ready = max(0, self.ready - self.batch)
+        self.made += 1
+        self.version_number = self.made
+
+
+def test_without_ratings_the_users_hold_their_next_messages_while_a_batch_waits():
+    """No rating to pace: once `/healthz` shows a step's batch pending, no new training message is
+    sent until the trainer's version is made, so the trainer gets the cores a person's pause leaves."""
+    tasks = load_tasks()
+    train, held = split(tasks, held_out=3, seed=0)
+    server = JudgedServer(batch=4)
+    server._answers = {t.question: t.answer for t in tasks}
+    settings = Settings(steps=2, concurrency=4, samples_per_step=4, poll_s=0.001, max_wall_s=30,
+                        feedback=False, stall_s=600)  # fmt: skip
+    still: list[bool] = []
+
+    async def trainer() -> None:
+        for _ in range(settings.steps):
+            while server.ready < server.batch:
+                await asyncio.sleep(0.001)
+            await asyncio.sleep(0.1)  # the experiment's poll sees the batch; in-flight turns end
+            before = server.training_calls()
+            await asyncio.sleep(0.3)
+            still.append(server.training_calls() == before)
+            server.step()
+
+    async def both():
+        stepping = asyncio.create_task(trainer())
+        outcome = await run_experiment(server, get_persona("brief"), train, held, settings)
+        await stepping
+        return outcome
+
+    outcome = asyncio.run(both())
+    assert [p.step for p in outcome.points] == [0, 1, 2] and outcome.stopped == "done"
+    assert still == [True, True]
+    assert server.ratings == []  # no feedback was sent
