@@ -6,7 +6,7 @@ provider (with session affinity headers on, so clawrl groups turns by OpenClaw's
 key), and, for a small model, a lean agent profile (no bootstrap files, no skills, the
 minimal tool profile plus `read`, no Tool Search indirection): about 2,500 prompt tokens
 instead of 13,000. `run_agent` runs one turn with `openclaw agent --local`, as a user would
-from a terminal, and reads the JSON it prints.
+from a terminal, and reads the JSON it prints (`run_agent_async`: the same, cancellable).
 """
 
 from __future__ import annotations
@@ -93,14 +93,49 @@ def run_agent(
     openclaw: Path, home: Path, session: str, message: str, timeout: float, cwd: Path | None = None
 ) -> AgentTurn:
     """One turn of `openclaw agent --local` in session `session`; raises with its output on failure."""
-    env = {**os.environ, "HOME": str(home), "NO_COLOR": "1"}
-    cmd = [str(openclaw), "agent", "--local", "--session-id", session, "--message", message, "--json"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"openclaw exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-        )
-    out = json.loads(done.stdout[done.stdout.index("{") :])
+    done = subprocess.run(
+        _command(openclaw, session, message), capture_output=True, text=True, timeout=timeout,
+        env=_env(home), cwd=cwd,
+    )  # fmt: skip
+    return _turn(done.returncode, done.stdout, done.stderr)
+
+
+async def run_agent_async(
+    openclaw: Path, home: Path, session: str, message: str, timeout: float, cwd: Path | None = None
+) -> AgentTurn:
+    """`run_agent` for an event loop: cancelling it (an eval that ends) kills the agent at once,
+    where a thread running `run_agent` would hold the loop's shutdown until the turn ended;
+    subprocess.TimeoutExpired after `timeout` s, the agent killed too."""
+    import asyncio
+
+    proc = await asyncio.create_subprocess_exec(
+        *_command(openclaw, session, message), env=_env(home), cwd=cwd,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        raise subprocess.TimeoutExpired(str(openclaw), timeout) from None
+    finally:
+        if proc.returncode is None:  # cancelled or timed out
+            proc.kill()
+            await asyncio.shield(proc.wait())
+    return _turn(proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+def _command(openclaw: Path, session: str, message: str) -> list[str]:
+    return [str(openclaw), "agent", "--local", "--session-id", session, "--message", message, "--json"]
+
+
+def _env(home: Path) -> dict[str, str]:
+    return {**os.environ, "HOME": str(home), "NO_COLOR": "1"}
+
+
+def _turn(returncode: int, stdout: str, stderr: str) -> AgentTurn:
+    """The turn `openclaw agent --json` printed; RuntimeError with its output if it failed."""
+    if returncode != 0:
+        raise RuntimeError(f"openclaw exited {returncode}:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    out = json.loads(stdout[stdout.index("{") :])
     meta = out.get("meta", {})
     text = "".join(p.get("text") or "" for p in out.get("payloads", []))
     usage = meta.get("agentMeta", {}).get("lastCallUsage", {})

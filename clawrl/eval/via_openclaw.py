@@ -34,7 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from clawrl.eval.client import Answer, EvalClient, EvalError, Unanswered, turn_headers
-from clawrl.eval.openclaw import SETUP_SCRIPT, installed_openclaw, openclaw_config, run_agent, write_home
+from clawrl.eval.openclaw import (
+    SETUP_SCRIPT,
+    installed_openclaw,
+    openclaw_config,
+    run_agent_async,
+    write_home,
+)
 
 RECORDED_WITHIN_S = 30.0  # an answered turn is in the store well within this
 TURN_TIMEOUT_S = 600.0  # one OpenClaw turn: a ~2,500-token prompt prefilled on a loaded CPU
@@ -110,10 +116,9 @@ class OpenClawClient(EvalClient):
         write_home(home, config)
         before = len(await self._turns(session_id))
         try:
-            reply = await asyncio.to_thread(
-                run_agent, self.openclaw, home, session_id, messages[-1]["content"], self.turn_timeout_s,
-                self.workspace,
-            )  # fmt: skip
+            reply = await run_agent_async(
+                self.openclaw, home, session_id, messages[-1]["content"], self.turn_timeout_s, self.workspace
+            )
         except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
             raise self._unanswered(f"openclaw: {exc}") from exc
         turn = await self._new_turn(session_id, before, "side" if side else "main")
