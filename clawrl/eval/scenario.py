@@ -200,10 +200,19 @@ class Traffic:
                 return
             messages.append({"role": "user", "content": reply.message})
             if reply.done or turn == self.persona.max_turns:
-                await self.client.chat(
-                    messages, session_id, temperature=1.0, max_tokens=CLOSING_MAX_TOKENS, done=True
-                )
+                await self._close(messages, session_id)
                 return
+
+    async def _close(self, messages: list[dict[str, str]], session_id: str) -> None:
+        """Send the closing message (its answer capped, nobody reads it). Through OpenClaw a capped
+        answer can come back as a failed turn ("Agent couldn't generate a response"): counted as
+        unanswered, as any other, and the conversation is over anyway."""
+        try:
+            await self.client.chat(
+                messages, session_id, temperature=1.0, max_tokens=CLOSING_MAX_TOKENS, done=True
+            )
+        except Unanswered as exc:
+            log.warning("session %s: its closing message got no answer (%s)", session_id, exc)
 
     async def _answer(self, messages: list[dict[str, str]], session_id: str) -> Answer:
         """An answer, once the users are not paused for a measurement or holding for the trainer."""

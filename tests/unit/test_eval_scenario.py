@@ -41,6 +41,7 @@ class ScriptedServer:
     hold: set[int] = field(default_factory=set)  # versions the "canary gate" holds: made, never served
     made: int = 0
     fail_every: int = 0  # every n-th call raises Unanswered (an OpenClaw turn that failed); 0: none
+    fail_closing: bool = False  # every closing message raises Unanswered (a capped answer OpenClaw drops)
     unanswered: int = 0
     calls: list[Call] = field(default_factory=list)
     ratings: list[tuple[str, int, str | None]] = field(default_factory=list)
@@ -62,7 +63,9 @@ class ScriptedServer:
     async def chat(self, messages, session_id, *, temperature, max_tokens, side=False, done=False) -> Answer:
         await asyncio.sleep(0)  # let other users run, as a real request would
         self.calls.append(Call(session_id, temperature, side, done, messages[-1]["content"]))
-        if self.fail_every and len(self.calls) % self.fail_every == 0:
+        if (self.fail_every and len(self.calls) % self.fail_every == 0) or (
+            self.fail_closing and done and not side
+        ):
             self.unanswered += 1
             raise Unanswered("openclaw exited 1")
         filler = max(0, 60 - 10 * self.version_number)
@@ -247,3 +250,15 @@ def test_without_ratings_the_users_hold_their_next_messages_while_a_batch_waits(
     assert [p.step for p in outcome.points] == [0, 1, 2] and outcome.stopped == "done"
     assert still == [True, True]
     assert server.ratings == []  # no feedback was sent
+
+
+def test_a_closing_message_without_an_answer_ends_its_session_and_the_run_goes_on():
+    """Through OpenClaw the closing message's capped answer can come back as a failed turn (OpenClaw
+    drops an answer cut at max_tokens as incomplete): counted, and the users go on."""
+    server, train, held, _ = _setup(batch=6)
+    server.fail_closing = True
+    settings = Settings(steps=2, concurrency=1, samples_per_step=6, poll_s=0.001, max_wall_s=30)
+    outcome = asyncio.run(run_experiment(server, get_persona("brief", max_turns=3), train, held, settings))
+    assert [p.step for p in outcome.points] == [0, 1, 2] and outcome.stopped == "done"
+    closing = [c for c in server.calls if c.done and not c.side]
+    assert closing and outcome.unanswered == server.unanswered == len(closing)
