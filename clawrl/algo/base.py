@@ -22,7 +22,6 @@ class Method(Protocol):
     """A training method; see clawrl.algo for the ones there are."""
 
     name: str
-    kinds: tuple[str, ...]  # the sample kinds it makes: "rl" for a scored turn, "opd" for a hinted one
     wants_prm: bool  # needs PRM votes (Judgment.score)
     wants_hint: bool  # needs hint votes (Judgment.hint)
 

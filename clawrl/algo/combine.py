@@ -21,7 +21,6 @@ from clawrl.types import Judgment, Sample, Turn
 
 class Combine:
     name = "combine"
-    kinds = ("rl", "opd")
     wants_prm = True
     wants_hint = True
 

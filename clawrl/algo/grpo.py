@@ -55,7 +55,6 @@ class GroupOutcome:
 @dataclass(frozen=True)
 class GroupRelative:
     name: str = "grpo"
-    kinds: tuple[str, ...] = ("rl",)
     normalize_std: bool = True
     eps: float = 1e-6
     judge_coef: float = 0.0

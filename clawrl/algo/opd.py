@@ -19,7 +19,6 @@ from clawrl.types import Judgment, Sample, Turn
 
 class OnPolicyDistillation:
     name = "opd"
-    kinds = ("opd",)
     wants_prm = False
     wants_hint = True
 

@@ -18,7 +18,6 @@ from clawrl.types import Judgment, Sample, Turn
 
 class BinaryRL:
     name = "rl"
-    kinds = ("rl",)
     wants_prm = True
     wants_hint = False
 

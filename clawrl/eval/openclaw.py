@@ -11,6 +11,7 @@ from a terminal, and reads the JSON it prints (`run_agent_async`: the same, canc
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -106,8 +107,6 @@ async def run_agent_async(
     """`run_agent` for an event loop: cancelling it (an eval that ends) kills the agent at once,
     where a thread running `run_agent` would hold the loop's shutdown until the turn ended;
     subprocess.TimeoutExpired after `timeout` s, the agent killed too."""
-    import asyncio
-
     proc = await asyncio.create_subprocess_exec(
         *_command(openclaw, session, message), env=_env(home), cwd=cwd,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
