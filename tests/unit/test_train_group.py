@@ -139,11 +139,14 @@ def one_process(tmp_path_factory, tiny_model_dir):
     return get
 
 
-@pytest.mark.parametrize("weights", ["lora", "full"])
-def test_two_ranks_publish_the_same_version_as_one_process(tmp_path, tiny_model_dir, weights, one_process):
+def test_two_ranks_publish_the_same_version_as_one_process(tmp_path, tiny_model_dir, one_process):
+    """DDP on LoRA. DDP's path does not depend on the weights trained (it wraps the model and
+    reduces whatever requires a gradient); full weights in a group of ranks are the FSDP test's
+    `full` case below, against the same one-process baseline. (A DDP `full` case cost the suite a
+    two-rank run, ~60 s of one worker, and tested no line the two tests here do not.)"""
+    weights = "lora"
     _, one, one_manifest = one_process(weights, 1)
     two, two_manifest = train_one_step(run_folder(tmp_path, "two", tiny_model_dir, weights, canary=False), 2)
-    base = load_file(tiny_model_dir / "model.safetensors") if weights == "full" else {}
     assert one.keys() == two.keys()
     moved = 0
     for key, value in one.items():
@@ -152,8 +155,8 @@ def test_two_ranks_publish_the_same_version_as_one_process(tmp_path, tiny_model_
         torch.testing.assert_close(
             two[key], value, rtol=1e-4, atol=1e-5, msg=lambda m, key=key: f"{key}: {m}"
         )
-        moved += not torch.equal(value, base.get(key, torch.zeros_like(value)))
-    assert moved > 0  # the step changed weights (LoRA B starts at zero)
+        moved += "lora_B" in key and bool(value.any())
+    assert moved > 0  # the step changed weights (LoRA B starts at zero; A is random from the start)
     m1, m2 = one_manifest["metrics"], two_manifest["metrics"]
     assert m1["tokens"] == m2["tokens"] and m1["samples_opd"] == m2["samples_opd"] == 3
     # The loss and the gradient norm (before clipping) see any scaling error of the ranks' shares.
