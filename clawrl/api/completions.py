@@ -133,15 +133,18 @@ class ChatService:
         )
         return Prepared(req, messages, tools, prompt, params, completion)
 
-    async def begin(self, prep: Prepared, hints: Hints, memory: bool = True) -> None:
+    async def begin(self, prep: Prepared, hints: Hints, memory: bool | None = None) -> None:
         """Resolve the session (and record the previous turn's next state) before decoding; then add
-        the memory block to a main turn's prompt, unless the request opted out (`memory` False). The
-        request is decoded with its user's adapter where the engine keeps one per user (docs/users.md)."""
+        the memory block to a main turn's prompt, unless the request opted out (`memory` False), or
+        to any turn's where it asked for it (`memory` True: a side turn is never judged, so its block
+        teaches nothing; `clawrl eval` measures with and without memory so). The request is decoded
+        with its user's adapter where the engine keeps one per user (docs/users.md)."""
         prep.params = replace(prep.params, adapter=hints.user)
         if self.collector is not None:
             prep.resolution = await self.collector.begin(prep.messages, hints)
         r = prep.resolution
-        if memory and self.memory is not None and r is not None and r.turn_type == "main":
+        wanted = memory if memory is not None else r is not None and r.turn_type == "main"
+        if wanted and self.memory is not None and r is not None:
             recalled = await self.memory.recall(prep.messages, r.session_id, r.user)
             if recalled is not None:
                 self._remember(prep, recalled)

@@ -2,10 +2,11 @@
 
 200 while the engine can serve; 503 (same body) while it cannot, e.g. vLLM restarting.
 A service that is off (no judge, no trainer, no canary gate) shows `{"status": "off"}`;
-no store shows `"store": null`. Each service reports a typed object (`EngineStats`,
-`WriterHealth`, `JudgeHealth`, `TrainerHealth`, `GuardHealth`); the body is made
-of them here, by `to_json`, NaN and infinities as null. `disk` is what the version folders
-hold: bytes per folder and in all (`train.keep_versions` prunes them, `clawrl/train/prune.py`).
+no store shows `"store": null`; `memory` says whether prompts get the memory block. Each
+service reports a typed object (`EngineStats`, `WriterHealth`, `JudgeHealth`, `TrainerHealth`,
+`GuardHealth`); the body is made of them here, by `to_json`, NaN and infinities as null.
+`disk` is what the version folders hold: bytes per folder and in all (`train.keep_versions`
+prunes them, `clawrl/train/prune.py`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class HealthReport:
     guard: GuardConfig | None = None
     pipeline: PipelineState | None = None  # the store's counters (samples by status and skip reason)
     run_dir: Path | None = None  # whose checkpoints/ `disk` measures
+    memory: bool = False  # memory.enabled: main turns get the memory block (docs/memory.md)
 
     async def body(self, detailed: bool = True, user: str = DEFAULT_USER) -> tuple[dict[str, Any], int]:
         """The /healthz body and its status code; not `detailed`: the status, model and version only
@@ -59,6 +61,7 @@ class HealthReport:
             "judge": self.judge.health() if self.judge is not None else OFF,
             "trainer": self.trainer.health() if self.trainer is not None else OFF,
             "guard": self._guard(),
+            "memory": {"status": "on" if self.memory else "off"},
             "samples": await self._samples(),
             "disk": await self._disk(),
         }

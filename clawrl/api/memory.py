@@ -10,7 +10,8 @@ retired, not deleted: it is never injected again, its pending samples are droppe
 still listed (state "retired") with its provenance. An unknown id, or one that is not the
 key's, is a 404. With users on (docs/users.md) the key's own are its user's; the admin key's are
 every user's, each with its `owner`. A chat request opts out of memory with `"memory": false` in
-its body or an `X-Memory: off` header (`memory_wanted`).
+its body or an `X-Memory: off` header, and asks for it on a side turn too with `"memory": true` or
+`X-Memory: on` (`memory_wanted`; `clawrl eval` measures its held-out answers, side turns, so).
 """
 
 from __future__ import annotations
@@ -58,15 +59,17 @@ def memory_router(keys: Keys) -> APIRouter:
     return router
 
 
-def memory_wanted(headers: Headers, body: ChatCompletionRequest) -> bool:
-    """False when the request opts out: `X-Memory: off` (it wins) or `"memory": false`."""
+def memory_wanted(headers: Headers, body: ChatCompletionRequest) -> bool | None:
+    """What the request asks of memory: False when it opts out (`X-Memory: off` or `"memory":
+    false`), True when it asks for the block even on a side turn (`on` / `true`), None when it says
+    nothing (main turns get the block). The header wins over the body."""
     header = headers.get("x-memory")
     if header is not None:
         value = header.strip().lower()
         if value not in _ON | _OFF:
             raise BadRequest("X-Memory must be on or off", param="X-Memory")
         return value in _ON
-    return body.memory is not False
+    return body.memory
 
 
 def experience_body(e: Experience, owner: bool = False) -> dict[str, Any]:

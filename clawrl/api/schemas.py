@@ -153,7 +153,7 @@ class ChatCompletionRequest(_Open):
     turn_type: Literal["main", "side"] | None = None
     session_done: bool | None = None
     prompt_cache_key: str | None = None  # OpenAI's cache routing key; a session affinity key here
-    memory: bool | None = None  # false: this request gets no memory block (docs/memory.md)
+    memory: bool | None = None  # false: no memory block; true: one even on a side turn (docs/memory.md)
 
     @field_validator("n")
     @classmethod

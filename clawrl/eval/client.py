@@ -7,7 +7,8 @@
   `X-Session-Id` header, the turn typed by `X-Turn-Type` (eval answers are `side`, so
   they are never trained on) and `session_done` on a conversation's last request;
 - `feedback`: `POST /v1/feedback`, a thumbs up/down with an optional comment;
-- `health`: `GET /healthz` (the served policy version, judge and trainer status).
+- `health`: `GET /healthz` (the served policy version, judge, trainer and memory status);
+- `experiences`: `GET /v1/memory`, the experiences by state (`active`, `distilled`, `retired`).
 
 Exceptions:
     EvalError(RuntimeError)   base: what stops an evaluation, with a message for the user
@@ -69,9 +70,11 @@ class EvalClient(ServerClient):
         max_tokens: int,
         side: bool = False,
         done: bool = False,
+        memory: bool | None = None,
     ) -> Answer:
-        """One answer to `messages` in session `session_id`."""
-        headers = turn_headers(session_id, side)
+        """One answer to `messages` in session `session_id`; `memory` True / False: the server's memory
+        block asked for (even on a side turn) / refused, None: the server's default."""
+        headers = turn_headers(session_id, side, memory)
         body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
@@ -93,6 +96,14 @@ class EvalClient(ServerClient):
         except (KeyError, IndexError, TypeError) as exc:
             raise EvalError(f"not a chat completion: {str(data)[:200]}") from exc
 
+    async def experiences(self) -> dict[str, int]:
+        """How many of the server's experiences are in each state (docs/memory.md)."""
+        data = _json(await self.send("GET", "/v1/memory"), "GET /v1/memory").get("data") or []
+        counts = {"active": 0, "distilled": 0, "retired": 0}
+        for e in data:
+            counts[str(e.get("state"))] = counts.get(str(e.get("state")), 0) + 1
+        return counts
+
     async def feedback(self, response_id: str, rating: int, comment: str | None) -> None:
         """Rate one answer, as a user with thumbs up/down and a comment box would."""
         body: dict[str, Any] = {"response_id": response_id, "rating": rating}
@@ -101,9 +112,13 @@ class EvalClient(ServerClient):
         _json(await self.send("POST", "/v1/feedback", json=body), "POST /v1/feedback")
 
 
-def turn_headers(session_id: str, side: bool) -> dict[str, str]:
-    """The headers that name a request's session and type its turn (eval answers are `side`)."""
-    return {"X-Session-Id": session_id, "X-Turn-Type": "side" if side else "main"}
+def turn_headers(session_id: str, side: bool, memory: bool | None = None) -> dict[str, str]:
+    """The headers that name a request's session and type its turn (eval answers are `side`), and
+    ask for the memory block or refuse it (`X-Memory`, docs/memory.md; None: no header)."""
+    headers = {"X-Session-Id": session_id, "X-Turn-Type": "side" if side else "main"}
+    if memory is not None:
+        headers["X-Memory"] = "on" if memory else "off"
+    return headers
 
 
 def _json(response: httpx.Response, what: str) -> dict[str, Any]:

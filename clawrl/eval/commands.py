@@ -93,6 +93,13 @@ def _eval_parser(sub: Any) -> None:
         type=int,
         help="pace the users to this many samples per step (default train.batch-size)",
     )
+    p.add_argument(
+        "--points-every",
+        type=int,
+        default=4,
+        help="with no trainer and memory on (memory only: --train.enabled false --memory.enabled true), "
+        "a point every this many sessions (default 4); --steps points in all",
+    )
     p.add_argument("--stall-s", type=float, default=120.0, help="paced users go on after this wait (120)")
     p.add_argument("--max-wall-s", type=float, default=7200.0, help="stop a method after this (default 7200)")
     p.add_argument(

@@ -4,6 +4,9 @@
 simulated users (`clawrl.eval.scenario.Traffic`), and each time `/healthz` shows a
 newer version pauses them, measures again and lets them go on, until `steps` versions
 past the start are measured or `max_wall_s` has passed (then it stops with what it has).
+On a server with memory on, every point is measured twice: the bare policy (`score`) and
+with the memory block (`score_memory`). A server with memory on and no trainer (memory
+only) makes no version: a point is measured every `points_every` sessions instead.
 
 A version the server's canary gate holds is never served, so it is never measured:
 when `/healthz` shows a newly held version, the users' next step opens as if it had
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from clawrl.eval.client import EvalClient, EvalError
@@ -29,14 +33,24 @@ from clawrl.version_folder import version_number
 log = logging.getLogger(__name__)
 
 
-def check_learning(health: dict[str, Any]) -> tuple[str, str]:
-    """(judge name, method) of a server that can learn; EvalError saying why one cannot."""
+def check_learning(health: dict[str, Any], memory_only: bool = False) -> tuple[str, str]:
+    """(judge name, method) of a server that can learn; EvalError saying why one cannot.
+    `memory_only`: a server with no trainer learns too if its memory is on (`memory_on`)."""
     judge, trainer = health.get("judge") or {}, health.get("trainer") or {}
     if judge.get("status", "off") == "off":
         raise EvalError("the server judges nothing (judge or collection off), so it cannot learn")
-    if trainer.get("status", "off") == "off":
+    if trainer.get("status", "off") == "off" and not (memory_only and memory_on(health)):
         raise EvalError("the server runs no trainer (train.enabled = false), so no version will come")
     return str(judge.get("judge", "?")), str(judge.get("method", "?"))
+
+
+def memory_on(health: dict[str, Any]) -> bool:
+    """Whether the server adds its memory block to prompts (memory.enabled, docs/memory.md)."""
+    return (health.get("memory") or {}).get("status") == "on"
+
+
+def trains(health: dict[str, Any]) -> bool:
+    return (health.get("trainer") or {}).get("status", "off") != "off"
 
 
 async def run_experiment(
@@ -48,14 +62,21 @@ async def run_experiment(
 ) -> Outcome:
     """Measure, train and measure again until `settings.steps` versions are measured."""
     started = time.monotonic()
-    judge, method = check_learning(await client.health())
+    health = await client.health()
+    judge, method = check_learning(health, memory_only=True)
     outcome = Outcome(method=method, judge=judge)
-    start = await client.version()
-    outcome.points.append(await measure_point(client, persona, held_out, settings, start, start, started))
+    start, memory = str(health["version"]), memory_on(health)
+    first = await measure_point(client, persona, held_out, settings, start, start, started, memory=memory)
+    outcome.points.append(first)
+    if not trains(health):  # no trainer: nothing to pace the users to (sessions are counted instead)
+        settings = replace(settings, samples_per_step=None)
     traffic = Traffic(client, persona, train, method, settings)
     users = traffic.begin(start)
     try:
-        await _follow(client, persona, held_out, settings, traffic, users, outcome, started)
+        if trains(health):
+            await _follow(client, persona, held_out, settings, traffic, users, outcome, started, memory)
+        else:  # memory only: a point every `points_every` sessions
+            await follow_sessions(client, persona, held_out, settings, traffic, users, outcome, started)
     finally:
         await stop_users(users)
     outcome.conversations, outcome.answers = traffic.conversations, traffic.answers
@@ -74,6 +95,7 @@ async def _follow(
     users: list[asyncio.Task[None]],
     outcome: Outcome,
     started: float,
+    memory: bool,
 ) -> None:
     """Measure each newer version, the users paused meanwhile, until enough steps or the deadline."""
     start = version = outcome.points[0].version
@@ -84,9 +106,51 @@ async def _follow(
             outcome.stopped = "held" if made(outcome, start) >= settings.steps else "timeout"
             return
         await traffic.pause()
-        outcome.points.append(await measure_point(client, persona, held_out, settings, start, newer, started))
+        point = await measure_point(
+            client, persona, held_out, settings, start, newer, started, memory=memory, sessions=traffic.opened
+        )  # fmt: skip
+        outcome.points.append(point)
         version = newer
         await traffic.resume(version)
+
+
+async def follow_sessions(
+    client: EvalClient,
+    persona: Persona,
+    held_out: list[Task],
+    settings: Settings,
+    traffic: Traffic,
+    users: list[asyncio.Task[None]],
+    outcome: Outcome,
+    started: float,
+) -> None:
+    """Memory only (no trainer, memory on): a point after every `points_every` sessions. The users
+    open that many, every one of them ends, the judge's queue drains (the lessons of their last
+    turns are learnt then; at most `stall_s`), and the held-out tasks are measured with and without
+    memory, until `steps` points past the first or the deadline."""
+    start, every = outcome.points[0].version, settings.points_every
+    deadline = started + settings.max_wall_s
+    for step in range(1, settings.steps + 1):
+        await traffic.open_until(step * every)
+        while traffic.conversations < step * every:
+            if time.monotonic() > deadline:
+                outcome.stopped = "timeout"
+                return
+            raise_failed(users)
+            await asyncio.sleep(settings.poll_s)
+        drained = time.monotonic() + settings.stall_s
+        while time.monotonic() < min(drained, deadline):
+            judge = (await client.health()).get("judge") or {}
+            if not judge.get("queued") and not judge.get("in_flight"):
+                break
+            await asyncio.sleep(settings.poll_s)
+        await traffic.pause()
+        point = await measure_point(
+            client, persona, held_out, settings, start, start, started,
+            memory=True, sessions=traffic.opened, step=step,
+        )  # fmt: skip
+        outcome.points.append(point)
+        await traffic.resume(start)
 
 
 async def measure_point(
@@ -98,15 +162,31 @@ async def measure_point(
     version: str,
     started: float,
     who: str = "",
+    *,
+    memory: bool = False,
+    sessions: int = 0,
+    step: int | None = None,
 ) -> Point:
-    """Measure the held-out tasks at `version` (`who`: the simulated user, printed before the step)."""
-    scores, seen, answers = await measure(client, persona, tasks, settings.max_tokens, f"{start}-{version}")
-    step = version_number(version) - version_number(start)
+    """Measure the held-out tasks at `version` (`who`: the simulated user, printed before the step).
+    `memory` (the server's is on): the bare policy's answers (`score`) and, again, with the memory
+    block (`score_memory`). `step`: the point's number (default: versions past `start`)."""
+    label = f"{start}-{version}" + (f"-s{sessions}" if step is not None else "")
+    bare = False if memory else None
+    scores, seen, answers = await measure(client, persona, tasks, settings.max_tokens, label, bare)
+    step = version_number(version) - version_number(start) if step is None else step
     elapsed = time.monotonic() - started
     alike = self_rouge_l([a for a in answers if a is not None])
-    point = Point(step, version, sum(scores) / len(scores), scores, seen, elapsed, alike)
-    log.info("step %d (%s): held-out score %.3f", step, version, point.score)
-    print(f"clawrl eval: {who}step {step} ({version}): held-out score {point.score:.3f}", flush=True)
+    point = Point(step, version, sum(scores) / len(scores), scores, seen, elapsed, alike, sessions)
+    shown = f"held-out score {point.score:.3f}"
+    if memory:
+        point.scores_memory, *_ = await measure(
+            client, persona, tasks, settings.max_tokens, f"{label}-memory", True
+        )  # fmt: skip
+        point.score_memory = sum(point.scores_memory) / len(point.scores_memory)
+        point.experiences = await client.experiences()
+        shown += f" ({point.score_memory:.3f} with memory; experiences {point.experiences})"
+    log.info("step %d (%s): %s", step, version, shown)
+    print(f"clawrl eval: {who}step {step} ({version}): {shown}", flush=True)
     return point
 
 

@@ -8,14 +8,20 @@ report.json:
                         "steps": [0, 1, ...], "elapsed_s": [...], "task_scores": [[...], ...],
                         "wall_s": 812.4, "conversations": 40, "answers": 96, "stopped": "done",
                         "judge": "feedback", "run_dir": "...",
-                        "sessions_passed": [false, true, ...], "sessions_to_effect": 14}},
+                        "sessions_passed": [false, true, ...], "sessions_to_effect": 14,
+                        "sessions": [0, 12, ...], "scores_memory": [null, ...],
+                        "experiences": [{"active": 2, "distilled": 0, "retired": 0}, ...]}},
      "held_out": ["m03", ...], "settings": {...}, "command": "clawrl eval ...", "config": {...}}
 
 `scores[i]` is the mean persona score of the first answers to the held-out tasks at
 `versions[i]`, which is `steps[i]` versions past the start. `sessions_passed[n]` is whether
 training session n+1's first answer passed the persona's checks (rated +1), and
 `sessions_to_effect` the first of `STABLE_SESSIONS` consecutive sessions that did (None: never):
-the reference's "sessions until a stable effect" (OpenClaw-RL issue #113).
+the reference's "sessions until a stable effect" (OpenClaw-RL issue #113). `sessions[i]` is
+how many training sessions had been opened at point i. On a server with memory on,
+`scores[i]` is the bare policy's (the memory block refused) and `scores_memory[i]` the same
+tasks answered with it (null with memory off); a server with no trainer and memory on
+(memory only) has a point every `settings.points_every` sessions, all at v0.
 """
 
 from __future__ import annotations
@@ -47,6 +53,9 @@ def method_entry(outcome: Outcome, run_dir: str | None) -> dict[str, Any]:
         "task_scores": [[round(s, 4) for s in p.scores] for p in points],
         "answer_versions": [p.answer_versions for p in points],
         "self_rouge_l": [None if p.self_rouge_l is None else round(p.self_rouge_l, 4) for p in points],
+        "sessions": [p.sessions for p in points],
+        "scores_memory": [None if p.score_memory is None else round(p.score_memory, 4) for p in points],
+        "experiences": [p.experiences for p in points],
         "wall_s": round(outcome.wall_s, 1),
         "conversations": outcome.conversations,
         "answers": outcome.answers,
@@ -143,10 +152,30 @@ def markdown(report: dict[str, Any]) -> str:
         *score_table(report["methods"]),
         "",
         *_method_table(report),
+        *memory_table(report),
         *canary_tables(report),
         *collapse_panel(report),
     ]
     return "\n".join(lines) + "\n"
+
+
+def memory_table(report: dict[str, Any]) -> list[str]:
+    """report.md's memory table: per point, the bare policy's score and the score with the memory
+    block, and the experiences by state; nothing for a run whose server had memory off."""
+    lines: list[str] = []
+    for method, entry in report["methods"].items():
+        with_memory = entry.get("scores_memory") or []
+        if not any(s is not None for s in with_memory):
+            continue
+        lines += ["", f"With memory, `{method}` (the held-out tasks answered twice at each point):", ""]
+        lines += ["| step | version | sessions | bare policy | with memory | experiences |"]
+        lines += ["| --- " * 6 + "|"]
+        columns = ("steps", "versions", "sessions", "scores", "scores_memory", "experiences")
+        for step, version, sessions, bare, memory, seen in zip(*(entry[c] for c in columns), strict=True):
+            shown = "-" if memory is None else f"{memory:.3f}"
+            states = ", ".join(f"{n} {state}" for state, n in (seen or {}).items() if n) or "none"
+            lines.append(f"| {step} | {version} | {sessions} | {bare:.3f} | {shown} | {states} |")
+    return lines
 
 
 def canary_rows(versions: list[Any]) -> list[dict[str, Any]]:

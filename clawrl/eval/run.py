@@ -73,7 +73,7 @@ def make_plan(config: Any, args: Namespace) -> Plan:
 
 def make_settings(config: Any, args: Namespace) -> Settings:
     """The experiment settings; users are paced to train.batch_size samples per step by default."""
-    for name in ("steps", "max_tokens", "concurrency"):
+    for name in ("steps", "max_tokens", "concurrency", "points_every"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     per_step = args.samples_per_step if args.samples_per_step is not None else config.train.batch_size
@@ -87,6 +87,7 @@ def make_settings(config: Any, args: Namespace) -> Settings:
         max_wall_s=args.max_wall_s,
         seed=args.seed,
         via=args.via,
+        points_every=args.points_every,
     )
 
 
@@ -164,7 +165,7 @@ def _report(
 
 async def _remote(base_url: str, api_key: str | None, method: str | None, plan: Plan) -> Outcome:
     async with _client(base_url, api_key, method, plan) as client:
-        _, served = check_learning(await client.health())
+        _, served = check_learning(await client.health(), memory_only=True)
         if method is not None and method != served:
             raise EvalError(f"the server at {base_url} trains with method {served!r}, not {method!r}")
         return await run_experiment(client, plan.persona, plan.train, plan.held_out, plan.settings)

@@ -49,6 +49,7 @@ class Settings:
     poll_s: float = 1.0
     seed: int = 0
     via: str = "api"  # api: bare requests; openclaw: through the OpenClaw agent (eval/via_openclaw.py)
+    points_every: int = 4  # sessions between two points on a server with no trainer (memory only)
 
 
 @dataclass
@@ -62,6 +63,12 @@ class Point:
     answer_versions: list[str]  # the versions that wrote the answers (one, unless a swap came mid-way)
     elapsed_s: float  # since the experiment began
     self_rouge_l: float | None = None  # between the answers to different held-out tasks (guard/collapse.py)
+    sessions: int = 0  # training sessions opened before this measurement
+    # With the server's memory on: the same tasks answered with its memory block (X-Memory: on);
+    # `score` is then the bare policy's (X-Memory: off). None: memory off.
+    score_memory: float | None = None
+    scores_memory: list[float] | None = None
+    experiences: dict[str, int] | None = None  # the server's experiences by state (GET /v1/memory)
 
 
 @dataclass
@@ -83,10 +90,16 @@ class Outcome:
 
 
 async def measure(
-    client: EvalClient, persona: Persona, tasks: list[Task], max_tokens: int, label: str
+    client: EvalClient,
+    persona: Persona,
+    tasks: list[Task],
+    max_tokens: int,
+    label: str,
+    memory: bool | None = None,
 ) -> tuple[list[float], list[str], list[str | None]]:
     """(scores, answer versions, answers): the persona's score of each task's first greedy answer,
-    and the answers, in task order (None for a task left unanswered: it is like no other answer)."""
+    and the answers, in task order (None for a task left unanswered: it is like no other answer).
+    `memory`: the server's memory block asked for (True) or refused (False); None: its default."""
 
     async def one(task: Task) -> tuple[float, str, str | None]:
         messages = [{"role": "user", "content": persona.first_message(task)}]
@@ -98,6 +111,7 @@ async def measure(
                 max_tokens=max_tokens,
                 side=True,
                 done=True,
+                memory=memory,
             )
         except Unanswered as exc:  # counted by the client; no answer scores nothing
             log.warning("held-out task %s: no answer (%s)", task.id, exc)
@@ -120,7 +134,8 @@ class Traffic:
         random.Random(settings.seed).shuffle(order)
         self.client, self.persona, self.method, self.settings = client, persona, method, settings
         self._tasks = itertools.cycle(order)
-        self._numbers = itertools.count(1)
+        self.opened = 0  # training sessions opened
+        self.session_limit: int | None = None  # open no session past this many (None: no limit)
         self.pacer = Pacer(settings.samples_per_step if settings.feedback else None, stall_s=settings.stall_s)
         self.backlog = Backlog(None if settings.feedback else settings.samples_per_step, settings.stall_s)
         self._open = True
@@ -176,10 +191,21 @@ class Traffic:
         """Whether each session's first answer passed the persona's checks, in session order."""
         return [self._first_passed[n] for n in sorted(self._first_passed)]
 
+    async def open_until(self, sessions: int) -> None:
+        """Let the users open sessions until `sessions` were opened in all, then wait."""
+        async with self._changed:
+            self.session_limit = sessions
+            self._changed.notify_all()
+
+    def _may_open(self) -> bool:
+        return self.session_limit is None or self.opened < self.session_limit
+
     async def _user(self) -> None:
         while True:
-            task = next(self._tasks)
-            number = next(self._numbers)
+            async with self._changed:
+                await self._changed.wait_for(self._may_open)
+                self.opened += 1
+                task, number = next(self._tasks), self.opened
             await self._converse(task, f"train-{self.method}-{number:05d}-{task.id}", number)
             self.conversations += 1
 

@@ -13,7 +13,9 @@ before each call, through the provider's static `headers` and the model's params
 
 - the session is named by `X-Session-Id` (the eval's session id; OpenClaw's own affinity
   key is still sent and loses to it), the turn typed by `X-Turn-Type` (held-out answers are
-  `side`, never trained), the last message of a conversation sends `X-Session-Done`;
+  `side`, never trained), the last message of a conversation sends `X-Session-Done`, and
+  `X-Memory` asks for the server's memory block or refuses it (held-out answers, measured both
+  ways on a server with memory on);
 - `temperature` 0 (held-out answers) is pinned in the model's params; any other temperature
   is left to OpenClaw, which sends none, so the model's own sampling defaults apply, as for
   a user; `max_tokens` is the model entry's `maxTokens`.
@@ -63,10 +65,11 @@ def session_config(
     max_tokens: int,
     side: bool,
     done: bool,
+    memory: bool | None = None,
 ) -> dict[str, Any]:
     """The openclaw.json of one eval call: what a bare request says in its body and headers, as the
     provider's static headers and the model's params (see the module's doc)."""
-    headers = turn_headers(session_id, side)
+    headers = turn_headers(session_id, side, memory)
     if done:
         headers["X-Session-Done"] = "true"
     return openclaw_config(
@@ -108,11 +111,13 @@ class OpenClawClient(EvalClient):
         max_tokens: int,
         side: bool = False,
         done: bool = False,
+        memory: bool | None = None,
     ) -> Answer:
         home = self.folder / "homes" / session_id
         config = session_config(
-            f"{self.root}/v1", self.api_key, self.workspace, session_id, temperature, max_tokens, side, done
-        )
+            f"{self.root}/v1", self.api_key, self.workspace, session_id, temperature, max_tokens, side, done,
+            memory,
+        )  # fmt: skip
         write_home(home, config)
         before = len(await self._turns(session_id))
         try:

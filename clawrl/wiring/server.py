@@ -157,6 +157,7 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
             config.guard,
             pipeline,
             config.run_dir,
+            memory=memory is not None and config.memory.enabled,
         ),
         affinity_keys=config.collect.affinity_keys,
         keys=server_keys(s),

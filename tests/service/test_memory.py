@@ -115,6 +115,20 @@ def test_the_next_session_gets_the_block_this_one_does_not(server, taught):
     assert "  memory:" in out and "Answer in French please." in out
 
 
+def test_a_side_turn_gets_the_block_only_when_it_asks(server, taught):
+    """What `clawrl eval` measures with: a side turn (never judged, so its block teaches nothing) gets
+    no block unless it asks for one (`X-Memory: on` or `"memory": true`); `/healthz` says memory is on."""
+    _, found = taught
+    assert server.health()["memory"] == {"status": "on"}
+    plain = ask(server, "mem-side-a", headers={"X-Turn-Type": "side"})
+    assert turn_memory(server, plain.id) is None
+    asked = ask(server, "mem-side-b", headers={"X-Turn-Type": "side", "X-Memory": "on"})
+    assert sorted(turn_memory(server, asked.id)["ids"]) == sorted(e["id"] for e in found)
+    assert asked.usage.prompt_tokens > plain.usage.prompt_tokens
+    body = ask(server, "mem-side-c", headers={"X-Turn-Type": "side"}, extra_body={"memory": True})
+    assert turn_memory(server, body.id) is not None
+
+
 def test_an_erased_experience_is_never_injected_again(server, taught):
     _, found = taught
     french = next(e for e in found if "French" in e["text"])

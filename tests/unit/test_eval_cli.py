@@ -116,6 +116,7 @@ def test_plan_refuses_a_used_run_folder_and_paces_by_batch_size(tmp_path):
         persona="brief", persona_base_url=None, max_turns=3, method="rl", base_url=None, tasks="math",
         held_out=4, seed=0, steps=2, max_tokens=64, concurrency=2, samples_per_step=None, no_feedback=False,
         stall_s=60.0, max_wall_s=600.0, out=tmp_path / "out", run_dir=None, model=None, via="api",
+        points_every=4,
     )  # fmt: skip
     plan = make_plan(config, args)
     assert plan.settings.samples_per_step == 6 and plan.run_root == tmp_path / "out" / "runs"

@@ -4,6 +4,7 @@ eval requests greedy and side, training requests main and rated, sessions closed
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ class Call:
     side: bool
     done: bool
     last_user: str
+    memory: bool | None = None
 
 
 @dataclass
@@ -43,6 +45,8 @@ class ScriptedServer:
     fail_every: int = 0  # every n-th call raises Unanswered (an OpenClaw turn that failed); 0: none
     fail_closing: bool = False  # every closing message raises Unanswered (a capped answer OpenClaw drops)
     unanswered: int = 0
+    memory: bool = False  # memory on: an answer with the block is brief once a rating taught a lesson
+    lessons: int = 0  # ratings received (each teaches "keep it short")
     calls: list[Call] = field(default_factory=list)
     ratings: list[tuple[str, int, str | None]] = field(default_factory=list)
     _ids: Any = field(default_factory=lambda: itertools.count(1))
@@ -55,28 +59,38 @@ class ScriptedServer:
             "judge": {"status": "ok", "judge": "feedback", "method": self.method},
             "trainer": {"status": self.trainer},
             "guard": {"last_held": None if held is None else {"version": f"v{held}"}},
+            "memory": {"status": "on" if self.memory else "off"},
         }
 
     async def version(self) -> str:
         return (await self.health())["version"]
 
-    async def chat(self, messages, session_id, *, temperature, max_tokens, side=False, done=False) -> Answer:
+    async def chat(
+        self, messages, session_id, *, temperature, max_tokens, side=False, done=False, memory=None
+    ) -> Answer:
         await asyncio.sleep(0)  # let other users run, as a real request would
-        self.calls.append(Call(session_id, temperature, side, done, messages[-1]["content"]))
+        self.calls.append(Call(session_id, temperature, side, done, messages[-1]["content"], memory))
+        blocked = memory is False or (side and memory is None)  # the server adds no block to these
         if (self.fail_every and len(self.calls) % self.fail_every == 0) or (
             self.fail_closing and done and not side
         ):
             self.unanswered += 1
             raise Unanswered("openclaw exited 1")
         filler = max(0, 60 - 10 * self.version_number)
+        if self.memory and self.lessons and not blocked:
+            filler = 0
         answer = next((a for q, a in self._answers.items() if q in messages[0]["content"]), 0)
         text = "well " * filler + f"it is {answer}."
         return Answer(f"chatcmpl-{next(self._ids)}", text, f"v{self.version_number}", "stop")
 
+    async def experiences(self) -> dict[str, int]:
+        return {"active": min(self.lessons, 1), "distilled": 0, "retired": 0}
+
     async def feedback(self, response_id: str, rating: int, comment: str | None) -> None:
         self.ratings.append((response_id, rating, comment))
+        self.lessons += 1
         self.ready += expected_samples(self.method, rating, comment)
-        if self.ready >= self.batch:
+        if self.ready >= self.batch and self.trainer != "off":
             self.ready -= self.batch
             self.made += 1
             if self.made not in self.hold:
@@ -199,7 +213,9 @@ class JudgedServer(ScriptedServer):
     """Without ratings: every training answer gives one sample (the judge reads the next message),
     shown in `/healthz`'s samples; the trainer steps only when the test says so."""
 
-    async def chat(self, messages, session_id, *, temperature, max_tokens, side=False, done=False) -> Answer:
+    async def chat(
+        self, messages, session_id, *, temperature, max_tokens, side=False, done=False, memory=None
+    ) -> Answer:
         answer = await super().chat(
             messages, session_id, temperature=temperature, max_tokens=max_tokens, side=side, done=done
         )
@@ -262,3 +278,40 @@ def test_a_closing_message_without_an_answer_ends_its_session_and_the_run_goes_o
     assert [p.step for p in outcome.points] == [0, 1, 2] and outcome.stopped == "done"
     closing = [c for c in server.calls if c.done and not c.side]
     assert closing and outcome.unanswered == server.unanswered == len(closing)
+
+
+def test_with_memory_on_each_point_is_measured_bare_and_with_the_block():
+    server, train, held, settings = _setup(batch=2)
+    server.memory = True
+    outcome = asyncio.run(run_experiment(server, get_persona("brief"), train, held, settings))
+    assert [p.version for p in outcome.points] == ["v0", "v1", "v2", "v3"]
+    assert [p.score for p in outcome.points] == pytest.approx([1 - (63 - 10 * n - 30) / 90 for n in range(4)])
+    assert outcome.points[0].score_memory == outcome.points[0].score  # nothing was rated yet
+    assert [p.score_memory for p in outcome.points[1:]] == [1.0] * 3  # 3 words: the lesson is used
+    evals = [c for c in server.calls if c.side]
+    assert {c.memory for c in evals} == {True, False} and len(evals) == 2 * 4 * len(held)
+    assert all(c.memory is None for c in server.calls if not c.side)  # training turns: the default
+    assert outcome.points[-1].experiences == {"active": 1, "distilled": 0, "retired": 0}
+
+
+def test_memory_only_measures_a_point_every_n_sessions_at_v0():
+    """No trainer, memory on: the users open `points_every` sessions, all of them end, then the
+    held-out tasks are measured with and without memory; no version ever comes."""
+    server, train, held, settings = _setup(batch=2)
+    server.trainer, server.memory = "off", True
+    settings = dataclasses.replace(settings, points_every=3, steps=2)
+    outcome = asyncio.run(run_experiment(server, get_persona("brief"), train, held, settings))
+    assert [(p.step, p.version, p.sessions) for p in outcome.points] == [
+        (0, "v0", 0),
+        (1, "v0", 3),
+        (2, "v0", 6),
+    ]
+    assert outcome.stopped == "done" and outcome.conversations >= 6
+    assert [p.score_memory for p in outcome.points][1:] == [1.0, 1.0]
+    assert outcome.points[1].score == outcome.points[0].score  # the weights never changed
+    # Each point's measurement came after its sessions had all ended, and before any later one opened.
+    order = [c.session_id for c in server.calls]
+    first_eval = next(i for i, c in enumerate(server.calls) if c.side and "-s3" in c.session_id)
+    opened_before = {sid for sid in order[:first_eval] if sid.startswith("train-")}
+    assert len(opened_before) == 3
+    assert not opened_before & {c.session_id for c in server.calls[first_eval:]}  # all had ended

@@ -88,7 +88,9 @@ class UserClient:
     async def version(self) -> str:
         return self.server.version(self.user)
 
-    async def chat(self, messages, session_id, *, temperature, max_tokens, side=False, done=False) -> Answer:
+    async def chat(
+        self, messages, session_id, *, temperature, max_tokens, side=False, done=False, memory=None
+    ) -> Answer:
         await asyncio.sleep(0)
         self.server.calls.append((self.user, session_id, side))
         version = self.server.version(self.user)
