@@ -6,11 +6,13 @@ Canberra.", "Use 2024, not 2023."). `lessons(text)` finds them with no model cal
 
 1. the framing the judge puts around a next-state hint ("After a first answer to this, the user
    replied: ") and the teacher's "[Hindsight hint] " are cut; a tool's reply holds no wish;
-2. the text is split into sentences; a sentence that names something specific to one answer
-   (a digit, a quotation, code in backticks, a URL or an address, a question) is dropped;
-3. a complaint about the answer's form that the `CANONICAL` table knows becomes its standing
-   instruction ("way too long" -> "Keep answers short and to the point."), so the same wish said
-   in other words merges into one experience;
+2. the text is split into sentences; a complaint about the answer's form that the `CANONICAL`
+   table knows (outside quotation marks, in a sentence that is no question) becomes its
+   standing instruction ("way too long" -> "Keep answers short and to the point."), so the same
+   wish said in other words merges into one experience, even when the complaint quotes a count
+   ("far too long (82 words)") or a phrase;
+3. any other sentence that names something specific to one answer (a digit, a quotation, code
+   in backticks, a URL or an address, a question) is dropped;
 4. otherwise a sentence that states a standing wish (an instruction from `WISH_VERBS`, "please
    ...", "I prefer / want / would like ...", "always", "never", "from now on") is kept, in the
    third person ("I prefer" -> "The user prefers", "me" -> "the user");
@@ -42,6 +44,9 @@ _SPECIFIC = re.compile(
     r"|\[tool "  # a tool's result inside the reply
     r"|\?"  # a question asks about this answer
 )
+
+# A quoted phrase: what the answer said, never the user's complaint ("it said 'too long'").
+_QUOTED = re.compile(r"[\"“«][^\"”»]*[\"”»]|(^|\s)'[^']+'")
 
 # A known complaint about form -> the standing instruction it means (checked in order).
 CANONICAL: tuple[tuple[re.Pattern[str], str], ...] = tuple(
@@ -116,11 +121,12 @@ def lessons(text: str | None, limit: int = MAX_LESSONS, max_chars: int = MAX_CHA
 
 def lesson_of(sentence: str) -> str | None:
     """One sentence's lesson: its standing instruction, its wish in the third person, or None."""
+    if "?" not in sentence:  # a known complaint about form, whatever count or phrase it quotes
+        for pattern, instruction in CANONICAL:
+            if pattern.search(_QUOTED.sub(" ", sentence)):
+                return instruction
     if _SPECIFIC.search(sentence):
         return None
-    for pattern, instruction in CANONICAL:
-        if pattern.search(sentence):
-            return instruction
     if _ONE_ANSWER.search(sentence) or not _WISH.search(sentence):
         return None
     return _finished(_third_person(sentence))

@@ -38,6 +38,17 @@ STATE_HINT = "After a first answer to this, the user replied: "
         ("[Hindsight hint] Don't use emojis", ["Don't use emojis."]),
         ("I would like shorter answers", ["Keep answers short and to the point."]),
         ("Keep it short.", ["Keep answers short and to the point."]),
+        # A complaint about form that quotes a count or a phrase is still that complaint.
+        (
+            STATE_HINT + "That's far too long (82 words). Just give me the answer in one sentence, "
+            "under 30 words, with no working.",
+            ["Keep answers short and to the point."],
+        ),
+        ('Way too long, and "Sure! Here is" is padding.', ["Keep answers short and to the point."]),
+        (
+            'Please don\'t open with "To solve this...". Start with the point itself.',
+            ["Start with the point itself."],
+        ),
     ],
 )
 def test_a_wish_becomes_a_short_standing_sentence(text, expected):
@@ -52,6 +63,8 @@ def test_a_wish_becomes_a_short_standing_sentence(text, expected):
         "Use 'Celsius' please",  # a quotation
         "Try again.",  # redo this one answer
         "What about Tuesday?",  # a question
+        "Why is it so long?",  # a question about this answer, even of its form
+        'It said "too long" for 1969, which is wrong.',  # a complaint only inside a quotation
         "See https://example.org for the docs, use that",  # an address
         "Thanks, perfect",
         "You never listen",

@@ -58,7 +58,9 @@ class Memory:
         return self.recalled
 
 
-def served(tokenizer: Any, recalled: Recalled | None, hints: Hints, wanted: bool = True, context: int = 4096):
+def served(
+    tokenizer: Any, recalled: Recalled | None, hints: Hints, wanted: bool | None = None, context: int = 4096
+):
     memory = Memory(recalled)
     chat = ChatService(Engine(context), tokenizer, "clawrl", 16, Sessions(), memory)  # type: ignore[arg-type]
     prep: Prepared = chat.prepare(ChatCompletionRequest(messages=MESSAGES, max_tokens=MAX_TOKENS))
@@ -84,8 +86,8 @@ def test_a_main_turn_is_served_the_prompt_its_block_renders_to(smol_tokenizer, r
     ("recalled", "hints", "wanted", "asked"),
     [
         (Recalled([3], BLOCK), Hints("s2", "header"), False, 0),  # opted out: memory is not even read
-        (Recalled([3], BLOCK), Hints("s2", "header", turn_type="side"), True, 0),  # a side turn
-        (None, Hints("s2", "header"), True, 1),  # nothing to add
+        (Recalled([3], BLOCK), Hints("s2", "header", turn_type="side"), None, 0),  # a side turn
+        (None, Hints("s2", "header"), None, 1),  # nothing to add
     ],
 )
 def test_no_block_when_opted_out_for_a_side_turn_or_with_nothing_to_add(
@@ -93,6 +95,14 @@ def test_no_block_when_opted_out_for_a_side_turn_or_with_nothing_to_add(
 ):
     prep, plain, memory = served(smol_tokenizer, recalled, hints, wanted)
     assert prep.prompt.prompt_ids == plain and prep.memory is None and memory.calls == asked
+
+
+def test_a_side_turn_that_asks_for_memory_gets_the_block(smol_tokenizer, renderer):
+    """`X-Memory: on` on a side turn (clawrl eval's held-out answers with memory)."""
+    hints = Hints("s2", "header", turn_type="side")
+    prep, plain, memory = served(smol_tokenizer, Recalled([3], BLOCK), hints, True)
+    assert prep.prompt.prompt_ids == renderer.render(with_memory(MESSAGES, BLOCK), None).prompt_ids != plain
+    assert prep.memory == {"ids": [3], "block": BLOCK} and memory.calls == 1
 
 
 def test_a_block_that_would_pass_the_window_is_dropped_and_the_request_served_without_it(smol_tokenizer):
