@@ -50,6 +50,7 @@ def memory_on(health: dict[str, Any]) -> bool:
 
 
 def trains(health: dict[str, Any]) -> bool:
+    """Whether the server runs a trainer (so versions will come)."""
     return (health.get("trainer") or {}).get("status", "off") != "off"
 
 
