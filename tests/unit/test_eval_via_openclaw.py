@@ -29,3 +29,15 @@ def test_a_held_out_answer_is_a_greedy_side_turn_that_ends_its_session():
     }  # fmt: skip
     assert config["agents"]["defaults"]["models"]["clawrl/clawrl"]["params"] == {"temperature": 0.0}
     assert _provider(config)["apiKey"] == "unused"
+
+
+def test_a_held_out_answer_asks_for_memory_or_refuses_it_in_a_header():
+    """On a server with memory on, each held-out task is answered twice: with the block (a side turn
+    must ask for it) and without (docs/evaluation.md, "With memory")."""
+    url, where, session = "http://127.0.0.1:1/v1", Path("/w"), "eval-v0-v1-m07"
+    asked = session_config(url, None, where, session, 0.0, 64, True, True, memory=True)
+    refused = session_config(url, None, where, session, 0.0, 64, True, True, memory=False)
+    assert _provider(asked)["headers"]["X-Memory"] == "on"
+    assert _provider(refused)["headers"]["X-Memory"] == "off"
+    default = session_config(url, None, where, session, 0.0, 64, True, True)
+    assert "X-Memory" not in _provider(default)["headers"]
