@@ -178,6 +178,16 @@ class Traffic:
             if self.backlog.holding and not held:
                 log.info("%d samples pending for the trainer: the users hold their next messages", pending)
 
+    async def share(self, backlog: Backlog) -> None:
+        """Hold on `backlog` from now on, one several users' traffic shares (`eval --users`), which its
+        owner updates; `wake` lets the users go on when it lets go."""
+        async with self._changed:
+            self.backlog = backlog
+
+    async def wake(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
     async def poke(self) -> None:
         """Re-check the pacing budget now (after a stall grant)."""
         async with self._changed:

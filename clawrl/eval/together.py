@@ -13,22 +13,32 @@ made (served or held); their traffic then stops, so it trains their line no furt
 A held version is seen in `guard.last_held`, the newest held of any line: a user counts it when it
 is on their line. Two lines' holds between two polls show only the newer one; the other user's
 pacing then waits `stall_s` before going on (their next served version still counts the steps).
+
+Without ratings every user holds their next messages on one shared `Backlog`: while the admin's
+`/healthz` shows enough samples ready or in training that some line has a full batch
+(`lines * (batch - 1) + 1`: with fewer, every line could be one short), until a version of any line
+is made (served or held) or `stall_s` passes; as the one-user eval holds, so the trainer has the
+machine between steps.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass, field
 
 from clawrl.eval.client import EvalClient
 from clawrl.eval.experiment import check_learning, made, measure_point, raise_failed, stop_users
+from clawrl.eval.pacing import Backlog
 from clawrl.eval.personas.base import Persona
 from clawrl.eval.scenario import Outcome, Point, Settings, Traffic
 from clawrl.eval.tasks import Task
 from clawrl.eval.users import per_step_share
 from clawrl.version_folder import version_number, version_user
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -62,12 +72,14 @@ async def run_together(
     started = time.monotonic()
     judge, method = check_learning(await admin.health())
     tracks = [await _track(u, users, method, judge, train, settings) for u in users]
+    backlog = Backlog(backlog_size(settings, len({u.line for u in users})), settings.stall_s)
     for t in tracks:
         t.outcome.points.append(await _measure(t, held_out, settings, started))
+        await t.traffic.share(backlog)
     for t in tracks:
         t.tasks = t.traffic.begin(t.start)
     try:
-        await _follow(admin, tracks, held_out, settings, started)
+        await _follow(admin, tracks, held_out, settings, started, backlog)
     finally:
         await stop_users([task for t in tracks for task in t.tasks])
     for t in tracks:
@@ -87,10 +99,24 @@ async def _track(
     return Track(user, Outcome(method=method, judge=judge), traffic, start, start)
 
 
+def backlog_size(settings: Settings, lines: int) -> int | None:
+    """Samples pending at which the users hold (without ratings): enough that one of `lines` lines has
+    a full batch; None (no hold) with ratings, which the users' `Pacer`s pace instead."""
+    if settings.feedback or settings.samples_per_step is None:
+        return None
+    return lines * (settings.samples_per_step - 1) + 1
+
+
 async def _follow(
-    admin: EvalClient, tracks: list[Track], held_out: list[Task], settings: Settings, started: float
+    admin: EvalClient,
+    tracks: list[Track],
+    held_out: list[Task],
+    settings: Settings,
+    started: float,
+    backlog: Backlog,
 ) -> None:
-    """Poll until every user is done: count holds, measure newer versions, re-check stalls."""
+    """Poll until every user is done: count holds, measure newer versions, hold the users while a
+    batch waits (without ratings), re-check stalls."""
     deadline = started + settings.max_wall_s
     while not all(t.done for t in tracks):
         if time.monotonic() >= deadline:
@@ -102,20 +128,39 @@ async def _follow(
         check_learning(health)
         held = ((health.get("guard") or {}).get("last_held") or {}).get("version")
         newer: dict[str, str] = {}
+        made_now = 0  # versions made on every line, as the users have seen them
         for t in tracks:
             if held and not t.done:
                 await _count_held(t, held, settings.steps)
+            made_now += len(t.outcome.held)
             if t.done:
+                made_now += version_number(t.version)
                 continue
             served = await t.user.client.version()
+            made_now += max(version_number(served), version_number(t.version))
             if version_number(served) > version_number(t.version):
                 newer[t.user.name] = served
         if newer:
             await _measure_newer(tracks, newer, held_out, settings, started)
+        await _hold(tracks, backlog, health, made_now)
         for t in tracks:
             if not t.done:
                 await t.traffic.poke()
         await asyncio.sleep(settings.poll_s)
+
+
+async def _hold(tracks: list[Track], backlog: Backlog, health: dict, made_now: int) -> None:
+    """Update the shared backlog from the admin's `/healthz`; wake the users when it lets go."""
+    samples = health.get("samples") or {}
+    pending = int(samples.get("ready", 0)) + int(samples.get("training", 0))
+    now, holding = time.monotonic(), backlog.holding
+    backlog.made(made_now)
+    if backlog.stalled(now):
+        log.warning("no new version after %.0f s of holding; the users go on", backlog.stall_s)
+    if holding and not backlog.holding:
+        for t in tracks:
+            await t.traffic.wake()
+    backlog.seen(now, pending, made_now)
 
 
 async def _count_held(t: Track, held: str, steps: int) -> None:

@@ -43,6 +43,12 @@ class ScriptedLines:
     calls: list[tuple[str, str, bool]] = field(default_factory=list)  # (user, session, side)
     ratings: dict[str, int] = field(default_factory=dict)  # user -> ratings sent
     answers: dict[str, float] = field(default_factory=dict)
+    # Without ratings (`judged`): a user's next message makes a sample of the answer before it, and
+    # the "trainer" trains one line's full batch every `step_polls` polls of the admin /healthz.
+    judged: bool = False
+    step_polls: int = 0
+    polls: int = 0
+    most_pending: int = 0
     _ids: Any = field(default_factory=lambda: itertools.count(1))
 
     def line(self, user: str) -> str:
@@ -54,7 +60,14 @@ class ScriptedLines:
 
     async def health(self) -> dict[str, Any]:
         """The admin key's /healthz: the details, the newest held version of any line."""
+        self.polls += 1
+        if self.judged and self.polls % self.step_polls == 0:
+            due = sorted(line for line, n in self.ready.items() if n >= self.batch)
+            if due:
+                self.ready[due[0]] -= self.batch
+                self.made[due[0]] = self.served[due[0]] = self.made.get(due[0], 0) + 1
         return {
+            "samples": {"ready": sum(self.ready.values()), "training": 0},
             "version": self.version("default"),
             "judge": {"status": "ok", "judge": "feedback", "method": self.method},
             "trainer": {"status": "running"},
@@ -93,6 +106,10 @@ class UserClient:
     ) -> Answer:
         await asyncio.sleep(0)
         self.server.calls.append((self.user, session_id, side))
+        if self.server.judged and not side and len(messages) > 1:  # the answer before was judged
+            line = self.server.line(self.user)
+            self.server.ready[line] = self.server.ready.get(line, 0) + 1
+            self.server.most_pending = max(self.server.most_pending, sum(self.server.ready.values()))
         version = self.server.version(self.user)
         answer = next((a for q, a in self.server.answers.items() if q in messages[0]["content"]), 0)
         text = "well " * max(0, 60 - 10 * version_number(version)) + f"it is {answer}."
@@ -159,6 +176,20 @@ def test_no_new_version_stops_every_user_at_the_deadline():
     settings = _settings(steps=2, samples_per_step=2, max_wall_s=0.3, stall_s=0.05)
     outcomes, _ = _run(server, ["brief", "stepwise"], settings)
     assert all(o.stopped == "timeout" and [p.step for p in o.points] == [0] for o in outcomes.values())
+
+
+def test_without_ratings_every_user_holds_while_some_line_has_a_full_batch():
+    """The users' next messages wait while the samples pending could fill a batch on some line
+    (2 lines x (3 - 1) + 1 = 5), until a version is made: the trainer gets the machine. Unheld,
+    they would write on for every poll the trainer takes."""
+    server = ScriptedLines(batch=3, per_user=True, judged=True, step_polls=20)
+    settings = _settings(samples_per_step=3, feedback=False, stall_s=60)
+    outcomes, _ = _run(server, ["brief", "stepwise"], settings)
+    for name in ("brief", "stepwise"):
+        assert [p.version for p in outcomes[name].points][-1] == f"{name}/v3"
+    # The hold's threshold (5), plus what the users send between two polls (scripted answers come at
+    # once: 18 here); unheld, 8,063 samples were pending by the end.
+    assert server.most_pending <= 60, server.most_pending
 
 
 def test_users_are_named_personas_once_each():
