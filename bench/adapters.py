@@ -102,14 +102,19 @@ async def measure(model_dir: Path, folders: list[Path], rows: int, tokens: int) 
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(doc: str | None) -> argparse.Namespace:
+    """The command line of this bench and of bench/adapters_vllm.py."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="the tests' tiny random model")
     p.add_argument("--rows", type=int, default=8, help="streams decoding together")
     p.add_argument("--tokens", type=int, default=64, help="tokens each stream decodes")
     p.add_argument("--rank", type=int, default=16, help="each adapter's LoRA rank")
     p.add_argument("--json", type=Path, help="also write the figures here")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> None:
+    args = options(__doc__)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = tiny_model(Path(tmp)) if args.tiny else ensure_embedded(Config().cache_dir())
         folders = adapters(model_dir, Path(tmp), 8, args.rank)

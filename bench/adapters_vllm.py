@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import httpx
-from adapters import PROMPT, adapters
+from adapters import PROMPT, adapters, options
 from common import ROOT, tiny_model
 
 from clawrl.config import Config, VLLMConfig
@@ -96,13 +96,7 @@ def measure(model_dir: Path, folders: list[Path], args: argparse.Namespace, log:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tiny", action="store_true", help="the tests' tiny random model")
-    p.add_argument("--rows", type=int, default=8, help="streams decoding together")
-    p.add_argument("--tokens", type=int, default=64, help="tokens each stream decodes")
-    p.add_argument("--rank", type=int, default=16, help="each adapter's LoRA rank")
-    p.add_argument("--json", type=Path, help="also write the figures here")
-    args = p.parse_args()
+    args = options(__doc__)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = tiny_model(Path(tmp)) if args.tiny else ensure_embedded(Config().cache_dir())
         folders = adapters(model_dir, Path(tmp), 8, args.rank)

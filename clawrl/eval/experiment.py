@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from clawrl.eval.client import EvalClient, EvalError
@@ -73,11 +73,12 @@ async def run_experiment(
         settings = replace(settings, samples_per_step=None)
     traffic = Traffic(client, persona, train, method, settings)
     users = traffic.begin(start)
+    run = Run(client, persona, held_out, settings, traffic, users, outcome, started)
     try:
         if trains(health):
-            await _follow(client, persona, held_out, settings, traffic, users, outcome, started, memory)
+            await _follow(run, memory)
         else:  # memory only: a point every `points_every` sessions
-            await follow_sessions(client, persona, held_out, settings, traffic, users, outcome, started)
+            await follow_sessions(run)
     finally:
         await stop_users(users)
     outcome.conversations, outcome.answers = traffic.conversations, traffic.answers
@@ -87,18 +88,24 @@ async def run_experiment(
     return outcome
 
 
-async def _follow(
-    client: EvalClient,
-    persona: Persona,
-    held_out: list[Task],
-    settings: Settings,
-    traffic: Traffic,
-    users: list[asyncio.Task[None]],
-    outcome: Outcome,
-    started: float,
-    memory: bool,
-) -> None:
+@dataclass
+class Run:
+    """What one experiment's loop works with: the server, the users and what was measured so far."""
+
+    client: EvalClient
+    persona: Persona
+    held_out: list[Task]
+    settings: Settings
+    traffic: Traffic
+    users: list[asyncio.Task[None]]
+    outcome: Outcome
+    started: float
+
+
+async def _follow(run: Run, memory: bool) -> None:
     """Measure each newer version, the users paused meanwhile, until enough steps or the deadline."""
+    client, persona, held_out, settings = run.client, run.persona, run.held_out, run.settings
+    traffic, users, outcome, started = run.traffic, run.users, run.outcome, run.started
     start = version = outcome.points[0].version
     while outcome.points[-1].step < settings.steps:
         deadline = started + settings.max_wall_s
@@ -115,20 +122,13 @@ async def _follow(
         await traffic.resume(version)
 
 
-async def follow_sessions(
-    client: EvalClient,
-    persona: Persona,
-    held_out: list[Task],
-    settings: Settings,
-    traffic: Traffic,
-    users: list[asyncio.Task[None]],
-    outcome: Outcome,
-    started: float,
-) -> None:
+async def follow_sessions(run: Run) -> None:
     """Memory only (no trainer, memory on): a point after every `points_every` sessions. The users
     open that many, every one of them ends, the judge's queue drains (the lessons of their last
     turns are learnt then; at most `stall_s`), and the held-out tasks are measured with and without
     memory, until `steps` points past the first or the deadline."""
+    client, persona, held_out, settings = run.client, run.persona, run.held_out, run.settings
+    traffic, users, outcome, started = run.traffic, run.users, run.outcome, run.started
     start, every = outcome.points[0].version, settings.points_every
     deadline = started + settings.max_wall_s
     for step in range(1, settings.steps + 1):
