@@ -123,9 +123,16 @@ class Backlog:
         return self.until is not None
 
     def seen(self, now: float, pending: int, newest: int) -> None:
-        """`/healthz` showed `pending` samples ready or in training, `newest` the newest version made."""
-        if self.per_step is not None and self.until is None and pending >= self.per_step:
+        """`/healthz` showed `pending` samples ready or in training, `newest` the newest version made.
+        Fewer than a batch pending lets the users go on even before a version: samples can leave
+        without one (marked stale once newer versions were made), and the trainer then waits for
+        more, as the users would wait for it."""
+        if self.per_step is None:
+            return
+        if self.until is None and pending >= self.per_step:
             self.until, self.since = newest + 1, now
+        elif self.until is not None and pending < self.per_step:
+            self.until = self.since = None
 
     def made(self, number: int) -> None:
         """Version `number` was made (served or held): the users go on if it is the one awaited."""

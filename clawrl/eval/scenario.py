@@ -177,6 +177,8 @@ class Traffic:
             )
             if self.backlog.holding and not held:
                 log.info("%d samples pending for the trainer: the users hold their next messages", pending)
+            if held and not self.backlog.holding:
+                self._changed.notify_all()
 
     async def share(self, backlog: Backlog) -> None:
         """Hold on `backlog` from now on, one several users' traffic shares (`eval --users`), which its

@@ -157,10 +157,10 @@ async def _hold(tracks: list[Track], backlog: Backlog, health: dict, made_now: i
     backlog.made(made_now)
     if backlog.stalled(now):
         log.warning("no new version after %.0f s of holding; the users go on", backlog.stall_s)
+    backlog.seen(now, pending, made_now)
     if holding and not backlog.holding:
         for t in tracks:
             await t.traffic.wake()
-    backlog.seen(now, pending, made_now)
 
 
 async def _count_held(t: Track, held: str, steps: int) -> None:

@@ -315,3 +315,20 @@ def test_memory_only_measures_a_point_every_n_sessions_at_v0():
     opened_before = {sid for sid in order[:first_eval] if sid.startswith("train-")}
     assert len(opened_before) == 3
     assert not opened_before & {c.session_id for c in server.calls[first_eval:]}  # all had ended
+
+
+def test_the_backlog_lets_go_when_fewer_than_a_batch_are_pending_even_without_a_version():
+    """Samples can leave without a version (stale once held versions were made): the trainer then
+    waits for more, and users held until a version would wait with it until --stall-s."""
+    from clawrl.eval.pacing import Backlog
+
+    backlog = Backlog(8, stall_s=600)
+    backlog.seen(0.0, 9, 2)
+    assert backlog.holding
+    backlog.seen(1.0, 8, 2)
+    assert backlog.holding
+    backlog.seen(2.0, 5, 2)  # four went stale
+    assert not backlog.holding
+    backlog.seen(3.0, 8, 2)
+    backlog.made(3)
+    assert not backlog.holding
