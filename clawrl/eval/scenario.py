@@ -187,6 +187,7 @@ class Traffic:
             self.backlog = backlog
 
     async def wake(self) -> None:
+        """Let the users check again whether they may go on (the shared backlog let go)."""
         async with self._changed:
             self._changed.notify_all()
 

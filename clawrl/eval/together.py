@@ -17,8 +17,8 @@ pacing then waits `stall_s` before going on (their next served version still cou
 Without ratings every user holds their next messages on one shared `Backlog`: while the admin's
 `/healthz` shows enough samples ready or in training that some line has a full batch
 (`lines * (batch - 1) + 1`: with fewer, every line could be one short), until a version of any line
-is made (served or held) or `stall_s` passes; as the one-user eval holds, so the trainer has the
-machine between steps.
+is made (served or held), fewer are pending (samples gone stale), or `stall_s` passes; as the
+one-user eval holds, so the trainer has the machine between steps.
 """
 
 from __future__ import annotations
