@@ -82,7 +82,7 @@ async def run_experiment(
     finally:
         await stop_users(users)
     outcome.conversations, outcome.answers = traffic.conversations, traffic.answers
-    outcome.sessions = traffic.sessions
+    outcome.sessions, outcome.session_versions = traffic.sessions, traffic.session_versions
     outcome.unanswered = client.unanswered
     outcome.wall_s = time.monotonic() - started
     return outcome

@@ -8,7 +8,8 @@ report.json:
                         "steps": [0, 1, ...], "elapsed_s": [...], "task_scores": [[...], ...],
                         "wall_s": 812.4, "conversations": 40, "answers": 96, "stopped": "done",
                         "judge": "feedback", "run_dir": "...",
-                        "sessions_passed": [false, true, ...], "sessions_to_effect": 14,
+                        "sessions_passed": [false, true, ...], "session_versions": ["v0", ...],
+                        "sessions_to_effect": 14, "base_passed": [3, 5],
                         "sessions": [0, 12, ...], "scores_memory": [null, ...],
                         "experiences": [{"active": 2, "distilled": 0, "retired": 0}, ...]}},
      "held_out": ["m03", ...], "settings": {...}, "command": "clawrl eval ...", "config": {...}}
@@ -16,8 +17,10 @@ report.json:
 `scores[i]` is the mean persona score of the first answers to the held-out tasks at
 `versions[i]`, which is `steps[i]` versions past the start. `sessions_passed[n]` is whether
 training session n+1's first answer passed the persona's checks (rated +1), and
-`sessions_to_effect` the first of `STABLE_SESSIONS` consecutive sessions that did (None: never):
-the reference's "sessions until a stable effect" (OpenClaw-RL issue #113). `sessions[i]` is
+`sessions_to_effect` the first of `STABLE_SESSIONS` consecutive sessions that did, each answered
+by a version past the start (`session_versions`; the base passes by chance; with memory on every
+session counts), None: never: the reference's "sessions until a stable effect" (OpenClaw-RL issue
+#113). `base_passed` is [passed, of] for the sessions the start version answered. `sessions[i]` is
 how many training sessions had been opened at point i. On a server with memory on,
 `scores[i]` is the bare policy's (the memory block refused) and `scores_memory[i]` the same
 tasks answered with it (null with memory off); a server with no trainer and memory on
@@ -45,6 +48,8 @@ def mean(values: list[float]) -> float:
 def method_entry(outcome: Outcome, run_dir: str | None) -> dict[str, Any]:
     """One method's part of report.json."""
     points = outcome.points
+    start = points[0].version if points else ""
+    learned = learnt(outcome.session_versions, start, memory=any(p.score_memory is not None for p in points))
     return {
         "scores": [round(p.score, 4) for p in points],
         "versions": [p.version for p in points],
@@ -63,7 +68,9 @@ def method_entry(outcome: Outcome, run_dir: str | None) -> dict[str, Any]:
         "held": outcome.held,
         "judge": outcome.judge,
         "sessions_passed": outcome.sessions,
-        "sessions_to_effect": sessions_to_effect(outcome.sessions),
+        "session_versions": outcome.session_versions,
+        "sessions_to_effect": sessions_to_effect(outcome.sessions, learned),
+        "base_passed": base_passed(outcome.sessions, outcome.session_versions, start),
         "unanswered": outcome.unanswered,
         "run_dir": run_dir,
     }
@@ -73,16 +80,37 @@ VIA = {"api": "through the bare API", "openclaw": "through the OpenClaw agent (`
 STABLE_SESSIONS = 3  # consecutive sessions whose first answer passes: a stable effect
 
 
-def sessions_to_effect(passed: list[bool], stable: int = STABLE_SESSIONS) -> int | None:
+def sessions_to_effect(
+    passed: list[bool], learned: list[bool] | None = None, stable: int = STABLE_SESSIONS
+) -> int | None:
     """Sessions until a stable effect (docs/evaluation.md): the 1-based number of the first of
-    `stable` consecutive training sessions whose first answer passed the persona's checks; None
-    if no such run. Sessions count in the order they were opened."""
+    `stable` consecutive training sessions whose first answer passed the persona's checks and came
+    from a policy that had learnt something (`learned[n]`; None: every session may show it); None if
+    no such run. Sessions count in the order they were opened."""
     run = 0
     for number, ok in enumerate(passed, start=1):
-        run = run + 1 if ok else 0
+        shows = ok and (learned is None or learned[number - 1])
+        run = run + 1 if shows else 0
         if run == stable:
             return number - stable + 1
     return None
+
+
+def learnt(versions: list[str], start: str, memory: bool) -> list[bool] | None:
+    """Which sessions' first answers came from a policy that had learnt something: a version past
+    `start` (the base answers by chance, however often it passes). With memory on, the block can act
+    from the next session on, so every session may show the effect (None); so too for sessions
+    recorded without their versions (reports written before they were)."""
+    if memory or len(versions) == 0:
+        return None
+    return [v != start for v in versions]
+
+
+def base_passed(passed: list[bool], versions: list[str], start: str) -> list[int]:
+    """[passed, of]: how many sessions the start version answered, and how many of those passed:
+    the chance level a stable effect is read against."""
+    base = [ok for ok, v in zip(passed, versions, strict=True) if v == start]
+    return [sum(base), len(base)]
 
 
 def signal(judge: str, feedback: bool) -> str:
@@ -236,8 +264,10 @@ def _method_table(report: dict[str, Any]) -> list[str]:
         effect = entry.get("sessions_to_effect")  # absent from reports written before it was
         passed = entry.get("sessions_passed") or []
         reached = "-" if effect is None else str(effect)
+        base = entry.get("base_passed")
+        chance = f"; the base passed {base[0]} of {base[1]}" if base and base[1] else ""
         lines.append(
-            f"| {method} | {shown} | {reached} (of {len(passed)}) | {entry['wall_s']:.0f} s | "
+            f"| {method} | {shown} | {reached} (of {len(passed)}{chance}) | {entry['wall_s']:.0f} s | "
             f"{entry['conversations']} | {entry['answers']} | {entry['stopped']} |"
         )
     return lines

@@ -86,6 +86,7 @@ class Outcome:
     # Per training session, in the order they were opened: whether its first answer passed the
     # persona's checks (rated +1: score >= GOOD_ENOUGH). Sessions with no first answer are left out.
     sessions: list[bool] = field(default_factory=list)
+    session_versions: list[str] = field(default_factory=list)  # the version that gave each first answer
     unanswered: int = 0  # turns that gave no answer (through OpenClaw: failed or timed out)
 
 
@@ -143,6 +144,7 @@ class Traffic:
         self._in_flight = 0
         self.conversations = self.answers = 0
         self._first_passed: dict[int, bool] = {}  # session number -> its first answer passed
+        self._first_version: dict[int, str] = {}  # session number -> the version that gave it
 
     def begin(self, version: str) -> list[asyncio.Task[None]]:
         """Start the users, counting steps from `version`; returns their tasks."""
@@ -204,6 +206,11 @@ class Traffic:
         """Whether each session's first answer passed the persona's checks, in session order."""
         return [self._first_passed[n] for n in sorted(self._first_passed)]
 
+    @property
+    def session_versions(self) -> list[str]:
+        """The version that gave each session's first answer, in the order of `sessions`."""
+        return [self._first_version[n] for n in sorted(self._first_passed)]
+
     async def open_until(self, sessions: int) -> None:
         """Let the users open sessions until `sessions` were opened in all, then wait."""
         async with self._changed:
@@ -233,6 +240,7 @@ class Traffic:
             reply = await asyncio.to_thread(self.persona.reply, task, answer.text, turn)
             if turn == 1:  # its rating is +1 from GOOD_ENOUGH on: the persona's checks passed
                 self._first_passed[number] = reply.rating > 0
+                self._first_version[number] = answer.version
             await self._rate(answer, reply.rating, reply.comment)
             messages.append({"role": "assistant", "content": answer.text})
             if reply.message is None:

@@ -215,6 +215,6 @@ async def _finish(t: Track, stopped: str) -> None:
 
 def _close(t: Track, started: float) -> None:
     t.outcome.conversations, t.outcome.answers = t.traffic.conversations, t.traffic.answers
-    t.outcome.sessions = t.traffic.sessions
+    t.outcome.sessions, t.outcome.session_versions = t.traffic.sessions, t.traffic.session_versions
     t.outcome.unanswered = t.user.client.unanswered
     t.outcome.wall_s = time.monotonic() - started

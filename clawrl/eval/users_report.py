@@ -22,7 +22,7 @@ import dataclasses
 from typing import Any
 
 from clawrl.eval.panel import collapse_panel, collapse_rows, limits_json, limits_of
-from clawrl.eval.report import VIA, canary_tables, change, score_table, sessions_to_effect, signal
+from clawrl.eval.report import VIA, canary_tables, change, score_table, signal
 from clawrl.eval.scenario import Settings
 
 ADAPTERS = {
@@ -106,7 +106,7 @@ def _user_table(report: dict[str, Any]) -> list[str]:
     ]
     for name, e in report["users"].items():
         delta = change(e)
-        effect = sessions_to_effect(e["sessions_passed"])
+        effect = e["sessions_to_effect"]
         lines.append(
             f"| {name} | {e['line']} | {'-' if delta is None else f'{delta:+.3f}'} | "
             f"{', '.join(e['held']) or '-'} | {'-' if effect is None else effect} "

@@ -89,12 +89,17 @@ def test_sessions_to_a_stable_effect_is_the_first_of_three_passing_sessions_in_a
     assert sessions_to_effect([T, T, T]) == 1
     assert sessions_to_effect([T, T, F, T, T]) is None and sessions_to_effect([]) is None
     assert sessions_to_effect([F, T, T], stable=2) == 2
+    # The base passing by chance is no effect: only sessions a trained version answered count.
+    assert sessions_to_effect([T, T, T, F, T, T, T], learned=[F, F, F, F, T, T, T]) == 5
+    assert sessions_to_effect([T, T, T, T], learned=[F, F, T, T]) is None
     outcome = _outcome("rl", [0.2, 0.6], [0, 1])
-    outcome.sessions = [F, F, T, T, T, T]
+    outcome.sessions = [T, T, T, F, T, T, T, T]
+    outcome.session_versions = ["v0", "v0", "v0", "v0", "v0", "v1", "v1", "v1"]
     entry = method_entry(outcome, None)
-    assert entry["sessions_passed"] == outcome.sessions and entry["sessions_to_effect"] == 3
+    assert entry["sessions_passed"] == outcome.sessions and entry["sessions_to_effect"] == 6
+    assert entry["base_passed"] == [4, 5]
     text = markdown(_report(rl=outcome))
-    assert "| rl | +0.400 | 3 (of 6) |" in text
+    assert "| rl | +0.400 | 6 (of 8; the base passed 4 of 5) |" in text
 
 
 def test_mean_of_nothing_is_an_error():
