@@ -127,7 +127,9 @@ def _command(openclaw: Path, session: str, message: str) -> list[str]:
 
 
 def _env(home: Path) -> dict[str, str]:
-    return {**os.environ, "HOME": str(home), "NO_COLOR": "1"}
+    # Absolute: the agent runs in `cwd` (the workspace), where a relative HOME names another folder,
+    # one with no openclaw.json (OpenClaw then falls back to its own default model and fails).
+    return {**os.environ, "HOME": str(home.resolve()), "NO_COLOR": "1"}
 
 
 def _turn(returncode: int, stdout: str, stderr: str) -> AgentTurn:

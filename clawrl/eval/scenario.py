@@ -104,22 +104,30 @@ async def measure(
 
     async def one(task: Task) -> tuple[float, str, str | None]:
         messages = [{"role": "user", "content": persona.first_message(task)}]
-        try:
-            answer = await client.chat(
-                messages,
-                f"eval-{label}-{task.id}",
-                temperature=0.0,
-                max_tokens=max_tokens,
-                side=True,
-                done=True,
-                memory=memory,
-            )
-        except Unanswered as exc:  # counted by the client; no answer scores nothing
-            log.warning("held-out task %s: no answer (%s)", task.id, exc)
-            return 0.0, "", None
+        answer = await client.chat(
+            messages,
+            f"eval-{label}-{task.id}",
+            temperature=0.0,
+            max_tokens=max_tokens,
+            side=True,
+            done=True,
+            memory=memory,
+        )
         return await asyncio.to_thread(persona.score, task, answer.text), answer.version, answer.text
 
-    results = await asyncio.gather(*(one(task) for task in tasks))
+    errors: list[str] = []
+
+    async def one_or_none(task: Task) -> tuple[float, str, str | None]:
+        try:
+            return await one(task)
+        except Unanswered as exc:  # counted by the client; no answer scores nothing
+            log.warning("held-out task %s: no answer (%s)", task.id, exc)
+            errors.append(str(exc))
+            return 0.0, "", None
+
+    results = await asyncio.gather(*(one_or_none(task) for task in tasks))
+    if tasks and len(errors) == len(tasks):  # a score of 0 would read as the policy's; it is nobody's
+        raise EvalError(f"no held-out task was answered ({label}); the last error: {errors[-1][-2000:]}")
     return [r[0] for r in results], sorted({r[1] for r in results if r[1]}), [r[2] for r in results]
 
 

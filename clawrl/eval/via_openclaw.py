@@ -95,9 +95,9 @@ class OpenClawClient(EvalClient):
         workspace: Path | None = None,
     ) -> None:
         super().__init__(base_url, api_key)
-        self.openclaw, self.folder, self.turn_timeout_s = openclaw, folder, turn_timeout_s
+        self.openclaw, self.folder, self.turn_timeout_s = openclaw, folder.resolve(), turn_timeout_s
         self.api_key = api_key
-        self.workspace = workspace or folder / "workspace"
+        self.workspace = (workspace or folder / "workspace").resolve()  # in OpenClaw's system prompt
         self.workspace.mkdir(parents=True, exist_ok=True)
         self.unanswered = 0
         self.last_error = ""

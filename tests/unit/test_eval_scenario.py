@@ -160,6 +160,15 @@ def test_turns_without_an_answer_are_counted_and_the_experiment_goes_on():
         assert all(c.session_id != server.calls[i].session_id for c in server.calls[i + 1 :])
 
 
+def test_an_agent_that_answers_no_held_out_task_stops_the_eval_naming_its_error():
+    """Every held-out answer failed (an OpenClaw with no route to the server, say): a score of 0
+    would read as the policy's; the eval stops with the agent's error instead."""
+    server, train, held, settings = _setup(batch=2)
+    server.fail_every = 1
+    with pytest.raises(EvalError, match="no held-out task was answered.*openclaw exited 1"):
+        asyncio.run(run_experiment(server, get_persona("brief"), train, held, settings))
+
+
 def test_closing_message_ends_the_session():
     server, train, held, settings = _setup(batch=6)
     settings = Settings(steps=1, concurrency=1, samples_per_step=6, poll_s=0.001, max_wall_s=30)

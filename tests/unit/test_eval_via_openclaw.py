@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+from clawrl.eval.openclaw import run_agent
 from clawrl.eval.via_openclaw import session_config
 
 
@@ -41,3 +43,21 @@ def test_a_held_out_answer_asks_for_memory_or_refuses_it_in_a_header():
     assert _provider(refused)["headers"]["X-Memory"] == "off"
     default = session_config(url, None, where, session, 0.0, 64, True, True)
     assert "X-Memory" not in _provider(default)["headers"]
+
+
+def test_a_relative_out_folder_gives_the_agent_its_home_as_an_absolute_path(tmp_path, monkeypatch):
+    """`clawrl eval --via openclaw --out oc-out` (a relative folder): the agent runs in the workspace,
+    so a relative HOME would name a folder with no openclaw.json and OpenClaw would fall back to its
+    own default model (seen 2026-11-26: every turn "No route-compatible authentication source")."""
+    agent = tmp_path / "openclaw"  # prints the HOME and folder it was started with, as a turn's text
+    agent.write_text(
+        f"#!{sys.executable}\nimport json, os\n"
+        'print(json.dumps({"payloads": [{"text": os.environ["HOME"] + "|" + os.getcwd()}], "meta": {}}))\n'
+    )
+    agent.chmod(0o755)
+    (tmp_path / "out" / "home").mkdir(parents=True)
+    (tmp_path / "workspace").mkdir()
+    monkeypatch.chdir(tmp_path)
+    turn = run_agent(agent, Path("out/home"), "s1", "hi", timeout=60, cwd=Path("workspace"))
+    home, cwd = turn.text.split("|")
+    assert Path(home) == tmp_path / "out" / "home" and Path(cwd) == tmp_path / "workspace"
