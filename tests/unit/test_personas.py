@@ -76,10 +76,20 @@ def test_mentions_answer(text: str, answer: int, expected: bool):
 
 
 def test_registry_and_unknown_persona():
-    assert set(PERSONAS) == {"student", "teacher", "brief", "pirate", "direct", "autograde", "stepwise"}
+    assert set(PERSONAS) == {
+        "student",
+        "teacher",
+        "brief",
+        "pirate",
+        "direct",
+        "autograde",
+        "stepwise",
+        "finish",
+    }
     assert get_persona("brief", max_turns=5).max_turns == 5
     with pytest.raises(
-        ValueError, match="known personas: student, teacher, brief, pirate, direct, autograde, stepwise"
+        ValueError,
+        match="known personas: student, teacher, brief, pirate, direct, autograde, stepwise, finish",
     ):
         get_persona("pilot")
 
@@ -239,6 +249,20 @@ def test_autograde_wants_a_last_line_answer_n_and_credits_the_answer_in_words():
     assert grader.score(BAKER, "Answer: nine") == 0.0
     reply = grader.reply(BAKER, PLAIN, turn=1)
     assert reply.rating == -1 and '"Answer: N"' in (reply.message or "")
+
+
+def test_finish_wants_the_reply_to_end_on_its_number():
+    finish = get_persona("finish")
+    assert finish.score(BAKER, "24 - 15 = 9.\nSo 9 rolls are left.") == 1.0
+    assert finish.score(BAKER, "24 rolls and 15 sold.\nThe answer is: 9") == 1.0
+    assert finish.score(BAKER, "There are 24 rolls and 15 are sold, so 24 - 15 = 9") == 0.0  # cut off
+    assert finish.score(BAKER, "24 - 15 = 9. This is a simple subtraction.") == 0.5
+    remark = "So 9 are left. This is a classic example of subtraction! Let me know if you need more."
+    assert finish.score(BAKER, remark) == 0.0
+    assert finish.score(BAKER, "Nine rolls are left.") == 0.0  # no number at all
+    reply = finish.reply(BAKER, remark, turn=1)
+    assert reply.rating == -1 and "End on the result" in (reply.message or "")
+    assert finish.reply(BAKER, "Nine, since 24 - 15 = 9.", turn=1).done
 
 
 # -- LLM persona over real HTTP --------------------------------------------------------

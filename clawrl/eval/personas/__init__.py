@@ -9,8 +9,10 @@
 | `direct`  | the bare question                        | no "To solve this problem, we need to..." opener |
 | `autograde` | the question, for a grading script     | a last line that is exactly "Answer: N"         |
 | `stepwise` | the question, asking to be walked through | every calculation as a step, at least 60 words |
+| `finish`  | the bare question                        | the reply ends on its number, nothing after it  |
 
-`direct` and `autograde` are held out: clawrl's defaults are tuned on `brief` only. `stepwise`,
+`direct`, `autograde` and `finish` are held out: clawrl's defaults are tuned on `brief` only
+(`finish` was written for issue 35 and run as written). `stepwise`,
 `brief`'s opposite, is for the two-user figures (`clawrl eval --users brief,stepwise`).
 
 All are scripted and deterministic (clawrl.eval.personas.base explains the interface);
@@ -23,6 +25,7 @@ from clawrl.eval.personas.autograde import Autograde
 from clawrl.eval.personas.base import Check, Persona, Reply, RulePersona
 from clawrl.eval.personas.brief import Brief
 from clawrl.eval.personas.direct import Direct
+from clawrl.eval.personas.finish import Finish
 from clawrl.eval.personas.pirate import Pirate
 from clawrl.eval.personas.stepwise import Stepwise
 from clawrl.eval.personas.student import Student
@@ -30,7 +33,7 @@ from clawrl.eval.personas.teacher import Teacher, student_answer
 from clawrl.eval.personas.text import mentions_answer, numbers_in
 
 PERSONAS: dict[str, type[RulePersona]] = {
-    p.name: p for p in (Student, Teacher, Brief, Pirate, Direct, Autograde, Stepwise)
+    p.name: p for p in (Student, Teacher, Brief, Pirate, Direct, Autograde, Stepwise, Finish)
 }
 
 
