@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from clawrl.eval.llm_persona import LLMPersona, PersonaError
-from clawrl.eval.personas import PERSONAS, get_persona, mentions_answer, student_answer
+from clawrl.eval.personas import PERSONAS, RulePersona, get_persona, mentions_answer, student_answer
 from clawrl.eval.personas.stepwise import worked_steps
 from clawrl.eval.tasks import Task, load_tasks, split
 
@@ -249,6 +249,18 @@ def test_autograde_wants_a_last_line_answer_n_and_credits_the_answer_in_words():
     assert grader.score(BAKER, "Answer: nine") == 0.0
     reply = grader.reply(BAKER, PLAIN, turn=1)
     assert reply.rating == -1 and '"Answer: N"' in (reply.message or "")
+
+
+def test_a_persona_with_no_checks_is_refused_at_start(monkeypatch):
+    class Silent(RulePersona):
+        name, description, openings = "silent", "checks nothing", ("{question}",)
+
+        def checks(self, task, answer):
+            return []
+
+    monkeypatch.setitem(PERSONAS, "silent", Silent)
+    with pytest.raises(ValueError, match="persona 'silent' has no checks"):
+        get_persona("silent")
 
 
 def test_finish_wants_the_reply_to_end_on_its_number():

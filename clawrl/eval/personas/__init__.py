@@ -31,6 +31,7 @@ from clawrl.eval.personas.stepwise import Stepwise
 from clawrl.eval.personas.student import Student
 from clawrl.eval.personas.teacher import Teacher, student_answer
 from clawrl.eval.personas.text import mentions_answer, numbers_in
+from clawrl.eval.tasks import Task
 
 PERSONAS: dict[str, type[RulePersona]] = {
     p.name: p for p in (Student, Teacher, Brief, Pirate, Direct, Autograde, Stepwise, Finish)
@@ -43,7 +44,13 @@ def get_persona(name: str, max_turns: int = 3) -> RulePersona:
         cls = PERSONAS[name]
     except KeyError:
         raise ValueError(f"unknown persona {name!r}; known personas: {', '.join(PERSONAS)}") from None
-    return cls(max_turns=max_turns)
+    persona = cls(max_turns=max_turns)
+    if not persona.checks(PROBE, ""):  # its score would divide by nothing, its replies thank everything
+        raise ValueError(f"persona {name!r} has no checks: nothing would score or answer its answers")
+    return persona
+
+
+PROBE = Task("probe", "What is 2 + 3?", 5)  # any task: a persona's checks exist whatever it is
 
 
 __all__ = [
