@@ -25,7 +25,7 @@ from typing import Any
 
 from clawrl.eval.client import EvalClient, EvalError
 from clawrl.eval.personas.base import Persona
-from clawrl.eval.scenario import Outcome, Point, Settings, Traffic, measure
+from clawrl.eval.scenario import NoAnswers, Outcome, Point, Settings, Traffic, measure
 from clawrl.eval.tasks import Task
 from clawrl.guard.collapse import self_rouge_l
 from clawrl.version_folder import version_number
@@ -114,9 +114,14 @@ async def _follow(run: Run, memory: bool) -> None:
             outcome.stopped = "held" if made(outcome, start) >= settings.steps else "timeout"
             return
         await traffic.pause()
-        point = await measure_point(
-            client, persona, held_out, settings, start, newer, started, memory=memory, sessions=traffic.opened
-        )  # fmt: skip
+        try:
+            point = await measure_point(
+                client, persona, held_out, settings, start, newer, started,
+                memory=memory, sessions=traffic.opened,
+            )  # fmt: skip
+        except NoAnswers as exc:
+            unanswered(outcome, exc)
+            return
         outcome.points.append(point)
         version = newer
         await traffic.resume(version)
@@ -146,12 +151,24 @@ async def follow_sessions(run: Run) -> None:
                 break
             await asyncio.sleep(settings.poll_s)
         await traffic.pause()
-        point = await measure_point(
-            client, persona, held_out, settings, start, start, started,
-            memory=True, sessions=traffic.opened, step=step,
-        )  # fmt: skip
+        try:
+            point = await measure_point(
+                client, persona, held_out, settings, start, start, started,
+                memory=True, sessions=traffic.opened, step=step,
+            )  # fmt: skip
+        except NoAnswers as exc:
+            unanswered(outcome, exc)
+            return
         outcome.points.append(point)
         await traffic.resume(start)
+
+
+def unanswered(outcome: Outcome, exc: NoAnswers) -> None:
+    """A later point got no answer at all: the run stops there and keeps what it measured (the first
+    point's NoAnswers ends the eval instead: nothing was measured)."""
+    log.error("%s", exc)
+    print(f"clawrl eval: stopped: {exc}", flush=True)
+    outcome.stopped = "unanswered"
 
 
 async def measure_point(

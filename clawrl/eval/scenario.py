@@ -81,13 +81,19 @@ class Outcome:
     conversations: int = 0
     answers: int = 0  # training answers rated (or, without feedback, answered)
     wall_s: float = 0.0
-    stopped: str = "done"  # done | timeout | held (the last steps' versions were held, never served)
+    # done | timeout | held (the last steps' versions were held, never served) | unanswered (a later
+    # point's held-out tasks all went unanswered: the run stopped there, what it measured kept)
+    stopped: str = "done"
     held: list[str] = field(default_factory=list)  # versions the canary gate held (never measured)
     # Per training session, in the order they were opened: whether its first answer passed the
     # persona's checks (rated +1: score >= GOOD_ENOUGH). Sessions with no first answer are left out.
     sessions: list[bool] = field(default_factory=list)
     session_versions: list[str] = field(default_factory=list)  # the version that gave each first answer
     unanswered: int = 0  # turns that gave no answer (through OpenClaw: failed or timed out)
+
+
+class NoAnswers(EvalError):
+    """No held-out task got an answer (the agent cannot reach the server, say): nothing to score."""
 
 
 async def measure(
@@ -127,7 +133,7 @@ async def measure(
 
     results = await asyncio.gather(*(one_or_none(task) for task in tasks))
     if tasks and len(errors) == len(tasks):  # a score of 0 would read as the policy's; it is nobody's
-        raise EvalError(f"no held-out task was answered ({label}); the last error: {errors[-1][-2000:]}")
+        raise NoAnswers(f"no held-out task was answered ({label}); the last error: {errors[-1][-2000:]}")
     return [r[0] for r in results], sorted({r[1] for r in results if r[1]}), [r[2] for r in results]
 
 

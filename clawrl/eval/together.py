@@ -30,10 +30,10 @@ import time
 from dataclasses import dataclass, field
 
 from clawrl.eval.client import EvalClient
-from clawrl.eval.experiment import check_learning, made, measure_point, raise_failed, stop_users
+from clawrl.eval.experiment import check_learning, made, measure_point, raise_failed, stop_users, unanswered
 from clawrl.eval.pacing import Backlog
 from clawrl.eval.personas.base import Persona
-from clawrl.eval.scenario import Outcome, Point, Settings, Traffic
+from clawrl.eval.scenario import NoAnswers, Outcome, Point, Settings, Traffic
 from clawrl.eval.tasks import Task
 from clawrl.eval.users import per_step_share
 from clawrl.version_folder import version_number, version_user
@@ -191,8 +191,14 @@ async def _measure_newer(
     for t in active:
         if t.user.name in newer:
             t.version = newer[t.user.name]
-            t.outcome.points.append(await _measure(t, held_out, settings, started))
+            try:
+                t.outcome.points.append(await _measure(t, held_out, settings, started))
+            except NoAnswers as exc:
+                unanswered(t.outcome, exc)
+                await _finish(t, "unanswered")
     for t in active:
+        if t.done:
+            continue
         if t.outcome.points[-1].step >= settings.steps:
             await _finish(t, "done")  # before its next step's budget could open
         else:

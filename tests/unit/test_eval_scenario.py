@@ -44,6 +44,7 @@ class ScriptedServer:
     made: int = 0
     fail_every: int = 0  # every n-th call raises Unanswered (an OpenClaw turn that failed); 0: none
     fail_closing: bool = False  # every closing message raises Unanswered (a capped answer OpenClaw drops)
+    fail_side_from: int | None = None  # held-out answers raise Unanswered from this version on
     unanswered: int = 0
     memory: bool = False  # memory on: an answer with the block is brief once a rating taught a lesson
     lessons: int = 0  # ratings received (each teaches "keep it short")
@@ -71,8 +72,10 @@ class ScriptedServer:
         await asyncio.sleep(0)  # let other users run, as a real request would
         self.calls.append(Call(session_id, temperature, side, done, messages[-1]["content"], memory))
         blocked = memory is False or (side and memory is None)  # the server adds no block to these
-        if (self.fail_every and len(self.calls) % self.fail_every == 0) or (
-            self.fail_closing and done and not side
+        if (
+            (self.fail_every and len(self.calls) % self.fail_every == 0)
+            or (self.fail_closing and done and not side)
+            or (side and self.fail_side_from is not None and self.version_number >= self.fail_side_from)
         ):
             self.unanswered += 1
             raise Unanswered("openclaw exited 1")
@@ -167,6 +170,16 @@ def test_an_agent_that_answers_no_held_out_task_stops_the_eval_naming_its_error(
     server.fail_every = 1
     with pytest.raises(EvalError, match="no held-out task was answered.*openclaw exited 1"):
         asyncio.run(run_experiment(server, get_persona("brief"), train, held, settings))
+
+
+def test_an_agent_that_stops_answering_later_ends_the_run_keeping_what_it_measured():
+    """v0 measured, then every held-out answer fails: the run stops at that point, its report keeps
+    v0's score and says why it stopped, rather than scoring v1 0 or losing v0."""
+    server, train, held, settings = _setup(batch=2)
+    server.fail_side_from = 1
+    outcome = asyncio.run(run_experiment(server, get_persona("brief"), train, held, settings))
+    assert [p.version for p in outcome.points] == ["v0"] and outcome.stopped == "unanswered"
+    assert outcome.sessions  # the training sessions before it are kept too
 
 
 def test_closing_message_ends_the_session():
