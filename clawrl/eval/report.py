@@ -109,6 +109,8 @@ def learnt(versions: list[str], start: str, memory: bool) -> list[bool] | None:
 def base_passed(passed: list[bool], versions: list[str], start: str) -> list[int]:
     """[passed, of]: how many sessions the start version answered, and how many of those passed:
     the chance level a stable effect is read against."""
+    if not versions:  # not recorded (an outcome built without them): nothing to say
+        return [0, 0]
     base = [ok for ok, v in zip(passed, versions, strict=True) if v == start]
     return [sum(base), len(base)]
 
