@@ -101,7 +101,7 @@ def learnt(versions: list[str], start: str, memory: bool) -> list[bool] | None:
     `start` (the base answers by chance, however often it passes). With memory on, the block can act
     from the next session on, so every session may show the effect (None); so too for sessions
     recorded without their versions (reports written before they were)."""
-    if memory or len(versions) == 0:
+    if memory or not versions:
         return None
     return [v != start for v in versions]
 

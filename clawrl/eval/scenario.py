@@ -157,8 +157,8 @@ class Traffic:
         self._changed = asyncio.Condition()
         self._in_flight = 0
         self.conversations = self.answers = 0
-        self._first_passed: dict[int, bool] = {}  # session number -> its first answer passed
-        self._first_version: dict[int, str] = {}  # session number -> the version that gave it
+        # session number -> (its first answer passed, the version that gave that answer)
+        self._first: dict[int, tuple[bool, str]] = {}
 
     def begin(self, version: str) -> list[asyncio.Task[None]]:
         """Start the users, counting steps from `version`; returns their tasks."""
@@ -218,12 +218,12 @@ class Traffic:
     @property
     def sessions(self) -> list[bool]:
         """Whether each session's first answer passed the persona's checks, in session order."""
-        return [self._first_passed[n] for n in sorted(self._first_passed)]
+        return [self._first[n][0] for n in sorted(self._first)]
 
     @property
     def session_versions(self) -> list[str]:
         """The version that gave each session's first answer, in the order of `sessions`."""
-        return [self._first_version[n] for n in sorted(self._first_passed)]
+        return [self._first[n][1] for n in sorted(self._first)]
 
     async def open_until(self, sessions: int) -> None:
         """Let the users open sessions until `sessions` were opened in all, then wait."""
@@ -253,8 +253,7 @@ class Traffic:
                 return
             reply = await asyncio.to_thread(self.persona.reply, task, answer.text, turn)
             if turn == 1:  # its rating is +1 from GOOD_ENOUGH on: the persona's checks passed
-                self._first_passed[number] = reply.rating > 0
-                self._first_version[number] = answer.version
+                self._first[number] = (reply.rating > 0, answer.version)
             await self._rate(answer, reply.rating, reply.comment)
             messages.append({"role": "assistant", "content": answer.text})
             if reply.message is None:

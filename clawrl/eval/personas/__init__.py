@@ -37,6 +37,8 @@ PERSONAS: dict[str, type[RulePersona]] = {
     p.name: p for p in (Student, Teacher, Brief, Pirate, Direct, Autograde, Stepwise, Finish)
 }
 
+PROBE = Task("probe", "What is 2 + 3?", 5)  # any task: a persona's checks exist whatever it is
+
 
 def get_persona(name: str, max_turns: int = 3) -> RulePersona:
     """A new scripted persona called `name`; ValueError naming the known ones otherwise."""
@@ -48,9 +50,6 @@ def get_persona(name: str, max_turns: int = 3) -> RulePersona:
     if not persona.checks(PROBE, ""):  # its score would divide by nothing, its replies thank everything
         raise ValueError(f"persona {name!r} has no checks: nothing would score or answer its answers")
     return persona
-
-
-PROBE = Task("probe", "What is 2 + 3?", 5)  # any task: a persona's checks exist whatever it is
 
 
 __all__ = [
