@@ -135,6 +135,9 @@ def cmd_eval(config: Any, args: argparse.Namespace) -> int:
         report = run_users_eval(config, args) if args.users is not None else run_eval(config, args)
     except (ValueError, EvalError, LaunchError) as exc:
         return _fail(str(exc))
+    except KeyboardInterrupt:  # Ctrl-C: what was measured is in the report already (run_eval)
+        print("clawrl eval: interrupted", file=sys.stderr)
+        return 130
     for method, entry in (report.get("methods") or report["users"]).items():
         scores = " -> ".join(f"{s:.3f}" for s in entry["scores"])
         print(f"clawrl eval: {method}: {scores} ({entry['wall_s']:.0f} s, {entry['stopped']})")

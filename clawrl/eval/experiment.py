@@ -60,12 +60,17 @@ async def run_experiment(
     train: list[Task],
     held_out: list[Task],
     settings: Settings,
+    seen: list[Outcome] | None = None,
 ) -> Outcome:
-    """Measure, train and measure again until `settings.steps` versions are measured."""
+    """Measure, train and measure again until `settings.steps` versions are measured. `seen`: the
+    outcome is appended to it once made, so that a caller stopped by a signal (Ctrl-C, SIGTERM)
+    still holds what was measured; it is then marked `stopped = "interrupted"`."""
     started = time.monotonic()
     health = await client.health()
     judge, method = check_learning(health, memory_only=True)
     outcome = Outcome(method=method, judge=judge)
+    if seen is not None:
+        seen.append(outcome)
     start, memory = str(health["version"]), memory_on(health)
     first = await measure_point(client, persona, held_out, settings, start, start, started, memory=memory)
     outcome.points.append(first)
@@ -79,12 +84,17 @@ async def run_experiment(
             await _follow(run, memory)
         else:  # memory only: a point every `points_every` sessions
             await follow_sessions(run)
+    except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+        outcome.stopped = "interrupted"
+        raise
     finally:
-        await stop_users(users)
-    outcome.conversations, outcome.answers = traffic.conversations, traffic.answers
-    outcome.sessions, outcome.session_versions = traffic.sessions, traffic.session_versions
-    outcome.unanswered = client.unanswered
-    outcome.wall_s = time.monotonic() - started
+        try:
+            await stop_users(users)
+        finally:  # what the users did, also when interrupted (the caller then reports it)
+            outcome.conversations, outcome.answers = traffic.conversations, traffic.answers
+            outcome.sessions, outcome.session_versions = traffic.sessions, traffic.session_versions
+            outcome.unanswered = client.unanswered
+            outcome.wall_s = time.monotonic() - started
     return outcome
 
 

@@ -30,7 +30,7 @@ from clawrl.eval.plot import plot_scores
 from clawrl.eval.report import build_report, canary_rows, markdown, method_entry
 from clawrl.eval.scenario import Outcome, Settings
 from clawrl.eval.tasks import Task, load_tasks, split
-from clawrl.store.db import Store
+from clawrl.store.db import Store, StoreError
 
 
 @dataclass
@@ -128,7 +128,12 @@ def run_eval(config: Any, args: Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {}
     try:
         for method in plan.methods:
-            name, entry = _run_method(config, args.base_url, method, api_key, plan)
+            seen: list[Outcome] = []
+            try:
+                name, entry = _run_method(config, args.base_url, method, api_key, plan, seen)
+            except (KeyboardInterrupt, SystemExit):
+                _report_interrupted(config, args.base_url, plan, entries, seen)
+                raise
             entries[name] = entry
             report = _report(config, args.base_url, plan, entries)
             write_report(report, plan.out)  # a method that fails later loses none of these numbers
@@ -140,17 +145,46 @@ def run_eval(config: Any, args: Namespace) -> dict[str, Any]:
 
 
 def _run_method(
-    config: Any, base_url: str | None, method: str | None, api_key: str | None, plan: Plan
+    config: Any,
+    base_url: str | None,
+    method: str | None,
+    api_key: str | None,
+    plan: Plan,
+    seen: list[Outcome],
 ) -> tuple[str, dict[str, Any]]:
-    """(method, its report entry): against the running server, or a fresh one."""
+    """(method, its report entry): against the running server, or a fresh one. `seen` gets the
+    outcome as soon as the experiment starts (what an interrupted run reports)."""
     if base_url is not None:
-        outcome = asyncio.run(_remote(base_url, api_key, method, plan))
+        outcome = asyncio.run(_remote(base_url, api_key, method, plan, seen))
         return outcome.method, method_entry(outcome, None)
-    outcome, run_dir = _fresh(config, method or config.method, api_key, plan)
+    outcome, run_dir = _fresh(config, method or config.method, api_key, plan, seen)
+    return outcome.method, _fresh_entry(outcome, run_dir)
+
+
+def _fresh_entry(outcome: Outcome, run_dir: Path) -> dict[str, Any]:
+    """A fresh server's report entry: the outcome and its run folder's canary verdicts."""
     entry = method_entry(outcome, str(run_dir))
     with Store.open(run_dir / "clawrl.db", readonly=True) as store:
         entry["canary"] = canary_rows(store.versions())
-    return outcome.method, entry
+    return entry
+
+
+def _report_interrupted(
+    config: Any, base_url: str | None, plan: Plan, entries: dict[str, dict[str, Any]], seen: list[Outcome]
+) -> None:
+    """Ctrl-C or SIGTERM mid-method: write the report with what that method measured (marked
+    `stopped: "interrupted"`) beside the methods already done; nothing if it measured nothing."""
+    if not seen or not seen[-1].points:
+        return
+    outcome = seen[-1]
+    outcome.stopped = "interrupted"
+    run_dir = plan.run_root / outcome.method if base_url is None else None
+    try:
+        entry = _fresh_entry(outcome, run_dir) if run_dir is not None else method_entry(outcome, None)
+    except StoreError:  # the run folder's store cannot be read: the canary column stays out
+        entry = method_entry(outcome, None if run_dir is None else str(run_dir))
+    write_report(_report(config, base_url, plan, {**entries, outcome.method: entry}), plan.out)
+    print(f"clawrl eval: interrupted; wrote {plan.out / 'report.json'} with what was measured", flush=True)
 
 
 def _report(
@@ -163,12 +197,14 @@ def _report(
     return build_report(plan.persona.name, entries, plan.settings, held_out, command, served)
 
 
-async def _remote(base_url: str, api_key: str | None, method: str | None, plan: Plan) -> Outcome:
+async def _remote(
+    base_url: str, api_key: str | None, method: str | None, plan: Plan, seen: list[Outcome]
+) -> Outcome:
     async with _client(base_url, api_key, method, plan) as client:
         _, served = check_learning(await client.health(), memory_only=True)
         if method is not None and method != served:
             raise EvalError(f"the server at {base_url} trains with method {served!r}, not {method!r}")
-        return await run_experiment(client, plan.persona, plan.train, plan.held_out, plan.settings)
+        return await run_experiment(client, plan.persona, plan.train, plan.held_out, plan.settings, seen)
 
 
 def _client(base_url: str, api_key: str | None, method: str | None, plan: Plan) -> EvalClient:
@@ -180,14 +216,16 @@ def _client(base_url: str, api_key: str | None, method: str | None, plan: Plan) 
     return OpenClawClient(base_url, api_key, plan.openclaw, plan.out / "openclaw" / (method or "served"))
 
 
-def _fresh(config: Any, method: str, api_key: str | None, plan: Plan) -> tuple[Outcome, Path]:
+def _fresh(
+    config: Any, method: str, api_key: str | None, plan: Plan, seen: list[Outcome]
+) -> tuple[Outcome, Path]:
     from clawrl.launcher import ServerProcess
 
     run_dir = plan.run_root / method
     cfg = config.model_copy(update={"method": method, "run_dir": run_dir}, deep=True)
     print(f"clawrl eval: method {method}: starting a server in {run_dir}", flush=True)
     with ServerProcess.from_config(cfg, fresh=True) as server:
-        outcome = asyncio.run(_remote(server.url, api_key, method, plan))
+        outcome = asyncio.run(_remote(server.url, api_key, method, plan, seen))
     return outcome, run_dir
 
 

@@ -82,7 +82,8 @@ class Outcome:
     answers: int = 0  # training answers rated (or, without feedback, answered)
     wall_s: float = 0.0
     # done | timeout | held (the last steps' versions were held, never served) | unanswered (a later
-    # point's held-out tasks all went unanswered: the run stopped there, what it measured kept)
+    # point's held-out tasks all went unanswered: the run stopped there, what it measured kept) |
+    # interrupted (Ctrl-C or SIGTERM: the report keeps what was measured until then)
     stopped: str = "done"
     held: list[str] = field(default_factory=list)  # versions the canary gate held (never measured)
     # Per training session, in the order they were opened: whether its first answer passed the

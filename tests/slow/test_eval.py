@@ -9,6 +9,7 @@ score per measured version, eval turns never trained on, the report files valid.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -101,3 +102,42 @@ def test_report_plots_the_run(eval_out: Path, tmp_path: Path):
     assert f"eval scores: {scores}" in done.stdout
     assert (tmp_path / "training.png").read_bytes().startswith(PNG)
     assert not (run_dir / "training.png").exists()  # --out, not the run folder
+
+
+def test_eval_stopped_by_sigterm_reports_what_it_measured_and_stops_its_server(tmp_path, tiny_model_dir):
+    """A long eval sent SIGTERM once v0 is measured (a job runner's time limit, `kill`): it exits 143
+    with report.json written from v0's point, marked interrupted, and leaves no server running."""
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "clawrl", "eval", "--model", str(tiny_model_dir), "--persona", "brief"]
+    command += ["--method", "rl", "--steps", "50", "--held-out", "2", "--max-tokens", "8", "--out", str(out)]
+    command += ["--judge.backend", "feedback", "--guard.enabled", "false", "--train.nice", "0"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    try:
+        seen = []
+        for line in proc.stdout:  # each line as eval prints it (flushed): wait for v0's point
+            seen.append(line)
+            if "step 0 (v0): held-out score" in line:
+                break
+        else:
+            raise AssertionError("eval ended before measuring v0:\n" + "".join(seen))
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=limit(120))[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, "".join(seen) + rest
+    assert f"interrupted; wrote {out / 'report.json'}" in rest
+    rl = json.loads((out / "report.json").read_text())["methods"]["rl"]
+    assert rl["stopped"] == "interrupted" and rl["versions"] == ["v0"] and len(rl["task_scores"][0]) == 2
+    run_dir = out / "runs" / "rl"
+    assert rl["run_dir"] == str(run_dir) and json.loads((run_dir / "report.json").read_text())["methods"]
+    assert (out / "report.md").is_file() and (out / "scores.png").read_bytes().startswith(PNG)
+    # The server eval started (and its trainer) went with it: no process names the run folder.
+    running = [p for p in Path("/proc").glob("[0-9]*") if _cmdline(p).count(str(run_dir))]
+    assert running == []
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:  # it ended meanwhile
+        return ""

@@ -182,6 +182,29 @@ def test_an_agent_that_stops_answering_later_ends_the_run_keeping_what_it_measur
     assert outcome.sessions  # the training sessions before it are kept too
 
 
+def test_an_interrupted_experiment_leaves_its_caller_what_it_measured():
+    """Cancelled mid-run (what Ctrl-C or SIGTERM does to asyncio.run): the outcome the caller was
+    handed keeps the points and sessions so far and says it was interrupted; the users are stopped."""
+    server, train, held, settings = _setup(batch=10**6)  # no version ever comes: the users run on
+    seen: list = []
+
+    async def interrupt() -> None:
+        run = asyncio.ensure_future(run_experiment(server, get_persona("brief"), train, held, settings, seen))
+        while len(server.ratings) < 6:  # v0 measured, then some training sessions rated
+            await asyncio.sleep(0.001)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        calls = len(server.calls)
+        await asyncio.sleep(0.05)
+        assert len(server.calls) == calls  # no simulated user is left talking to the server
+
+    asyncio.run(interrupt())
+    (outcome,) = seen
+    assert outcome.stopped == "interrupted" and [p.version for p in outcome.points] == ["v0"]
+    assert outcome.answers >= 6 and outcome.sessions and outcome.wall_s > 0
+
+
 def test_closing_message_ends_the_session():
     server, train, held, settings = _setup(batch=6)
     settings = Settings(steps=1, concurrency=1, samples_per_step=6, poll_s=0.001, max_wall_s=30)
