@@ -132,7 +132,7 @@ def test_eval_stopped_by_sigterm_reports_what_it_measured_and_stops_its_server(t
     assert rl["run_dir"] == str(run_dir) and json.loads((run_dir / "report.json").read_text())["methods"]
     assert (out / "report.md").is_file() and (out / "scores.png").read_bytes().startswith(PNG)
     # The server eval started (and its trainer) went with it: no process names the run folder.
-    running = [p for p in Path("/proc").glob("[0-9]*") if _cmdline(p).count(str(run_dir))]
+    running = [p for p in Path("/proc").glob("[0-9]*") if str(run_dir) in _cmdline(p)]
     assert running == []
 
 
