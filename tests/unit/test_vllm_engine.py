@@ -117,3 +117,44 @@ def test_a_turn_records_what_its_sampler_did_and_what_its_logprobs_are_of():
     assert sampling_record(greedy, processed_logprobs=True)["logprobs"] == "tempered"
     penalised = SamplingParams(max_tokens=8, temperature=0.0, presence_penalty=1.0)  # not penalties
     assert sampling_record(penalised, processed_logprobs=True)["logprobs"] == "processed"
+
+
+# Binds its port as vLLM's api_server does (a taken one fails with "Address already in use" in the
+# log), then answers /health: the supervisor's side of the start, without vLLM's 30 s.
+_BINDS = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_a_port_taken_before_vllm_binds_it_is_chosen_anew(tmp_path):
+    """clawrl chooses vLLM's port, and vLLM binds it ~30 s later: a port another process took
+    meanwhile (seen in CI: "Address already in use") starts the server on a fresh one; a port the
+    user gave is never changed, and its start fails saying why."""
+    import socket
+    import sys
+
+    from clawrl.net import free_port
+
+    def launch(port: int) -> tuple[str, list[str]]:
+        return f"http://127.0.0.1:{port}", [sys.executable, "-c", _BINDS, str(port)]
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        log = tmp_path / "vllm.log"
+        fixed = VLLMServer(VLLMConfig(), *launch(port), log)
+        with pytest.raises(VLLMUnavailable, match="Address already in use"):
+            fixed.connect()
+        chosen = VLLMServer(VLLMConfig(), *launch(port), log, relaunch=lambda: launch(free_port()))
+        try:
+            chosen.connect()
+            assert chosen.up and chosen.url != f"http://127.0.0.1:{port}"
+            assert chosen.report()["url"] == chosen.url
+        finally:
+            chosen.close()

@@ -71,14 +71,21 @@ def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
         log.info("vLLM serves %d tokens with RoPE scaled at every position: --hf-overrides '%s'",
                  loaded.max_context, json.dumps(rope))  # fmt: skip
     if v.start:
-        port = v.port or free_port()
         lora = config.train.weights == "lora"
         share = config.engine.gpu_share  # set at start on a GPU (the memory budget); None on a CPU
         v = v.model_copy(update={"max_loras": max_loras(config)})
-        command = vllm_command(vllm_python(config), folder, port, v, loaded.max_context, lora, rope, share)
+        python = vllm_python(config)
+
+        def launch(port: int) -> tuple[str, list[str]]:
+            command = vllm_command(python, folder, port, v, loaded.max_context, lora, rope, share)
+            return f"http://127.0.0.1:{port}", command
+
+        url, command = launch(v.port or free_port())
         log_path = config.run_dir / "logs" / "vllm.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        server = VLLMServer(v, f"http://127.0.0.1:{port}", command, log_path)
+        # A port clawrl chose may be taken before vLLM binds it: then it starts on another one.
+        relaunch = None if v.port else lambda: launch(free_port())
+        server = VLLMServer(v, url, command, log_path, relaunch)
         log.info("starting vLLM on %s (up to %.0f s): %s", folder, v.startup_timeout_s, " ".join(command))
     else:
         assert v.url is not None  # checked by the config

@@ -353,6 +353,8 @@ class VLLMEngine:
 
     async def _reload(self) -> None:
         """After a restart the server has no adapter: load the one being served again."""
+        if self._http is not None:  # a restart on a port that was taken moves it to another
+            self._http.base_url = httpx.URL(self.server.url)
         self._retired.clear()
         for user, (_, served) in list(self._users.items()):  # each user's own adapter first
             if served.path is not None:

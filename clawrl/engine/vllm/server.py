@@ -6,7 +6,9 @@ another), bound to 127.0.0.1, its output appended to `<run_dir>/logs/vllm.log`.
 It runs in a process group of its own and gets SIGTERM if clawrl dies (so a
 killed clawrl leaves no 3 GB server behind). `connect` starts it and waits for
 `/health` before clawrl serves anything; a server that exits or never answers
-is a `VLLMUnavailable` with the end of its log. While clawrl runs, `watch`
+is a `VLLMUnavailable` with the end of its log. A port clawrl chose itself that another process
+took before vLLM bound it (vLLM binds ~30 s after it starts) is chosen anew, up to `PORT_TRIES`
+times. While clawrl runs, `watch`
 checks `/health` (and the process) every `health_poll_s`; when the server is
 gone it is started again after `restart_backoff_s`, doubling up to
 `restart_backoff_max_s`, and `on_ready` (the engine reloading its adapter) runs
@@ -41,6 +43,8 @@ from clawrl.engine.base import EngineError, EngineUnavailable
 
 log = logging.getLogger(__name__)
 
+PORT_TRIES = 3  # starts on a fresh port when the one chosen was taken before vLLM bound it
+PORT_TAKEN = "Address already in use"  # what vLLM's log says then
 BASE_NAME = "clawrl-base"  # the name the started server serves the base model under
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -112,14 +116,24 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec: one 
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+Relaunch = Callable[[], tuple[str, list[str]]]  # a fresh port's url and command line
+
+
 class VLLMServer:
     def __init__(
-        self, v: VLLMConfig, url: str, command: list[str] | None = None, log_path: Path | None = None
+        self,
+        v: VLLMConfig,
+        url: str,
+        command: list[str] | None = None,
+        log_path: Path | None = None,
+        relaunch: Relaunch | None = None,
     ) -> None:
         self.config = v
         self.url = url.rstrip("/")
         self._command = command  # None: attached, nothing to start
         self._log_path = log_path
+        self._log_start = 0  # where the log of the latest start begins
+        self._relaunch = relaunch  # None: the port is the user's, never chosen anew
         self._proc: subprocess.Popen[bytes] | None = None
         self.health = ServerHealth(url=self.url)
         self.on_ready: Callable[[], Awaitable[None]] | None = None
@@ -131,6 +145,15 @@ class VLLMServer:
 
     def connect(self) -> None:
         """Start the server (if clawrl owns it) and wait until it answers; raise VLLMUnavailable."""
+        for tries_left in range(PORT_TRIES - 1, -1, -1):
+            try:
+                return self._connect()
+            except VLLMUnavailable:
+                if not tries_left or not self._port_taken():
+                    raise
+                self._new_port()
+
+    def _connect(self) -> None:
         if self._command is not None:
             self._spawn()
         deadline = time.monotonic() + (self.config.startup_timeout_s if self._command else 5.0)
@@ -167,8 +190,24 @@ class VLLMServer:
         _signal_group(proc.pid, signal.SIGKILL)  # what is left of the group: vLLM's engine processes
         return proc.returncode
 
+    def _port_taken(self) -> bool:
+        """Whether the latest start failed for its port (another process bound it first)."""
+        if self._relaunch is None or self._log_path is None or not self._log_path.is_file():
+            return False
+        with open(self._log_path, "rb") as f:
+            f.seek(self._log_start)
+            return PORT_TAKEN.encode() in f.read()
+
+    def _new_port(self) -> None:
+        assert self._relaunch is not None
+        old = self.url
+        url, self._command = self._relaunch()
+        self.url = self.health.url = url.rstrip("/")
+        log.warning("the port of %s was taken before vLLM bound it; starting it at %s", old, self.url)
+
     def _spawn(self) -> None:
         assert self._command is not None and self._log_path is not None
+        self._log_start = self._log_path.stat().st_size if self._log_path.is_file() else 0
         with open(self._log_path, "ab") as out:  # the child keeps its own handle
             self._proc = subprocess.Popen(
                 self._command,
@@ -231,6 +270,8 @@ class VLLMServer:
                 self.health.last_exit = code
             log.info("restarting vLLM in %.0f s", delay)
             await asyncio.sleep(delay)
+            if self._port_taken():
+                self._new_port()
             self.health.restarts += 1
             self._spawn()
             deadline = time.monotonic() + self.config.startup_timeout_s
