@@ -31,7 +31,7 @@ from clawrl.eval.tasks import Task, load_tasks, split
 from clawrl.eval.together import SimUser, run_together
 from clawrl.eval.users import line_of, new_key, parse_users, write_users_file
 from clawrl.eval.users_report import build_users_report, users_markdown
-from clawrl.store.db import Store
+from clawrl.store.db import Store, StoreError
 from clawrl.types import DEFAULT_USER
 
 # Options of the one-persona path that --users does not take (each user is a scripted persona).
@@ -68,14 +68,28 @@ def run_users_eval(config: Any, args: Namespace) -> dict[str, Any]:
         config, method[0], keys, args.run_dir if args.run_dir is not None else args.out / "runs"
     )
     adapters = "per_user" if cfg.per_user_adapters else "shared"
-    outcomes = _serve(cfg, keys, args, train, held_out, settings)
-    entries = {name: user_entry(outcomes[name], name, line_of(name, cfg.per_user_adapters)) for name in names}
-    _add_canary(entries, cfg.run_dir / "clawrl.db")
-    command = shlex.join(["clawrl", *sys.argv[1:]])
-    held = [t.id for t in held_out]
-    report = build_users_report(
-        entries, method[0], adapters, settings, held, command, cfg.dump(), str(cfg.run_dir)
-    )
+    seen: dict[str, Outcome] = {}
+
+    def report_of(outcomes: dict[str, Outcome]) -> dict[str, Any]:
+        lines = {name: line_of(name, cfg.per_user_adapters) for name in outcomes}
+        entries = {name: user_entry(outcomes[name], name, lines[name]) for name in outcomes}
+        with contextlib.suppress(StoreError):  # unreadable: the canary column stays out
+            _add_canary(entries, cfg.run_dir / "clawrl.db")
+        command = shlex.join(["clawrl", *sys.argv[1:]])
+        held = [t.id for t in held_out]
+        return build_users_report(
+            entries, method[0], adapters, settings, held, command, cfg.dump(), str(cfg.run_dir)
+        )
+
+    try:
+        outcomes = _serve(cfg, keys, args, train, held_out, settings, seen)
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C or SIGTERM: keep what was measured
+        if any(o.points for o in seen.values()):  # each user not done is marked "interrupted"
+            write_users_report(report_of(seen), args.out)
+            written = args.out / "report.json"
+            print(f"clawrl eval: interrupted; wrote {written} with what was measured", flush=True)
+        raise
+    report = report_of(outcomes)
     write_users_report(report, args.out)
     return report
 
@@ -107,13 +121,15 @@ def _serve(
     train: list[Task],
     held_out: list[Task],
     settings: Settings,
+    seen: dict[str, Outcome],
 ) -> dict[str, Outcome]:
-    """Start the server, let every user talk under their own key, stop it; each user's outcome."""
+    """Start the server, let every user talk under their own key, stop it; each user's outcome
+    (`seen`: each one as soon as it is made, what an interrupted run reports)."""
     from clawrl.launcher import ServerProcess
 
     print(f"clawrl eval: users {', '.join(keys)}: starting a server in {cfg.run_dir}", flush=True)
     with ServerProcess.from_config(cfg, fresh=True) as server:
-        return asyncio.run(_together(server.url, cfg, keys, args.max_turns, train, held_out, settings))
+        return asyncio.run(_together(server.url, cfg, keys, args.max_turns, train, held_out, settings, seen))
 
 
 async def _together(
@@ -124,6 +140,7 @@ async def _together(
     train: list[Task],
     held_out: list[Task],
     settings: Settings,
+    seen: dict[str, Outcome],
 ) -> dict[str, Outcome]:
     async with contextlib.AsyncExitStack() as stack:
         admin = await stack.enter_async_context(EvalClient(url, cfg.server.api_key.get_secret_value()))
@@ -132,7 +149,7 @@ async def _together(
             client = await stack.enter_async_context(EvalClient(url, key))
             persona = get_persona(name, max_turns=max_turns)
             users.append(SimUser(name, persona, client, line_of(name, cfg.per_user_adapters)))
-        return await run_together(admin, users, train, held_out, settings)
+        return await run_together(admin, users, train, held_out, settings, seen)
 
 
 def _add_canary(entries: dict[str, dict[str, Any]], db: Path) -> None:

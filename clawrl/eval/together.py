@@ -65,25 +65,40 @@ class Track:
 
 
 async def run_together(
-    admin: EvalClient, users: list[SimUser], train: list[Task], held_out: list[Task], settings: Settings
+    admin: EvalClient,
+    users: list[SimUser],
+    train: list[Task],
+    held_out: list[Task],
+    settings: Settings,
+    seen: dict[str, Outcome] | None = None,
 ) -> dict[str, Outcome]:
     """Measure every user at their start, then each user's every new version, until each has
-    `settings.steps` versions made or `settings.max_wall_s` has passed; each user's outcome."""
+    `settings.steps` versions made or `settings.max_wall_s` has passed; each user's outcome. `seen`
+    gets every user's outcome once made, so that a caller stopped by a signal still holds what was
+    measured; a user not done by then is marked `stopped = "interrupted"`."""
     started = time.monotonic()
     judge, method = check_learning(await admin.health())
     tracks = [await _track(u, users, method, judge, train, settings) for u in users]
+    if seen is not None:
+        seen.update({t.user.name: t.outcome for t in tracks})
     backlog = Backlog(backlog_size(settings, len({u.line for u in users})), settings.stall_s)
-    for t in tracks:
-        t.outcome.points.append(await _measure(t, held_out, settings, started))
-        await t.traffic.share(backlog)
-    for t in tracks:
-        t.tasks = t.traffic.begin(t.start)
     try:
+        for t in tracks:
+            t.outcome.points.append(await _measure(t, held_out, settings, started))
+            await t.traffic.share(backlog)
+        for t in tracks:
+            t.tasks = t.traffic.begin(t.start)
         await _follow(admin, tracks, held_out, settings, started, backlog)
+    except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+        for t in tracks:
+            t.outcome.stopped = t.outcome.stopped if t.done else "interrupted"
+        raise
     finally:
-        await stop_users([task for t in tracks for task in t.tasks])
-    for t in tracks:
-        _close(t, started)
+        try:
+            await stop_users([task for t in tracks for task in t.tasks])
+        finally:  # what the users did, also when interrupted (the caller then reports it)
+            for t in tracks:
+                _close(t, started)
     return {t.user.name: t.outcome for t in tracks}
 
 

@@ -131,6 +131,37 @@ def _settings(**kw: Any) -> Settings:
     return Settings(**{"steps": 3, "concurrency": 3, "poll_s": 0.001, "max_wall_s": 30} | kw)
 
 
+def test_interrupted_users_leave_their_caller_what_was_measured():
+    """Cancelled mid-run (what Ctrl-C or SIGTERM does to asyncio.run): the outcomes the caller was
+    handed keep each user's points and sessions so far and say they were interrupted (what
+    `clawrl eval --users` then reports); no simulated user is left talking to the server."""
+    server = ScriptedLines(batch=10**6, per_user=True)  # no version ever comes: the users run on
+    tasks = load_tasks()
+    train, held = split(tasks, held_out=3, seed=0)
+    server.answers = {t.question: t.answer for t in tasks}
+    names = ["brief", "stepwise"]
+    users = [SimUser(n, get_persona(n), UserClient(server, n), line_of(n, True)) for n in names]
+    seen: dict = {}
+
+    async def interrupt() -> None:
+        run = asyncio.ensure_future(run_together(server, users, train, held, _settings(), seen))  # type: ignore[arg-type]
+        while sum(server.ratings.values()) < 6:  # both measured at v0, then some sessions rated
+            await asyncio.sleep(0.001)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        calls = len(server.calls)
+        await asyncio.sleep(0.05)
+        assert len(server.calls) == calls
+
+    asyncio.run(interrupt())
+    assert list(seen) == names
+    for outcome in seen.values():
+        assert outcome.stopped == "interrupted" and [p.version for p in outcome.points] == ["v0"]
+        assert outcome.wall_s > 0
+    assert sum(o.answers for o in seen.values()) >= 6 and any(o.sessions for o in seen.values())
+
+
 def test_each_user_is_measured_on_their_own_adapters_versions_with_their_own_key():
     server = ScriptedLines(batch=2, per_user=True)
     outcomes, held = _run(server, ["brief", "stepwise"], _settings(samples_per_step=2))
