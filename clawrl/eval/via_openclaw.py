@@ -20,6 +20,11 @@ before each call, through the provider's static `headers` and the model's params
   is left to OpenClaw, which sends none, so the model's own sampling defaults apply, as for
   a user; `max_tokens` is the model entry's `maxTokens`.
 
+OpenClaw writes its own session id into every user message (`Runtime: ... sessionId=...`), and
+the model reads it: a held-out answer is asked under one OpenClaw session id, `HELD_OUT_SESSION`,
+at every version (in a fresh HOME each time, so no history carries over), so each version answers
+the very same prompt; the server still files it under the eval's session (`X-Session-Id`).
+
 OpenClaw does not show the completion id, which `POST /v1/feedback` names: after each call
 the answer's turn is read from the server (`/dashboard/session.json`, the session's newest
 turn of the right type), which also gives the version that wrote it. An OpenClaw call that
@@ -44,6 +49,7 @@ from clawrl.eval.openclaw import (
     write_home,
 )
 
+HELD_OUT_SESSION = "held-out"  # OpenClaw's session id for every held-out answer (see the module's doc)
 RECORDED_WITHIN_S = 30.0  # an answered turn is in the store well within this
 TURN_TIMEOUT_S = 600.0  # one OpenClaw turn: a ~2,500-token prompt prefilled on a loaded CPU
 
@@ -120,9 +126,15 @@ class OpenClawClient(EvalClient):
         )  # fmt: skip
         write_home(home, config)
         before = len(await self._turns(session_id))
+        agent_session = HELD_OUT_SESSION if side else session_id  # in the prompt OpenClaw writes
         try:
             reply = await run_agent_async(
-                self.openclaw, home, session_id, messages[-1]["content"], self.turn_timeout_s, self.workspace
+                self.openclaw,
+                home,
+                agent_session,
+                messages[-1]["content"],
+                self.turn_timeout_s,
+                self.workspace,
             )
         except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
             raise self._unanswered(f"openclaw: {exc}") from exc

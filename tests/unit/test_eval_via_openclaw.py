@@ -61,3 +61,44 @@ def test_a_relative_out_folder_gives_the_agent_its_home_as_an_absolute_path(tmp_
     turn = run_agent(agent, Path("out/home"), "s1", "hi", timeout=60, cwd=Path("workspace"))
     home, cwd = turn.text.split("|")
     assert Path(home) == tmp_path / "out" / "home" and Path(cwd) == tmp_path / "workspace"
+
+
+def test_each_version_answers_a_held_out_task_under_the_same_openclaw_session_id(tmp_path):
+    """OpenClaw writes its session id into the prompt (`Runtime: ... sessionId=...`), which the model
+    reads: seen 2026-11-27, a 135M model answering "eval_v0-v0-m37" code. A held-out task is asked
+    under one OpenClaw session id at every version, each time in a fresh HOME (no history carried
+    over), while the server files it under the eval's own session; a training turn keeps its id."""
+    import asyncio
+
+    from clawrl.eval.via_openclaw import OpenClawClient
+
+    agent = tmp_path / "openclaw"  # answers with the session id and HOME it was started with
+    agent.write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        'sid = sys.argv[sys.argv.index("--session-id") + 1]\n'
+        'print(json.dumps({"payloads": [{"text": sid + "|" + os.environ["HOME"]}], "meta": {}}))\n'
+    )
+    agent.chmod(0o755)
+    client = OpenClawClient("http://127.0.0.1:1", None, agent, tmp_path / "out")
+    recorded: dict[str, int] = {}
+
+    async def turns(session_id: str) -> list[dict]:  # the server's record: one more turn per call
+        n = recorded[session_id] = recorded.get(session_id, -1) + 1
+        kind = "side" if session_id.startswith("eval-") else "main"
+        return [{"id": f"{session_id}-{i}", "type": kind, "versions": ["v1"]} for i in range(n)]
+
+    client._turns = turns  # type: ignore[method-assign]
+
+    async def ask(session: str, side: bool) -> str:
+        answer = await client.chat(
+            [{"role": "user", "content": "What is 2 + 3?"}], session, temperature=0.0 if side else 1.0,
+            max_tokens=8, side=side, done=True,
+        )  # fmt: skip
+        return answer.text
+
+    v1, v2, train = (
+        asyncio.run(ask(s, s.startswith("eval-"))) for s in ("eval-v0-v1-m07", "eval-v0-v2-m07", "train-1")
+    )
+    (id1, home1), (id2, home2) = v1.split("|"), v2.split("|")
+    assert id1 == id2 and "v1" not in id1 and "v2" not in id1 and home1 != home2
+    assert train.split("|")[0] == "train-1"
