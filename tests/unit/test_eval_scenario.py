@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,6 +183,17 @@ def test_an_agent_that_stops_answering_later_ends_the_run_keeping_what_it_measur
     assert outcome.sessions  # the training sessions before it are kept too
 
 
+async def cancel_and_check_no_user_talks(run: asyncio.Future, calls: Callable[[], int]) -> None:
+    """Cancel `run` (what Ctrl-C or SIGTERM does to asyncio.run); then no simulated user is left
+    talking to the server (`calls`: how many requests it has had)."""
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    before = calls()
+    await asyncio.sleep(0.05)
+    assert calls() == before
+
+
 def test_an_interrupted_experiment_leaves_its_caller_what_it_measured():
     """Cancelled mid-run (what Ctrl-C or SIGTERM does to asyncio.run): the outcome the caller was
     handed keeps the points and sessions so far and says it was interrupted; the users are stopped."""
@@ -192,12 +204,7 @@ def test_an_interrupted_experiment_leaves_its_caller_what_it_measured():
         run = asyncio.ensure_future(run_experiment(server, get_persona("brief"), train, held, settings, seen))
         while len(server.ratings) < 6:  # v0 measured, then some training sessions rated
             await asyncio.sleep(0.001)
-        run.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await run
-        calls = len(server.calls)
-        await asyncio.sleep(0.05)
-        assert len(server.calls) == calls  # no simulated user is left talking to the server
+        await cancel_and_check_no_user_talks(run, lambda: len(server.calls))
 
     asyncio.run(interrupt())
     (outcome,) = seen

@@ -24,6 +24,7 @@ from clawrl.eval.together import SimUser, run_together
 from clawrl.eval.users import line_of, new_key, parse_users, per_step_share, write_users_file
 from clawrl.eval.users_report import build_users_report, per_line, users_markdown
 from clawrl.version_folder import version_name, version_number
+from tests.unit.test_eval_scenario import cancel_and_check_no_user_talks
 
 
 @dataclass
@@ -147,12 +148,7 @@ def test_interrupted_users_leave_their_caller_what_was_measured():
         run = asyncio.ensure_future(run_together(server, users, train, held, _settings(), seen))  # type: ignore[arg-type]
         while sum(server.ratings.values()) < 6:  # both measured at v0, then some sessions rated
             await asyncio.sleep(0.001)
-        run.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await run
-        calls = len(server.calls)
-        await asyncio.sleep(0.05)
-        assert len(server.calls) == calls
+        await cancel_and_check_no_user_talks(run, lambda: len(server.calls))
 
     asyncio.run(interrupt())
     assert list(seen) == names
