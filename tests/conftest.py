@@ -15,6 +15,7 @@ skip only when the package registry cannot be reached to install vLLM.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ from typing import Any
 import pytest
 
 from clawrl.launcher import ServerProcess
-from clawrl.testing import make_tiny_model
+from clawrl.testing import make_tiny_model, preloaded
 from tests.timing import limit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,6 +102,20 @@ class RemoteServer(ServerProcess):
             start_timeout_s=limit(timeout),
             request_timeout_s=limit(120),
         )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def preloaded_clawrl(tmp_path_factory: pytest.TempPathFactory):
+    """Every `clawrl serve` the tests start (through the launcher, here or inside a `clawrl`
+    command they run) is forked from one pre-imported process per worker (clawrl/forked.py):
+    ~55 servers a run, each ~7 s of imports saved. Only with one OpenMP thread (scripts/test's
+    workers): torch's import starts a thread pool otherwise, and a process with threads is not
+    forked. CLAWRL_TEST_PRELOAD=0 starts each server afresh."""
+    if os.environ.get("CLAWRL_TEST_PRELOAD", "1") == "0" or os.environ.get("OMP_NUM_THREADS") != "1":
+        yield None
+        return
+    with preloaded(tmp_path_factory.mktemp("preload") / "preload.log", timeout_s=limit(300)) as path:
+        yield path
 
 
 @pytest.fixture(scope="session")

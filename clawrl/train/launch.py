@@ -31,6 +31,7 @@ import threading
 from pathlib import Path
 
 from clawrl.config import Config
+from clawrl.forked import exit_watch
 from clawrl.train.ranks import reset_group_dir
 
 log = logging.getLogger("clawrl.trainer")
@@ -100,10 +101,11 @@ def _first_failure(exc: Exception) -> str:
 
 
 def _stop_when_gone(parent_pid: int, every_s: float = 0.5) -> None:
-    """SIGTERM this process once `parent_pid` is no longer its parent (the server died)."""
+    """SIGTERM this process once the server `parent_pid` has exited."""
+    gone = exit_watch(parent_pid)
 
     def watch() -> None:
-        while os.getppid() == parent_pid:
+        while not gone():
             threading.Event().wait(every_s)
         log.info("the server is gone; stopping the trainer group")
         os.kill(os.getpid(), signal.SIGTERM)

@@ -43,6 +43,7 @@ import transformers
 from clawrl.chat.template import ChatRenderer
 from clawrl.config import Config, launched_world_size
 from clawrl.config.users import user_names
+from clawrl.forked import exit_watch
 from clawrl.guard import trainer_hooks
 from clawrl.model.gpu import cap_process, cuda_index
 from clawrl.model.load import ModelNotFound, model_folder, served_context
@@ -192,7 +193,7 @@ def _train(config: Config, group: Group, parent_pid: int | None, steps: int | No
             store, policy, config.run_dir, group, status, loggers, canary, on_hold, probe, users, per_user
         )
         loop.resume()
-        loop.run(lambda: parent_pid is not None and os.getppid() != parent_pid, steps)
+        loop.run(exit_watch(parent_pid) if parent_pid is not None else lambda: False, steps)
         log.info("stopping" if steps is not None else "the server is gone; stopping")
     except KeyboardInterrupt:
         log.info("stopped")
