@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -110,8 +111,10 @@ def preloaded_clawrl(tmp_path_factory: pytest.TempPathFactory):
     command they run) is forked from one pre-imported process per worker (clawrl/forked.py):
     ~55 servers a run, each ~7 s of imports saved. Only with one OpenMP thread (scripts/test's
     workers): torch's import starts a thread pool otherwise, and a process with threads is not
-    forked. CLAWRL_TEST_PRELOAD=0 starts each server afresh."""
-    if os.environ.get("CLAWRL_TEST_PRELOAD", "1") == "0" or os.environ.get("OMP_NUM_THREADS") != "1":
+    forked; and on Linux only (it counts its native threads in /proc). CLAWRL_TEST_PRELOAD=0 starts
+    each server afresh."""
+    off = os.environ.get("CLAWRL_TEST_PRELOAD", "1") == "0" or os.environ.get("OMP_NUM_THREADS") != "1"
+    if off or sys.platform != "linux":
         yield None
         return
     with preloaded(tmp_path_factory.mktemp("preload") / "preload.log", timeout_s=limit(300)) as path:
