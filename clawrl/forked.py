@@ -58,9 +58,7 @@ def send_message(sock: socket.socket, message: dict[str, Any], fds: Sequence[int
 
 def receive_message(sock: socket.socket, max_fds: int = 0) -> tuple[dict[str, Any] | None, list[int]]:
     """One message (and up to `max_fds` file descriptors); None when the other side closed."""
-    head, fds, _, _ = socket.recv_fds(sock, _HEADER.size, max_fds) if max_fds else (
-        sock.recv(_HEADER.size), [], 0, None
-    )  # fmt: skip
+    head, fds, _, _ = socket.recv_fds(sock, _HEADER.size, max_fds)
     head += _exactly(sock, _HEADER.size - len(head)) if head else b""
     if len(head) < _HEADER.size:
         return None, list(fds)
@@ -135,6 +133,9 @@ def spawn(
     try:
         sock.settimeout(30)
         sock.connect(path)
+        # No time limit from here: a reply that came late would start the command twice, once
+        # forked and once afresh. The preloader answers at once, or closes when it refuses.
+        sock.settimeout(None)
         request = {"argv": list(command[3:]), "env": dict(env), "cwd": os.fspath(cwd or os.getcwd())}
         send_message(sock, request, [output.fileno()])
         reply, _ = receive_message(sock)
