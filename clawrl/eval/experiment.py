@@ -72,8 +72,9 @@ async def run_experiment(
     if seen is not None:
         seen.append(outcome)
     start, memory = str(health["version"]), memory_on(health)
-    first = await measure_point(client, persona, held_out, settings, start, start, started, memory=memory)
-    outcome.points.append(first)
+    await measure_point(
+        client, persona, held_out, settings, start, start, started, memory=memory, into=outcome.points
+    )  # fmt: skip
     if not trains(health):  # no trainer: nothing to pace the users to (sessions are counted instead)
         settings = replace(settings, samples_per_step=None)
     traffic = Traffic(client, persona, train, method, settings)
@@ -125,14 +126,13 @@ async def _follow(run: Run, memory: bool) -> None:
             return
         await traffic.pause()
         try:
-            point = await measure_point(
+            await measure_point(
                 client, persona, held_out, settings, start, newer, started,
-                memory=memory, sessions=traffic.opened,
+                memory=memory, sessions=traffic.opened, into=outcome.points,
             )  # fmt: skip
         except NoAnswers as exc:
             unanswered(outcome, exc)
             return
-        outcome.points.append(point)
         version = newer
         await traffic.resume(version)
 
@@ -162,14 +162,13 @@ async def follow_sessions(run: Run) -> None:
             await asyncio.sleep(settings.poll_s)
         await traffic.pause()
         try:
-            point = await measure_point(
+            await measure_point(
                 client, persona, held_out, settings, start, start, started,
-                memory=True, sessions=traffic.opened, step=step,
+                memory=True, sessions=traffic.opened, step=step, into=outcome.points,
             )  # fmt: skip
         except NoAnswers as exc:
             unanswered(outcome, exc)
             return
-        outcome.points.append(point)
         await traffic.resume(start)
 
 
@@ -194,10 +193,13 @@ async def measure_point(
     memory: bool = False,
     sessions: int = 0,
     step: int | None = None,
+    into: list[Point],
 ) -> Point:
     """Measure the held-out tasks at `version` (`who`: the simulated user, printed before the step).
     `memory` (the server's is on): the bare policy's answers (`score`) and, again, with the memory
-    block (`score_memory`). `step`: the point's number (default: versions past `start`)."""
+    block (`score_memory`). `step`: the point's number (default: versions past `start`). The point
+    is appended to `into` before its line is printed: a caller who stops the eval on seeing the
+    line (Ctrl-C, SIGTERM) finds it in the report."""
     label = f"{start}-{version}" + (f"-s{sessions}" if step is not None else "")
     bare = False if memory else None
     scores, seen, answers = await measure(client, persona, tasks, settings.max_tokens, label, bare)
@@ -213,6 +215,7 @@ async def measure_point(
         point.score_memory = sum(point.scores_memory) / len(point.scores_memory)
         point.experiences = await client.experiences()
         shown += f" ({point.score_memory:.3f} with memory; experiences {point.experiences})"
+    into.append(point)
     log.info("step %d (%s): %s", step, version, shown)
     print(f"clawrl eval: {who}step {step} ({version}): {shown}", flush=True)
     return point

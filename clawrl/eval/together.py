@@ -84,7 +84,7 @@ async def run_together(
     backlog = Backlog(backlog_size(settings, len({u.line for u in users})), settings.stall_s)
     try:
         for t in tracks:
-            t.outcome.points.append(await _measure(t, held_out, settings, started))
+            await _measure(t, held_out, settings, started)
             await t.traffic.share(backlog)
         for t in tracks:
             t.tasks = t.traffic.begin(t.start)
@@ -207,7 +207,7 @@ async def _measure_newer(
         if t.user.name in newer:
             t.version = newer[t.user.name]
             try:
-                t.outcome.points.append(await _measure(t, held_out, settings, started))
+                await _measure(t, held_out, settings, started)
             except NoAnswers as exc:
                 unanswered(t.outcome, exc)
                 await _finish(t, "unanswered")
@@ -221,10 +221,12 @@ async def _measure_newer(
 
 
 async def _measure(t: Track, held_out: list[Task], settings: Settings, started: float) -> Point:
+    """`t`'s user's point at `t.version`, in their outcome before it is printed."""
     user = t.user
     return await measure_point(
-        user.client, user.persona, held_out, settings, t.start, t.version, started, f"{user.name}: "
-    )
+        user.client, user.persona, held_out, settings, t.start, t.version, started, f"{user.name}: ",
+        into=t.outcome.points,
+    )  # fmt: skip
 
 
 async def _finish(t: Track, stopped: str) -> None:

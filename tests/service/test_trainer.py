@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -124,16 +125,22 @@ def manifests(run_dir) -> list[dict]:
 
 
 def trained_once(run_dir) -> list[list[int]]:
-    """Every version's manifest samples; asserts no sample is in two of them and all are `trained`."""
-    manifests = [
-        json.loads(p.read_text()) for p in sorted((run_dir / "checkpoints").glob("v*/manifest.json"))
-    ]
-    used = [m["samples"] for m in manifests]
-    flat = [i for ids in used for i in ids]
+    """Every published version's manifest samples; asserts no sample is in two of them, and that
+    they, and no other, are `trained`. The trainer runs on meanwhile: the versions are read between
+    two equal counts of trained samples, so that none was published in between (a checkpoint
+    folder is written before its version is published: a folder alone is not a version yet)."""
+    for _ in range(100):
+        with Store.open(run_dir / "clawrl.db", readonly=True) as store:
+            count = store.count_samples("trained")
+            published = [v for v in store.versions() if v.name != "v0"]
+            used = [json.loads((Path(v.path) / "manifest.json").read_text())["samples"] for v in published]
+            flat = [i for ids in used for i in ids]
+            statuses = {store.sample_status(i)[0] for i in flat}
+            if store.count_samples("trained") == count:
+                break
     assert len(flat) == len(set(flat)), "a sample was trained twice"
-    with Store.open(run_dir / "clawrl.db", readonly=True) as store:
-        assert all(store.sample_status(i)[0] == "trained" for i in flat)
-        assert store.count_samples("trained") == len(flat)
+    assert statuses <= {"trained"}, statuses
+    assert count == len(flat)
     return used
 
 
