@@ -92,7 +92,10 @@ def serve_forever(path: str) -> tuple[dict[str, Any], int, dict[str, str]]:
             listener.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             conn.settimeout(None)
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except OSError:  # no command: the caller sees the socket close, and starts one afresh
+                os._exit(1)
             if pid == 0:
                 conn.close()
                 return request, fds[0], added
