@@ -166,9 +166,6 @@ class AsyncForkedProcess:
             await asyncio.sleep(WAIT_POLL_S)
         return code
 
-    def send_signal(self, sig: int) -> None:
-        self._proc.send_signal(sig)
-
     def terminate(self) -> None:
         self._proc.terminate()
 

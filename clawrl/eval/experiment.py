@@ -194,7 +194,7 @@ async def measure_point(
     sessions: int = 0,
     step: int | None = None,
     into: list[Point],
-) -> Point:
+) -> None:
     """Measure the held-out tasks at `version` (`who`: the simulated user, printed before the step).
     `memory` (the server's is on): the bare policy's answers (`score`) and, again, with the memory
     block (`score_memory`). `step`: the point's number (default: versions past `start`). The point
@@ -218,7 +218,6 @@ async def measure_point(
     into.append(point)
     log.info("step %d (%s): %s", step, version, shown)
     print(f"clawrl eval: {who}step {step} ({version}): {shown}", flush=True)
-    return point
 
 
 async def _next_version(

@@ -33,7 +33,7 @@ from clawrl.eval.client import EvalClient
 from clawrl.eval.experiment import check_learning, made, measure_point, raise_failed, stop_users, unanswered
 from clawrl.eval.pacing import Backlog
 from clawrl.eval.personas.base import Persona
-from clawrl.eval.scenario import NoAnswers, Outcome, Point, Settings, Traffic
+from clawrl.eval.scenario import NoAnswers, Outcome, Settings, Traffic
 from clawrl.eval.tasks import Task
 from clawrl.eval.users import per_step_share
 from clawrl.version_folder import version_number, version_user
@@ -220,10 +220,10 @@ async def _measure_newer(
             await t.traffic.resume(t.version)
 
 
-async def _measure(t: Track, held_out: list[Task], settings: Settings, started: float) -> Point:
+async def _measure(t: Track, held_out: list[Task], settings: Settings, started: float) -> None:
     """`t`'s user's point at `t.version`, in their outcome before it is printed."""
     user = t.user
-    return await measure_point(
+    await measure_point(
         user.client, user.persona, held_out, settings, t.start, t.version, started, f"{user.name}: ",
         into=t.outcome.points,
     )  # fmt: skip
