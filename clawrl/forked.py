@@ -7,6 +7,11 @@ same command line, run by the same `clawrl.cli.main`, in the folder and environm
 asked for, its output on the file given, its exit status reported back. `$CLAWRL_PRELOAD`
 names the preloader's socket; the test suite starts one per worker (tests/conftest.py).
 
+A command that another program starts (torch's elastic agent starts a trainer group's ranks)
+goes through a stand-in, `python -m clawrl.forked clawrl ARGS...` (`run_forked`): a light
+interpreter that has the preloader fork `clawrl ARGS...` and stands in for it (signals passed on,
+its exit status), or with no preloader becomes it (exec).
+
 `spawn` returns None, and the caller starts a fresh interpreter as before, when no
 preloader is named or reachable, when the command is not `[sys.executable, "-m", "clawrl", ...]`,
 or when the environment differs from the preloader's in a variable that libraries read when
@@ -28,7 +33,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 ENV = "CLAWRL_PRELOAD"
 # Read when a library is imported (OpenMP's and BLAS's threads, the hub's and torch's caches and
@@ -37,13 +42,16 @@ IMPORT_TIME = (
     "OMP_", "MKL_", "KMP_", "OPENBLAS_", "GOTO", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_",
     "TORCH", "PYTORCH_", "CUDA_", "NVIDIA_", "PYTHON", "LD_", "SAFETENSORS_", "XDG_CACHE_HOME",
 )  # fmt: skip
+# Set by torch's elastic agent for each rank of a trainer group and read when the rank joins its
+# process group, not at import: a rank may be forked with them.
+RUN_TIME = ("TORCHELASTIC_", "TORCH_NCCL_")
 _HEADER = struct.Struct("!I")
 WAIT_POLL_S = 0.1  # how often an event loop looks for a forked command's exit
 
 
 def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
     """The variables of `env` that a library reads when imported."""
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME)}
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME) and not k.startswith(RUN_TIME)}
 
 
 def send_message(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
@@ -122,13 +130,21 @@ class ForkedProcess:
 
 
 def spawn(
-    command: Sequence[str], env: Mapping[str, str], cwd: os.PathLike[str] | str | None, output: IO[Any]
+    command: Sequence[str],
+    env: Mapping[str, str],
+    cwd: os.PathLike[str] | str | None,
+    output: IO[Any] | int,
+    errors: IO[Any] | int | None = None,
+    tied: bool = False,
 ) -> ForkedProcess | None:
     """`command` (`[sys.executable, "-m", "clawrl", ...]`) forked by the preloader `$CLAWRL_PRELOAD`
-    names, its stdout and stderr on `output` and stdin empty; None if it cannot be (see the module's doc)."""
+    names, its stdout on `output`, its stderr on `errors` (None: on `output` too) and stdin empty;
+    None if it cannot be (see the module's doc). `tied`: the command is killed (SIGKILL) if this
+    process goes first, as `run_forked`'s stand-in needs."""
     path = os.environ.get(ENV)
     if not path or list(command[:3]) != [sys.executable, "-m", "clawrl"]:
         return None
+    fds = [_fileno(output)] + ([] if errors is None else [_fileno(errors)])
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(30)
@@ -137,7 +153,7 @@ def spawn(
         # forked and once afresh. The preloader answers at once, or closes when it refuses.
         sock.settimeout(None)
         request = {"argv": list(command[3:]), "env": dict(env), "cwd": os.fspath(cwd or os.getcwd())}
-        send_message(sock, request, [output.fileno()])
+        send_message(sock, request | {"tied": tied}, fds)
         reply, _ = receive_message(sock)
     except OSError:
         sock.close()
@@ -146,6 +162,33 @@ def spawn(
         sock.close()
         return None
     return ForkedProcess(sock, int(reply["pid"]), command)
+
+
+def _fileno(f: IO[Any] | int) -> int:
+    return f if isinstance(f, int) else f.fileno()
+
+
+def run_forked(argv: Sequence[str]) -> NoReturn:
+    """`python -m clawrl.forked clawrl ARGS...`: run `python -m clawrl ARGS...` as this process.
+
+    Forked by the preloader where one is named (its output on this process's stdout and stderr),
+    this process standing in for it: SIGTERM, SIGINT and SIGHUP are passed on, and it exits as the
+    command did, by the same signal if a signal ended it. Killed itself, it takes the command with
+    it (`tied`). Without a preloader it becomes the command (exec), the same process. For a
+    command another program starts (torch's elastic agent starts a trainer group's ranks so:
+    clawrl/train/launch.py)."""
+    command = [sys.executable, "-m", *argv]
+    proc = spawn(command, os.environ, None, 1, 2, tied=True)
+    if proc is None:
+        os.execv(sys.executable, command)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda sig, _frame: proc.send_signal(sig))
+    code = proc.wait()
+    if code < 0:  # ended by a signal: end so too
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # the two that have no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code)
 
 
 class AsyncForkedProcess:
@@ -200,3 +243,9 @@ def exit_watch(pid: int) -> Callable[[], bool]:
     except (AttributeError, OSError):
         return lambda: os.getppid() != pid
     return lambda: bool(select.select([fd], [], [], 0)[0])
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["clawrl"]:
+        sys.exit("usage: python -m clawrl.forked clawrl ARGS... (runs `python -m clawrl ARGS...`)")
+    run_forked(sys.argv[1:])

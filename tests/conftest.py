@@ -31,6 +31,9 @@ from tests.timing import limit
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTEXT = 512  # the tiny model's window; the session's vLLM server serves the same
+# `python -m clawrl` as a test runs it: through its stand-in `clawrl.forked`, which has the worker's
+# preloader fork the command (~7 s of imports skipped) or, with none, becomes it (exec).
+CLAWRL = (sys.executable, "-m", "clawrl.forked", "clawrl")
 BOTH_ENGINES = pytest.mark.parametrize("engine", ["local", "vllm"], scope="module")
 
 

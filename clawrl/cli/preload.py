@@ -1,11 +1,12 @@
 """`python -m clawrl.cli.preload SOCKET`: import clawrl's heavy libraries once, then fork one
 process per `clawrl` command asked for on the Unix socket SOCKET (clawrl/forked.py is the other end).
 
-Each request carries the command's arguments, environment and folder, and the file descriptor
-its output goes to. A waiter is forked for it, and the waiter forks the command: the command
-returns from `serve_forever` into this module's `__main__` block, which runs `clawrl.cli.main`
-as `python -m clawrl` would (its threads joined and its exit handlers run on the way out); the
-waiter sends the command's pid, then its exit status, and exits. This process reaps the waiters.
+Each request carries the command's arguments, environment and folder, and the file descriptors
+its output goes to (stdout, and stderr if apart). A waiter is forked for it, and the waiter forks
+the command: the command returns from `serve_forever` into this module's `__main__` block, which
+runs `clawrl.cli.main` as `python -m clawrl` would (its threads joined and its exit handlers run
+on the way out); the waiter sends the command's pid, then its exit status, and exits. This process
+reaps the waiters. A request marked `tied` has its command killed if the caller goes first.
 
 It forks only while it is a single thread (nothing here starts one: imports only, no
 computation, so no OpenMP pool exists yet), and refuses a request whose import-time variables
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import select
 import signal
 import socket
 import sys
@@ -50,16 +52,17 @@ def refusal(request: dict[str, Any], own: dict[str, str], added: dict[str, str])
         if asked.get(key) == value:
             del asked[key]
     if asked != own:
-        return "its import-time environment differs from the preloader's"
+        differ = sorted(k for k in asked.keys() | own.keys() if asked.get(k) != own.get(k))
+        return f"its import-time environment differs from the preloader's in {', '.join(differ)}"
     tasks = Path("/proc/self/task")  # the native threads too (Linux: the only system it runs on)
     if threading.active_count() != 1 or not tasks.is_dir() or len(os.listdir(tasks)) != 1:
         return "the preloader is not a single thread"
     return None
 
 
-def serve_forever(path: str) -> tuple[dict[str, Any], int, dict[str, str]]:
+def serve_forever(path: str) -> tuple[dict[str, Any], list[int], dict[str, str]]:
     """Import, then accept requests on `path` until the parent goes; returns only in a forked
-    command: its request, the descriptor of its output, the variables the imports set."""
+    command: its request, the descriptors of its output, the variables the imports set."""
     own = import_time_env(os.environ)
     import_heavy()
     added = {k: v for k, v in import_time_env(os.environ).items() if own.get(k) != v}
@@ -76,11 +79,11 @@ def serve_forever(path: str) -> tuple[dict[str, Any], int, dict[str, str]]:
             continue
         conn.settimeout(30)
         try:
-            request, fds = receive_message(conn, max_fds=1)
+            request, fds = receive_message(conn, max_fds=2)  # stdout, and stderr if apart
         except (OSError, ValueError):
             conn.close()
             continue
-        why = "an empty request" if request is None or len(fds) != 1 else refusal(request, own, added)
+        why = "an empty request" if request is None or not fds else refusal(request, own, added)
         if why is not None:
             print(f"clawrl preload: refused ({why}); the caller starts a fresh interpreter", flush=True)
             _close(conn, fds)
@@ -98,21 +101,33 @@ def serve_forever(path: str) -> tuple[dict[str, Any], int, dict[str, str]]:
                 os._exit(1)
             if pid == 0:
                 conn.close()
-                return request, fds[0], added
-            _wait_and_report(conn, fds, pid)  # never returns
+                return request, fds, added
+            _wait_and_report(conn, fds, pid, bool(request.get("tied")))  # never returns
         _close(conn, fds)
     sys.exit(0)
 
 
-def _wait_and_report(conn: socket.socket, fds: list[int], pid: int) -> None:
+def _wait_and_report(conn: socket.socket, fds: list[int], pid: int, tied: bool) -> None:
     for fd in fds:
         os.close(fd)
     with contextlib.suppress(OSError):  # the caller went: the command runs on, as a started one would
         send_message(conn, {"pid": pid})
+    if tied:
+        _kill_if_caller_goes(conn, pid)
     _, status = os.waitpid(pid, 0)
     with contextlib.suppress(OSError):
         send_message(conn, {"exit": os.waitstatus_to_exitcode(status)})
     os._exit(0)
+
+
+def _kill_if_caller_goes(conn: socket.socket, pid: int) -> None:
+    """Until command `pid` exits: if the caller closes its end first (it sends nothing after its
+    request, so the socket turns readable only then), SIGKILL the command."""
+    exited = os.pidfd_open(pid)
+    if conn not in select.select([conn, exited], [], [])[0]:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
 
 
 def _close(conn: socket.socket, fds: list[int]) -> None:
@@ -121,9 +136,9 @@ def _close(conn: socket.socket, fds: list[int]) -> None:
     conn.close()
 
 
-def become(request: dict[str, Any], output: int, added: dict[str, str]) -> list[str]:
+def become(request: dict[str, Any], outputs: list[int], added: dict[str, str]) -> list[str]:
     """In the forked command: its folder, environment (with what the imports set, as they would
-    have in it), output, signals and seeds; returns its arguments."""
+    have in it), output (stdout, then stderr if apart), signals and seeds; returns its arguments."""
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -131,10 +146,11 @@ def become(request: dict[str, Any], output: int, added: dict[str, str]) -> list[
         os.environ.setdefault(key, value)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
-    os.dup2(output, 1)
-    os.dup2(output, 2)
+    os.dup2(outputs[0], 1)
+    os.dup2(outputs[-1], 2)
     os.close(null)
-    os.close(output)
+    for fd in outputs:
+        os.close(fd)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     random.seed()  # each a fresh interpreter's: from the OS, not the preloader's copies

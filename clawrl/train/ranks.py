@@ -6,7 +6,7 @@
 A rank rewrites its file (atomically) when its state changes: `loading`,
 `waiting` (for samples), `training`, `checking` (rank 0: the canary gate), `publishing` (rank 0),
 `stopped`.
-`group` is the pid of the launcher that started the rank (its parent), so a
+`group` is the pid of the launcher that started the rank (the pid it exits with), so a
 file left by an earlier group is told apart; the launcher empties the folder
 when it starts. `read_ranks` is what the server shows: one entry per rank of
 the current group, `starting` until a rank writes its first state, and

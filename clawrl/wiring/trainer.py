@@ -181,7 +181,10 @@ def _train(config: Config, group: Group, parent_pid: int | None, steps: int | No
         policy = build_policy(
             base, config.train, device, context, m.rope_scaling, group, guarded, scale_rope=m.scale_rope
         )
-        status = RankStatus(config.run_dir, group.rank, os.getppid()) if group.world > 1 else None
+        # The group is its launcher's pid: the pid a rank is told to exit with (a rank forked through
+        # `clawrl.forked` is not the launcher's child).
+        launcher = parent_pid if parent_pid is not None else os.getppid()
+        status = RankStatus(config.run_dir, group.rank, launcher) if group.world > 1 else None
         loggers = StepLoggers(config.train.loggers if group.is_main else [], config.run_dir)
         canary, on_hold = trainer_hooks(config, store, policy, base, check=guarded, group=group)
         per_user = config.per_user_adapters

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from clawrl.store.db import Store
-from tests.conftest import ROOT
+from tests.conftest import CLAWRL, ROOT
 from tests.timing import limit
 
 pytestmark = pytest.mark.timeout(limit(900))
@@ -51,7 +50,7 @@ def test_envs_train_on_harbor_tasks_publishes_a_version_from_the_verifiers_rewar
     bwrap, tmp_path, tiny_model_dir
 ):
     tasks, out = coin_tasks(tmp_path / "tasks", 3), tmp_path / "out"
-    cmd = [sys.executable, "-m", "clawrl", "envs", "train", "--env", f"harbor-solutions:{tasks}"]
+    cmd = [*CLAWRL, "envs", "train", "--env", f"harbor-solutions:{tasks}"]
     cmd += ["--tool-choice", "bash", "--group-size", "4", "--concurrency", "4", "--steps", "1"]
     cmd += ["--max-tokens", "64", "--out", str(out), "--max-wall-s", "600"]
     cmd += ["--model", str(tiny_model_dir), "--model.max-context", "4096", "--train.batch-size", "2"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import pytest
 from clawrl.envs.harbor.env import rows
 from clawrl.envs.load import harbor_path
 from clawrl.store.db import Store
-from tests.conftest import ROOT, RemoteServer
+from tests.conftest import CLAWRL, ROOT, RemoteServer
 from tests.timing import limit
 
 
@@ -35,7 +34,7 @@ def server(tmp_path_factory, tiny_model_dir, bwrap):
 @pytest.mark.parametrize("name", ["terminal", "repository"])
 def test_every_reference_solution_replayed_through_the_gateway_scores_1(server, tmp_path, name):
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "clawrl", "envs", "eval", "--env", f"harbor-solutions:{name}"]
+    cmd = [*CLAWRL, "envs", "eval", "--env", f"harbor-solutions:{name}"]
     cmd += ["--split", "all", "--tool-choice", "bash", "--base-url", server.url + "/v1", "--out", str(out)]
     done = subprocess.run(
         cmd + ["--concurrency", "2"], cwd=ROOT, capture_output=True, text=True, timeout=limit(900)

@@ -11,12 +11,12 @@ and the logs.
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import httpx
 import pytest
 
 from clawrl.store.db import Store
+from tests.conftest import CLAWRL
 from tests.service.test_trainer import start, start_a_step
 from tests.timing import limit, wait_for
 
@@ -73,7 +73,7 @@ def test_a_deliberately_broken_version_is_held_never_served_and_training_restart
         assert served == {"v0"}, served
 
         listing = subprocess.run(
-            [sys.executable, "-m", "clawrl", "versions", "--run-dir", str(run_dir)],
+            [*CLAWRL, "versions", "--run-dir", str(run_dir)],
             capture_output=True,
             text=True,
             check=True,

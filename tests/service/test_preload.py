@@ -114,3 +114,44 @@ def test_a_forked_trainer_leaves_with_its_server(preloader, tmp_path, tiny_model
         server.proc.kill()
         assert server.proc.wait(limit(60)) == -signal.SIGKILL
         wait_for(lambda: not Path(f"/proc/{trainer}").exists(), 60, "the trainer gone with its server")
+
+
+def test_a_stand_in_runs_the_command_forked_as_if_it_were_the_command(preloader, tmp_path, tiny_model_dir):
+    """`python -m clawrl.forked clawrl ...` (how torch's elastic agent starts a trainer group's
+    ranks): the command forked, its stdout and stderr apart and its exit status the stand-in's;
+    a signal to the stand-in is passed on and ends it as it ended the command; the stand-in
+    SIGKILLed (the agent's last resort) takes the command with it."""
+    for argv in (["versions", "--run-dir", "nowhere"], ["--help"]):
+        fresh, stood = _run(["clawrl", *argv], tmp_path), _run(["clawrl.forked", "clawrl", *argv], tmp_path)
+        seen = [(p.returncode, p.stdout, p.stderr) for p in (fresh, stood)]
+        assert seen[1] == seen[0], argv
+    assert fresh.returncode == 0 and "usage: clawrl" in fresh.stdout and stood.stderr == ""
+    # A signal to the stand-in, and a command killed (a rank SIGKILLed: its group sees it so).
+    for to, sig in (("stand-in", signal.SIGTERM), ("stand-in", signal.SIGKILL), ("command", signal.SIGKILL)):
+        run_dir = tmp_path / f"run-{to}-{sig.name}"
+        run_dir.mkdir()
+        pid, stand_in = _waiting_trainer(run_dir, tiny_model_dir)
+        try:
+            assert pid != stand_in.pid and "clawrl.cli.preload" in Path(f"/proc/{pid}/cmdline").read_text()
+            os.kill(stand_in.pid if to == "stand-in" else pid, sig)
+            assert stand_in.wait(limit(60)) == -sig, (to, sig)
+            gone = lambda p=pid: not Path(f"/proc/{p}").exists()  # noqa: E731
+            wait_for(gone, 60, f"the trainer gone ({to}, {sig.name})")
+        finally:
+            stand_in.kill()
+            stand_in.wait()
+
+
+def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", *argv]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=limit(120))
+
+
+def _waiting_trainer(run_dir: Path, model: Path) -> tuple[int, subprocess.Popen[bytes]]:
+    """`clawrl train` through its stand-in on a run with no samples: it waits, holding the run's
+    lock, which names its pid. (The pid, the stand-in.)"""
+    lock = run_dir / "trainer.lock"
+    trainer = ["clawrl.forked", "clawrl", "train", "--run-dir", str(run_dir), "--model", str(model)]
+    stand_in = subprocess.Popen([sys.executable, "-m", *trainer], cwd=run_dir)
+    pid = wait_for(lambda: lock.is_file() and lock.read_text().strip(), 120, "the trainer holding its run")
+    return int(pid), stand_in

@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from clawrl.store.db import Store
-from tests.conftest import RemoteServer
+from tests.conftest import CLAWRL, RemoteServer
 from tests.timing import limit, wait_for
 
 
@@ -219,7 +218,7 @@ def test_a_trainer_killed_mid_step_is_restarted_and_resumes_without_reusing_a_sa
 def test_a_second_trainer_on_the_same_run_folder_is_refused(trained):
     lock = trained.run_dir / "trainer.lock"
     wait_for(lambda: lock.is_file() and lock.read_text().strip(), 60, "the trainer taking the run folder")
-    cmd = [sys.executable, "-m", "clawrl", "train", "--run-dir", str(trained.run_dir)]
+    cmd = [*CLAWRL, "train", "--run-dir", str(trained.run_dir)]
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=limit(120))
     assert second.returncode == 3
     assert f"another trainer (pid {trained.health()['trainer']['pid']})" in second.stderr

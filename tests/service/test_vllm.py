@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import httpx
 import openai
@@ -29,7 +28,7 @@ from clawrl.testing import Publisher
 from clawrl.train.checkpoints import save_version
 from clawrl.train.weights import LoraSettings
 from clawrl.types import Version
-from tests.conftest import ROOT, RemoteServer, attach_gateway, vllm_args
+from tests.conftest import CLAWRL, ROOT, RemoteServer, attach_gateway, vllm_args
 from tests.timing import limit, wait_for
 
 
@@ -254,7 +253,7 @@ def _publish_for(publisher: Publisher, name: str) -> None:
 
 
 def _serve(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "clawrl", "serve", "--server.port", str(free_port()), *args]
+    cmd = [*CLAWRL, "serve", "--server.port", str(free_port()), *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=limit(timeout))
 
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 
 import openai
 import pytest
 
 from clawrl.cli import main
-from tests.conftest import ROOT, RemoteServer
+from tests.conftest import CLAWRL, ROOT, RemoteServer
 from tests.timing import limit
 
 pytestmark = pytest.mark.slow
@@ -210,7 +209,7 @@ def test_the_calculator_on_the_embedded_model(smol_server, tmp_path):
     """`clawrl envs eval --base-url` on a held-out calculator task (the shipped environment): the
     episode makes the forced calculate-then-submit calls and is scored 0 or 1."""
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "clawrl", "envs", "eval", "--env", "calculator"]
+    command = [*CLAWRL, "envs", "eval", "--env", "calculator"]
     command += ["--base-url", smol_server.url, "--limit", "1", "--out", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=limit(900), cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]

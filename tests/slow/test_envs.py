@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from clawrl.store.db import Store
-from tests.conftest import ROOT
+from tests.conftest import CLAWRL, ROOT
 from tests.timing import limit
 
 # A trainer, exports and several servers on a 2-core CPU: minutes, more on a busy machine.
@@ -55,7 +54,7 @@ class CoinEnv:
 
 def clawrl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "clawrl", *args],
+        [*CLAWRL, *args],
         capture_output=True,
         text=True,
         timeout=limit(timeout),

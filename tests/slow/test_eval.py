@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from clawrl.store.db import Store
-from tests.conftest import ROOT
+from tests.conftest import CLAWRL, ROOT
 from tests.timing import limit
 
 pytestmark = pytest.mark.slow
@@ -25,7 +24,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def clawrl(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "clawrl", *args]
+    command = [*CLAWRL, *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=limit(timeout), cwd=ROOT)
 
 
@@ -108,7 +107,7 @@ def test_eval_stopped_by_sigterm_reports_what_it_measured_and_stops_its_server(t
     """A long eval sent SIGTERM once v0 is measured (a job runner's time limit, `kill`): it exits 143
     with report.json written from v0's point, marked interrupted, and leaves no server running."""
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "clawrl", "eval", "--model", str(tiny_model_dir), "--persona", "brief"]
+    command = [*CLAWRL, "eval", "--model", str(tiny_model_dir), "--persona", "brief"]
     command += ["--method", "rl", "--steps", "50", "--held-out", "2", "--max-tokens", "8", "--out", str(out)]
     command += ["--judge.backend", "feedback", "--guard.enabled", "false", "--train.nice", "0"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)

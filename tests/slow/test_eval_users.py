@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from clawrl.store.db import Store
-from tests.conftest import ROOT
+from tests.conftest import CLAWRL, ROOT
 from tests.timing import limit
 
 pytestmark = pytest.mark.slow
@@ -28,7 +27,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def eval_out(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
     out = tmp_path_factory.mktemp("eval-users") / "out"
     command = [
-        sys.executable, "-m", "clawrl", "eval", "--model", str(tiny_model_dir), "--users", "brief,stepwise",
+        *CLAWRL, "eval", "--model", str(tiny_model_dir), "--users", "brief,stepwise",
         "--method", "rl", "--steps", "1", "--held-out", "2", "--max-tokens", "24", "--concurrency", "2",
         "--out", str(out), "--train.batch-size", "2", "--judge.backend", "feedback",
         "--stall-s", f"{limit(60):g}", "--train.poll-s", "0.2", "--train.swap-poll-s", "0.2",

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from clawrl.cli import main
-from tests.conftest import ROOT
+from tests.conftest import CLAWRL, ROOT
 
 
 def _closed_port() -> int:
@@ -29,7 +29,7 @@ def test_a_bad_environment_exits_2_naming_it_as_a_real_process(tmp_path):
     env.write_text("import this_module_does_not_exist\n")
     out = tmp_path / "out"
     done = subprocess.run(
-        [sys.executable, "-m", "clawrl", "envs", "train", "--env", f"{env}:Env", "--tasks", str(env),
+        [*CLAWRL, "envs", "train", "--env", f"{env}:Env", "--tasks", str(env),
          "--out", str(out)],
         capture_output=True, text=True, cwd=ROOT, timeout=120,
     )  # fmt: skip

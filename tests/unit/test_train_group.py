@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -25,7 +24,7 @@ from clawrl.store.db import Store
 from clawrl.testing import make_turn
 from clawrl.train.group import FSDP_ON_CPU, split_by_tokens
 from clawrl.types import Sample
-from tests.conftest import ROOT
+from tests.conftest import CLAWRL, ROOT
 from tests.timing import limit
 
 PROMPT = [1, 9690, 198, 4093, 198, 1780, 314, 2, 198, 1, 520, 9531, 198, 30, 31, 32, 33, 34]
@@ -87,7 +86,7 @@ def run_folder(
 
 def train_one_step(config: Config, processes: int, step: int = 1) -> tuple[dict[str, torch.Tensor], dict]:
     """`clawrl train --steps 1` on the run folder (its `step`th version); v`step`'s weights and manifest."""
-    cmd = [sys.executable, "-m", "clawrl", "train", "--run-dir", str(config.run_dir), "--steps", "1"]
+    cmd = [*CLAWRL, "train", "--run-dir", str(config.run_dir), "--steps", "1"]
     cmd += ["--train.distributed.num-processes", str(processes), "--train.threads", str(processes)]
     env = os.environ | {FSDP_ON_CPU: "1"}  # the FSDP path runs under gloo (refused on a CPU otherwise)
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=limit(240), env=env)
