@@ -23,6 +23,7 @@ Pure standard library: this module sits at the bottom of the layers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import select
@@ -181,8 +182,14 @@ def run_forked(argv: Sequence[str]) -> NoReturn:
     proc = spawn(command, os.environ, None, 1, 2, tied=True)
     if proc is None:
         os.execv(sys.executable, command)
+    pid = proc.pid
+
+    def pass_on(sig: int, _frame: object) -> None:  # not through `proc`, whose wait reads its socket
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda sig, _frame: proc.send_signal(sig))
+        signal.signal(sig, pass_on)
     code = proc.wait()
     if code < 0:  # ended by a signal: end so too
         if -code not in (signal.SIGKILL, signal.SIGSTOP):  # the two that have no handler to reset
