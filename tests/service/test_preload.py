@@ -21,6 +21,7 @@ from clawrl.forked import ENV, ForkedProcess, spawn
 from clawrl.launcher import ServerProcess
 from clawrl.store.db import Store
 from clawrl.testing import preloaded
+from tests.conftest import CLAWRL
 from tests.timing import limit, wait_for
 
 
@@ -36,7 +37,7 @@ def preloader(tmp_path_factory):
 
 def _fresh_and_forked(argv: list[str], cwd: Path) -> tuple[tuple[int, str], tuple[int, str]]:
     command = [sys.executable, "-m", "clawrl", *argv]
-    fresh = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=limit(120))
+    fresh = _run(command[2:], cwd)
     out = cwd / "forked.out"
     with open(out, "w") as f:
         proc = spawn(command, os.environ, cwd, f)
@@ -151,7 +152,7 @@ def _waiting_trainer(run_dir: Path, model: Path) -> tuple[int, subprocess.Popen[
     """`clawrl train` through its stand-in on a run with no samples: it waits, holding the run's
     lock, which names its pid. (The pid, the stand-in.)"""
     lock = run_dir / "trainer.lock"
-    trainer = ["clawrl.forked", "clawrl", "train", "--run-dir", str(run_dir), "--model", str(model)]
-    stand_in = subprocess.Popen([sys.executable, "-m", *trainer], cwd=run_dir)
+    trainer = [*CLAWRL, "train", "--run-dir", str(run_dir), "--model", str(model)]
+    stand_in = subprocess.Popen(trainer, cwd=run_dir)
     pid = wait_for(lambda: lock.is_file() and lock.read_text().strip(), 120, "the trainer holding its run")
     return int(pid), stand_in
