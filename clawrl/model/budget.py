@@ -153,7 +153,9 @@ class Trainer:
     def need(self, shape: Shape, params: int) -> int:
         """Bytes, per rank (docs/scale.md's memory table)."""
         lora = self.weights == "lora"
-        per_param = 2 if lora else 16 + 2 + (2 if self.reference else 0)  # bf16 base | fp32 + AdamW + copies
+        # bf16 base | float32 master, its gradient, AdamW's moments (fused: no temporary), the bf16
+        # weights and reference: 0.97 of one H200's measured peak at 4B (bench/gpu_full.py)
+        per_param = 2 if lora else 16 + 2 + (2 if self.reference else 0)
         state = per_param * params + (16 * shape.lora_params(self.lora_rank) if lora else 0)
         return state // self.shards + shape.activation_bytes(self.tokens, lora) + shape.logits_bytes()
 

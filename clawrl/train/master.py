@@ -12,8 +12,11 @@ away, and the bf16 weights are the master cast once after each step:
     backward on the bf16 model -> grads cast to float32 on the masters (`to_masters`)
     clip, AdamW on the masters -> each bf16 weight = its master, rounded (`to_model`)
 
-Memory per trained parameter: 2 (bf16 weight) + 2 (its gradient) + 4 (master) + 4 (the master's
-gradient, during the optimizer step) + 8 (AdamW's moments) bytes. A version folder holds the
+Memory per trained parameter at the step's peak, the optimizer step: 2 (bf16 weight) + 4 (master)
++ 4 (the master's gradient) + 8 (AdamW's moments) bytes; each bf16 gradient is freed as its float32
+copy is made (`to_masters`). AdamW is fused on a GPU (`train/policy.py`): foreach AdamW added a
+float32 temporary of 4 bytes a parameter (one H200, 4B shape: peak 92.7 GB with it, 77.3 without,
+`bench/gpu_full.py`). A version folder holds the
 bf16 weights, which is what is served; a trainer that loads a version (a restart, a rollback, a
 held version passed over) takes its masters from them (`from_model`), so what stayed below
 bf16's resolution is lost then, and only then.

@@ -138,7 +138,10 @@ def build_policy(
         model.to(torch.bfloat16)
         master = MasterWeights(model)
     params = master.params if master else [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # fused on a GPU (one process): foreach AdamW makes a float32 temporary the size of the trained
+    # weights each step (sqrt of its second moment), 4 bytes a parameter: 16 GB at 4B full, measured
+    fused = True if on_gpu and not sharded else None
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused)
     trainer = Trainer(model, optimizer, cfg, reference, group, master)
     initial = None
     if cfg.weights == "lora":

@@ -53,3 +53,24 @@ def test_the_gpu_bench_reports_every_figure_at_the_tiny_shape(tmp_path, embedded
         assert figures[name] == figures[f"{name}_formula"], name
     assert result["settings"]["device"] == "cpu"
     assert result["settings"]["dtype"] == "float32"
+
+
+def test_the_full_fine_tuning_bench_trains_past_one_step_and_reads_its_version_back(
+    tmp_path, embedded_model_dir
+):
+    """bench/gpu_full.py at the tiny shape: LoRA and full steps finite, the full loss moves, the
+    version it writes reads back equal (the bench stops otherwise), the budget's arithmetic beside."""
+    out = tmp_path / "full.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "gpu_full.py"), "--shape", "tiny", "--steps", "2"]
+    cmd += ["--json", str(out), "--tokenizer", str(embedded_model_dir)]
+    env = os.environ | {"CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=limit(300), env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "read back equal" in done.stdout
+
+    result = json.loads(out.read_text())
+    lora, full = result["lora"], result["full"]
+    assert len(lora["step_s"]) == len(full["step_s"]) == 2
+    assert full["loss"][0] != full["loss"][1]  # the second step trained on what the first changed
+    assert full["version_mb"] > 0 and full["need_mb"] > lora["need_mb"] > 0
+    assert result["device"] == "cpu" and full["masters"] is False  # float32 on a CPU: no masters
