@@ -102,7 +102,9 @@ class Assumptions:
     mfu: float = assumed(0.40, "share of the peak a step sustains")
     seq: int = assumed(16384, "tokens of one training sample")
     response: int = assumed(512, "of which the response: the scored positions")
-    samples: int = assumed(8, "a step's samples, train.batch_size")
+    samples: int = assumed(
+        8, "a step's samples (`train.batch_size` is 4 by default; 8, as `bench/gpu.py` steps)"
+    )
     opd_share: float = assumed(0.5, "opd samples' share: combine makes an opd sample of each hinted turn")
     lora_rank: int = assumed(16, "train.lora.rank, on every attention and MLP projection")
     full_state_per_param: int = assumed(16, "bytes: float32 master weight, gradient, AdamW m and v")

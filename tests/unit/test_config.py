@@ -120,3 +120,12 @@ def test_dual_clip_must_exceed_one():
     with pytest.raises(ValidationError, match="dual_clip must be > 1"):
         Config.model_validate({"train": {"dual_clip": 0.5}})
     assert Config.model_validate({"train": {"dual_clip": 0}}).train.dual_clip == 0  # off
+
+
+def test_an_unset_batch_gives_every_rank_a_sample_and_a_set_one_too_small_is_refused():
+    assert Config().train.batch_size == 4
+    ranks = {"distributed": {"num_processes": 8}}
+    assert Config.model_validate({"train": ranks}).train.batch_size == 8  # the default, one per rank
+    assert Config.model_validate({"train": {"batch_size": 12} | ranks}).train.batch_size == 12
+    with pytest.raises(ValidationError, match=r"batch_size \(2\) must be at least .*num_processes \(8\)"):
+        Config.model_validate({"train": {"batch_size": 2} | ranks})
