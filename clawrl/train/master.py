@@ -16,10 +16,11 @@ Memory per trained parameter at the step's peak, the optimizer step: 2 (bf16 wei
 + 4 (the master's gradient) + 8 (AdamW's moments) bytes; each bf16 gradient is freed as its float32
 copy is made (`to_masters`). AdamW is fused on a GPU (`train/policy.py`): foreach AdamW added a
 float32 temporary of 4 bytes a parameter (one H200, 4B shape: peak 92.7 GB with it, 77.3 without,
-`bench/gpu_full.py`). A version folder holds the
-bf16 weights, which is what is served; a trainer that loads a version (a restart, a rollback, a
-held version passed over) takes its masters from them (`from_model`), so what stayed below
-bf16's resolution is lost then, and only then.
+`bench/gpu_full.py`).
+
+A version folder holds the bf16 weights, which is what is served; a trainer that loads a version
+(a restart, a rollback, a held version passed over) takes its masters from them (`from_model`),
+so what stayed below bf16's resolution is lost then, and only then.
 
 FSDP does the same by itself (its MixedPrecisionPolicy keeps the float32 shards as the master
 and computes in bf16: `train/shards.py`), so it never uses this.
