@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
@@ -55,7 +56,7 @@ def timed_steps(policy: Any, samples: list[Any], device: str, steps: int) -> dic
         seconds.append(time.perf_counter() - start)
         losses.append(float(metrics["loss"]))
         norms.append(float(metrics["grad_norm"]))
-    if not all(map(torch.isfinite, torch.tensor(losses + norms))):
+    if not all(math.isfinite(x) for x in losses + norms):
         raise RuntimeError(f"a step was not finite: losses {losses}, gradient norms {norms}")
     return {"step_s": seconds, "loss": losses, "grad_norm": norms, "peak_mb": memory_mb(device, peak=True)}
 

@@ -233,10 +233,10 @@ class TrainConfig(Section):
         ranks = self.distributed.num_processes
         if "batch_size" not in self.model_fields_set and self.batch_size < ranks:
             self.batch_size = ranks  # the default, raised to one sample per rank
-        if self.batch_size < self.distributed.num_processes:
+        if self.batch_size < ranks:
             raise ValueError(
                 f"train.batch_size ({self.batch_size}) must be at least "
-                f"train.distributed.num_processes ({self.distributed.num_processes}): each rank trains "
+                f"train.distributed.num_processes ({ranks}): each rank trains "
                 "at least one sample of a step"
             )
         if self.replay_fraction > 0 and self.distributed.num_processes > 1:
