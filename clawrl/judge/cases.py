@@ -15,6 +15,12 @@ replies is among the likelihood prompt's own examples (`judge/likelihood.py: USE
 neutral follow-ups in phrasings written before the judge was last tuned and never tuned on
 (`bench/judge.py --cases clawrl/judge/heldout.jsonl`); it checks that the judge reads users it
 was not shown, where cases.jsonl is what it is tuned on.
+
+`requests.jsonl`, same format, written for issue 53 before the change-request reading was built
+and never tuned on: 46 next messages in plain, polite words ("could you ...", "can you ...",
+"next time ...") that ask to change the answer just given (more or less of something, another
+format, order, tone, language, units, a sign-off), new questions, thanks, and the two mixed
+kinds (thanks with a new task, thanks with a change request).
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ CATEGORIES = (
     "tool_outage",
     "injection",
     "other_language",
+    "change_request",  # requests.jsonl: a polite request to change the answer just given
+    "new_question",  # requests.jsonl: a new task, no verdict on the answer
+    "mixed",  # requests.jsonl: thanks with a new task (+1), or thanks with a change request (-1)
 )
 
 
