@@ -48,6 +48,7 @@ CATEGORIES = (
     "new_question",  # requests.jsonl: a new task, no verdict on the answer
     "mixed",  # requests.jsonl: thanks with a new task (+1), or thanks with a change request (-1)
 )
+REQUEST_CATEGORIES = ("change_request", "new_question", "mixed")  # requests.jsonl's own
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,11 @@ def load_cases(path: Path | None = None) -> list[Case]:
 def load_heldout() -> list[Case]:
     """The held-out set (`heldout.jsonl` beside this file): replies no prompt shows and no tuning saw."""
     return load_cases(Path(str(files("clawrl.judge") / "heldout.jsonl")))
+
+
+def load_requests() -> list[Case]:
+    """The change-request set (`requests.jsonl` beside this file), written before the reading it checks."""
+    return load_cases(Path(str(files("clawrl.judge") / "requests.jsonl")))
 
 
 def _case(line: str, n: int, name: str = "cases.jsonl") -> Case:

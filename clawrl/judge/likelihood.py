@@ -19,7 +19,8 @@ label "neutral" with 2 examples each 39 of 66 (the 135M model read most correcti
 and a task header before the examples 58 of 66. A 0 comes from a reading too close to call
 (MARGIN), or from votes that split; the small judge rarely finds a neutral next state neutral.
 
-A cue layer leans the reading where the user's words say the answer failed (`judge/cues.py`):
+A cue layer leans the reading where the user's words say the answer failed (`judge/cues.py`),
+or ask, in whatever words, to change it (`judge/change.py`: "could you put it in bold?"):
 a small English lexicon of dissatisfaction (too long, padded, off the point, badly formatted,
 wrong tone, wrong, not what I asked, ...). With a cue in the reply the calibrated odds of bad
 are multiplied by CUE_ODDS (8) before the vote: q'(bad) = 8 q(bad) / (8 q(bad) + q(good)). The
@@ -50,6 +51,7 @@ import math
 import random
 from dataclasses import dataclass
 
+from clawrl.judge.change import change_request
 from clawrl.judge.cues import CUE_ODDS, dissatisfaction
 from clawrl.judge.prompts import clip, content_text
 from clawrl.types import Message
@@ -158,8 +160,11 @@ def reading(
 
 
 def cue_of(reply: str) -> str | None:
-    """The dissatisfaction cue in a user's reply; a reply that starts with a tool result has none."""
-    return None if reply.startswith(TOOL_MARK) else dissatisfaction(reply)
+    """The dissatisfaction cue in a user's reply, or its request to change the answer
+    (`judge/change.py`); a reply that starts with a tool result has neither."""
+    if reply.startswith(TOOL_MARK):
+        return None
+    return dissatisfaction(reply) or change_request(reply)
 
 
 def _vote(q: dict[int, float]) -> int:
