@@ -1,6 +1,7 @@
 """`clawrl eval` and `clawrl report`: argument parsing only (the work is imported when run).
 
     clawrl eval --persona brief --method rl,combine --steps 8 --out eval-out --train.batch-size 8
+    clawrl eval --persona my-user.toml --method combine --steps 4 --out mine
     clawrl eval --base-url http://127.0.0.1:8000 --persona student --steps 4
     clawrl eval --users brief,stepwise --method combine --train.adapters per_user --steps 4 --out two
     clawrl report --run-dir eval-out/runs/rl
@@ -61,11 +62,13 @@ def _eval_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--persona",
-        help="student | teacher | brief | pirate | direct | autograde | stepwise (default student)",
+        help="a shipped persona (student | teacher | brief | pirate | direct | autograde | stepwise | "
+        "finish; default student) or a persona file, FILE.toml (docs/evaluation.md, 'Persona files')",
     )
     p.add_argument(
         "--users",
-        help="several simulated users on one server, e.g. brief,stepwise: one persona each, under its own "
+        help="several simulated users on one server, e.g. brief,stepwise or brief,mine.toml: one persona "
+        "(a name or a file) each, under its own "
         "key, all at once; each measured on their own versions (train.adapters per_user: brief/v1, ...; "
         "shared: v1, ...). One method; --concurrency is per user",
     )
@@ -75,7 +78,9 @@ def _eval_parser(sub: Any) -> None:
     p.add_argument("--steps", type=int, default=4, help="training steps (versions) to measure (default 4)")
     p.add_argument("--method", help="comma list of rl, opd, combine (default: the config's method)")
     p.add_argument("--held-out", type=int, default=8, help="held-out tasks (default 8)")
-    p.add_argument("--tasks", default="math", help="task set (default math)")
+    p.add_argument(
+        "--tasks", help="a shipped task set (default: the persona file's tasks; math for the shipped ones)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the task split and order (default 0)")
     p.add_argument("--max-tokens", type=int, default=128, help="longest answer (default 128)")
     p.add_argument("--max-turns", type=int, default=3, help="answers per training conversation (default 3)")
@@ -140,7 +145,8 @@ def cmd_eval(config: Any, args: argparse.Namespace) -> int:
         return 130
     for method, entry in (report.get("methods") or report["users"]).items():
         scores = " -> ".join(f"{s:.3f}" for s in entry["scores"])
-        print(f"clawrl eval: {method}: {scores} ({entry['wall_s']:.0f} s, {entry['stopped']})")
+        nothing = "; nothing to learn: v0 meets every check" if entry.get("nothing_to_learn") else ""
+        print(f"clawrl eval: {method}: {scores} ({entry['wall_s']:.0f} s, {entry['stopped']}{nothing})")
     print(f"clawrl eval: signal: {report['signal']}")
     print(f"clawrl eval: wrote {args.out / 'report.json'}, report.md and scores.png")
     return 0

@@ -100,8 +100,9 @@ class LLMPersona:
             "You are role-playing a user talking to an AI assistant. Stay in character.\n"
             f"Who you are and what you prefer: {self.description}"
         )
+        known = "" if task.answer is None else f"\nIts correct answer: {task.answer}"
         user = (
-            f"The problem: {task.question}\nIts correct answer: {task.answer}\n\n"
+            f"The problem: {task.question}{known}\n\n"
             f"Your message to the assistant was:\n{self.first_message(task)}\n\n"
             f"The assistant answered:\n{answer}\n\n{ask}"
         )

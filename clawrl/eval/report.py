@@ -2,7 +2,9 @@
 
 report.json:
 
-    {"persona": "brief", "judge": "feedback", "feedback": true,
+    {"persona": "brief",
+     "persona_file": {"path": ".../clawrl/eval/personas/brief.toml", "sha256": "94fc...", "tasks": "math"},
+     "judge": "feedback", "feedback": true,
      "signal": "explicit ratings and comments (POST /v1/feedback); judge backend 'feedback'",
      "methods": {"rl": {"scores": [v0, after step 1, ...], "versions": ["v0", "v1", ...],
                         "steps": [0, 1, ...], "elapsed_s": [...], "task_scores": [[...], ...],
@@ -25,6 +27,10 @@ how many training sessions had been opened at point i. On a server with memory o
 `scores[i]` is the bare policy's (the memory block refused) and `scores_memory[i]` the same
 tasks answered with it (null with memory off); a server with no trainer and memory on
 (memory only) has a point every `settings.points_every` sessions, all at v0.
+
+`persona_file` names the file the persona was read from and its sha256, so a figure can be
+reproduced with the same preference. A method whose first point already meets every check on every
+held-out task (`nothing_to_learn`) has no gain to show: report.md says "nothing to learn" instead.
 """
 
 from __future__ import annotations
@@ -72,8 +78,15 @@ def method_entry(outcome: Outcome, run_dir: str | None) -> dict[str, Any]:
         "sessions_to_effect": sessions_to_effect(outcome.sessions, learned),
         "base_passed": base_passed(outcome.sessions, outcome.session_versions, start),
         "unanswered": outcome.unanswered,
+        "nothing_to_learn": bool(points) and nothing_to_learn(points[0].scores),
         "run_dir": run_dir,
     }
+
+
+def nothing_to_learn(task_scores: list[float]) -> bool:
+    """Whether the first answers already meet every check on every held-out task (all score 1):
+    a persona such a model has nothing to learn from, whose later scores are no gain."""
+    return bool(task_scores) and min(task_scores) >= 1.0
 
 
 VIA = {"api": "through the bare API", "openclaw": "through the OpenClaw agent (`--via openclaw`)"}
@@ -131,15 +144,18 @@ def build_report(
     held_out: list[str],
     command: str,
     config: dict[str, Any],
+    persona_file: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The whole report.json; `methods` maps a method name to its `method_entry` (with its
-    `canary` rows, when its run had a store to read), to which its collapse panel is added."""
+    `canary` rows, when its run had a store to read), to which its collapse panel is added;
+    `persona_file` is where the persona came from (`FilePersona.source.as_json()`)."""
     limits = limits_of(config)
     methods = {name: entry | {"collapse": collapse_rows(entry, limits)} for name, entry in methods.items()}
     judges = sorted({entry["judge"] for entry in methods.values()})
     judge = judges[0] if len(judges) == 1 else ",".join(judges)
     return {
         "persona": persona,
+        "persona_file": persona_file,
         "judge": judge,
         "feedback": settings.feedback,
         "signal": signal(judge, settings.feedback),
@@ -167,11 +183,33 @@ def change(entry: dict[str, Any]) -> float | None:
     return scores[-1] - scores[0] if len(scores) >= 2 else None
 
 
+NOTHING_TO_LEARN = "nothing to learn (v0 meets every check)"
+
+
+def change_text(entry: dict[str, Any]) -> str:
+    """report.md's change cell: "+0.250", "-" (one point), or nothing to learn when the first point
+    already met every check on every held-out task (read from `task_scores` in older reports)."""
+    first = (entry.get("task_scores") or [[]])[0]
+    if entry.get("nothing_to_learn") or nothing_to_learn(first):
+        return NOTHING_TO_LEARN
+    delta = change(entry)
+    return "-" if delta is None else f"{delta:+.3f}"
+
+
+def persona_line(report: dict[str, Any]) -> list[str]:
+    """report.md's line naming the persona file and its sha256 (none in reports written before it)."""
+    source = report.get("persona_file")
+    if not source:
+        return []
+    return [f"- persona file: `{source['path']}` (sha256 `{source['sha256']}`, tasks `{source['tasks']}`)"]
+
+
 def markdown(report: dict[str, Any]) -> str:
     """report.md: what was run, which signal taught, and a step x method table of scores."""
     lines = [
         f"# clawrl eval: persona `{report['persona']}`",
         "",
+        *persona_line(report),
         f"- held-out tasks: {len(report['held_out'])} ({', '.join(report['held_out'])})",
         f"- signal: {report['signal']}",
         f"- the users talked {VIA[report.get('settings', {}).get('via', 'api')]}",
@@ -261,8 +299,7 @@ def _method_table(report: dict[str, Any]) -> list[str]:
         "| --- " * 7 + "|",
     ]
     for method, entry in report["methods"].items():
-        delta = change(entry)
-        shown = "-" if delta is None else f"{delta:+.3f}"
+        shown = change_text(entry)
         effect = entry.get("sessions_to_effect")  # absent from reports written before it was
         passed = entry.get("sessions_passed") or []
         reached = "-" if effect is None else str(effect)

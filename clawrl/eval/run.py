@@ -24,7 +24,7 @@ from typing import Any
 from clawrl.algo import METHODS
 from clawrl.eval.client import EvalClient, EvalError
 from clawrl.eval.experiment import check_learning, run_experiment
-from clawrl.eval.personas import get_persona
+from clawrl.eval.personas import FilePersona, get_persona
 from clawrl.eval.personas.base import Persona
 from clawrl.eval.plot import plot_scores
 from clawrl.eval.report import build_report, canary_rows, markdown, method_entry
@@ -45,15 +45,17 @@ class Plan:
     out: Path
     run_root: Path
     openclaw: Path | None = None  # the agent's launcher, with --via openclaw
+    persona_file: dict[str, str] | None = None  # the persona file's path, sha256 and tasks, for the report
 
 
 def make_plan(config: Any, args: Namespace) -> Plan:
     """Check the options; ValueError with a message for the user when they do not fit."""
     if args.base_url is not None and args.model is not None:
         raise ValueError("--model is for the servers eval starts; --base-url evaluates a running one")
-    persona = make_persona(args)
+    scripted = get_persona(args.persona or "student", max_turns=args.max_turns)
+    persona = make_persona(scripted, args)
     methods = parse_methods(args.method, config.method, remote=args.base_url is not None)
-    train, held_out = split(load_tasks(args.tasks), args.held_out, seed=args.seed)
+    train, held_out = split(persona_tasks(scripted, args.tasks), args.held_out, seed=args.seed)
     if not held_out:
         raise ValueError("--held-out must be at least 1: the score is measured on held-out tasks")
     if not train:
@@ -68,7 +70,9 @@ def make_plan(config: Any, args: Namespace) -> Plan:
 
         openclaw = find_openclaw(config.cache_dir())
     settings = make_settings(config, args)
-    return Plan(persona, methods, train, held_out, settings, args.out, run_root, openclaw)
+    return Plan(
+        persona, methods, train, held_out, settings, args.out, run_root, openclaw, scripted.source.as_json()
+    )
 
 
 def make_settings(config: Any, args: Namespace) -> Settings:
@@ -91,9 +95,14 @@ def make_settings(config: Any, args: Namespace) -> Settings:
     )
 
 
-def make_persona(args: Namespace) -> Persona:
+def persona_tasks(persona: FilePersona, tasks: str | None) -> list[Task]:
+    """--tasks, a shipped task set, when given (then every task has its answer); else the persona
+    file's own tasks."""
+    return persona.tasks if tasks is None else load_tasks(tasks)
+
+
+def make_persona(persona: FilePersona, args: Namespace) -> Persona:
     """The scripted persona, or the same role played by a model at --persona-base-url."""
-    persona = get_persona(args.persona or "student", max_turns=args.max_turns)
     if args.persona_base_url is None:
         return persona
     if not args.persona_model:
@@ -194,7 +203,9 @@ def _report(
     # A running server's config is its own (in its run folder); ours would only mislead.
     served = {"base_url": base_url} if base_url is not None else config.dump()
     held_out = [t.id for t in plan.held_out]
-    return build_report(plan.persona.name, entries, plan.settings, held_out, command, served)
+    return build_report(
+        plan.persona.name, entries, plan.settings, held_out, command, served, persona_file=plan.persona_file
+    )
 
 
 async def _remote(

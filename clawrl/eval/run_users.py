@@ -22,14 +22,14 @@ from typing import Any
 from pydantic import SecretStr
 
 from clawrl.eval.client import EvalClient
-from clawrl.eval.personas import PERSONAS, get_persona
+from clawrl.eval.personas import PERSONAS, FilePersona, get_persona
 from clawrl.eval.plot import plot_scores
 from clawrl.eval.report import canary_rows, method_entry
 from clawrl.eval.run import make_settings, parse_methods
 from clawrl.eval.scenario import Outcome, Settings
 from clawrl.eval.tasks import Task, load_tasks, split
 from clawrl.eval.together import SimUser, run_together
-from clawrl.eval.users import line_of, new_key, parse_users, write_users_file
+from clawrl.eval.users import check_user_names, line_of, new_key, parse_users, write_users_file
 from clawrl.eval.users_report import build_users_report, users_markdown
 from clawrl.store.db import Store, StoreError
 from clawrl.types import DEFAULT_USER
@@ -55,12 +55,14 @@ def check_users_args(args: Namespace) -> None:
 def run_users_eval(config: Any, args: Namespace) -> dict[str, Any]:
     """Run the experiment with several users; returns the report, also written to --out."""
     check_users_args(args)
-    names = parse_users(args.users, list(PERSONAS))
+    personas = user_personas(parse_users(args.users, list(PERSONAS)), args.max_turns)
+    names = list(personas)
+    sources = {name: persona.source.as_json() for name, persona in personas.items()}
     method = parse_methods(args.method, config.method, remote=False)
     if len(method) != 1:
         raise ValueError("--users runs one method: give one --method")
     settings = make_settings(config, args)
-    train, held_out = split(load_tasks(args.tasks), args.held_out, seed=args.seed)
+    train, held_out = split(users_tasks(personas, args.tasks), args.held_out, seed=args.seed)
     if not held_out or not train:
         raise ValueError("--held-out must leave at least one held-out and one training task")
     keys = {name: new_key(name) for name in names}
@@ -72,7 +74,10 @@ def run_users_eval(config: Any, args: Namespace) -> dict[str, Any]:
 
     def report_of(outcomes: dict[str, Outcome]) -> dict[str, Any]:
         lines = {name: line_of(name, cfg.per_user_adapters) for name in outcomes}
-        entries = {name: user_entry(outcomes[name], name, lines[name]) for name in outcomes}
+        entries = {
+            name: user_entry(outcomes[name], name, lines[name]) | {"persona_file": sources[name]}
+            for name in outcomes
+        }
         with contextlib.suppress(StoreError):  # unreadable: the canary column stays out
             _add_canary(entries, cfg.run_dir / "clawrl.db")
         command = shlex.join(["clawrl", *sys.argv[1:]])
@@ -82,7 +87,7 @@ def run_users_eval(config: Any, args: Namespace) -> dict[str, Any]:
         )
 
     try:
-        outcomes = _serve(cfg, keys, args, train, held_out, settings, seen)
+        outcomes = _serve(cfg, keys, personas, train, held_out, settings, seen)
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C or SIGTERM: keep what was measured
         if any(o.points for o in seen.values()):  # each user not done is marked "interrupted"
             write_users_report(report_of(seen), args.out)
@@ -92,6 +97,29 @@ def run_users_eval(config: Any, args: Namespace) -> dict[str, Any]:
     report = report_of(outcomes)
     write_users_report(report, args.out)
     return report
+
+
+def user_personas(items: list[str], max_turns: int) -> dict[str, FilePersona]:
+    """Each user's persona (a shipped name or a persona file), by the persona's name, which names
+    the user; ValueError for two alike or a name no user can have."""
+    personas = [get_persona(item, max_turns=max_turns) for item in items]
+    check_user_names([p.name for p in personas])
+    return {p.name: p for p in personas}
+
+
+def users_tasks(personas: dict[str, FilePersona], tasks: str | None) -> list[Task]:
+    """--tasks when given; else the personas' own tasks, which must then be the same for all (the
+    users share one split of held-out and training tasks)."""
+    if tasks is not None:
+        return load_tasks(tasks)
+    first, *rest = personas.values()
+    differ = [p.name for p in rest if p.tasks != first.tasks]
+    if differ:
+        raise ValueError(
+            f"--users: the personas {first.name} and {', '.join(differ)} bring different tasks; "
+            "give one set with --tasks"
+        )
+    return first.tasks
 
 
 def users_config(config: Any, method: str, keys: dict[str, str], run_root: Path) -> Any:
@@ -117,7 +145,7 @@ def user_entry(outcome: Outcome, persona: str, line: str) -> dict[str, Any]:
 def _serve(
     cfg: Any,
     keys: dict[str, str],
-    args: Namespace,
+    personas: dict[str, FilePersona],
     train: list[Task],
     held_out: list[Task],
     settings: Settings,
@@ -129,14 +157,14 @@ def _serve(
 
     print(f"clawrl eval: users {', '.join(keys)}: starting a server in {cfg.run_dir}", flush=True)
     with ServerProcess.from_config(cfg, fresh=True) as server:
-        return asyncio.run(_together(server.url, cfg, keys, args.max_turns, train, held_out, settings, seen))
+        return asyncio.run(_together(server.url, cfg, keys, personas, train, held_out, settings, seen))
 
 
 async def _together(
     url: str,
     cfg: Any,
     keys: dict[str, str],
-    max_turns: int,
+    personas: dict[str, FilePersona],
     train: list[Task],
     held_out: list[Task],
     settings: Settings,
@@ -147,8 +175,7 @@ async def _together(
         users = []
         for name, key in keys.items():
             client = await stack.enter_async_context(EvalClient(url, key))
-            persona = get_persona(name, max_turns=max_turns)
-            users.append(SimUser(name, persona, client, line_of(name, cfg.per_user_adapters)))
+            users.append(SimUser(name, personas[name], client, line_of(name, cfg.per_user_adapters)))
         return await run_together(admin, users, train, held_out, settings, seen)
 
 

@@ -26,11 +26,12 @@ TASK_DIR = Path(__file__).with_name("tasks")
 
 @dataclass(frozen=True)
 class Task:
-    """One problem: a stable id, the question as a user would paste it, and its answer."""
+    """One problem: a stable id, the question as a user would paste it, and its answer (None in a
+    persona's own task file whose checks need none)."""
 
     id: str
     question: str
-    answer: int
+    answer: int | None
 
 
 def task_sets() -> list[str]:
@@ -46,22 +47,23 @@ def load_tasks(name: str = "math") -> list[Task]:
     return read_tasks(path)
 
 
-def read_tasks(path: Path) -> list[Task]:
-    """Tasks from a JSONL file; ValueError naming the line of any malformed or duplicate task."""
+def read_tasks(path: Path, answers: bool = True) -> list[Task]:
+    """Tasks from a JSONL file; ValueError naming the line of any malformed or duplicate task.
+    With `answers` False a task may leave its answer out (or null): its `answer` is None."""
     tasks: list[Task] = []
     seen: set[str] = set()
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
-        task = _parse_line(line, where=f"{path.name}:{number}")
+        task = _parse_line(line, where=f"{path}:{number}", answers=answers)
         if task.id in seen:
-            raise ValueError(f"{path.name}:{number}: duplicate task id {task.id!r}")
+            raise ValueError(f"{path}:{number}: duplicate task id {task.id!r}")
         seen.add(task.id)
         tasks.append(task)
     return tasks
 
 
-def _parse_line(line: str, where: str) -> Task:
+def _parse_line(line: str, where: str, answers: bool) -> Task:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -73,6 +75,10 @@ def _parse_line(line: str, where: str) -> Task:
         raise ValueError(f"{where}: 'id' must be a non-empty string")
     if not isinstance(question, str) or not question.strip():
         raise ValueError(f"{where}: 'question' must be a non-empty string")
+    if answer is None:
+        if answers:
+            raise ValueError(f"{where}: no 'answer' (an integer)")
+        return Task(id=task_id, question=question, answer=None)
     # bool is an int subclass; `true` is not an answer.
     if not isinstance(answer, int) or isinstance(answer, bool):
         raise ValueError(f"{where}: 'answer' must be an integer, got {answer!r}")

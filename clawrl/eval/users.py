@@ -19,6 +19,7 @@ import re
 import secrets
 from pathlib import Path
 
+from clawrl.eval.personas import is_file_name
 from clawrl.types import DEFAULT_USER
 
 USERS_FILE = "users.json"
@@ -26,19 +27,30 @@ _NAME = re.compile(r"^[a-z0-9_-]{1,32}$")  # as the users file wants them (clawr
 
 
 def parse_users(text: str, known: list[str]) -> list[str]:
-    """`brief,stepwise` -> ["brief", "stepwise"]; ValueError for an unknown or repeated persona."""
+    """`brief,stepwise,mine.toml` -> ["brief", "stepwise", "mine.toml"]: shipped persona names and
+    persona files (a .toml name or a path); ValueError for an unknown name or a repeated one."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise ValueError("--users names no persona; e.g. --users brief,stepwise")
-    unknown = [n for n in names if n not in known]
+    unknown = [n for n in names if n not in known and not is_file_name(n)]
     if unknown:
-        raise ValueError(f"--users: unknown persona {', '.join(unknown)}; known personas: {', '.join(known)}")
+        raise ValueError(
+            f"--users: unknown persona {', '.join(unknown)}; known personas: {', '.join(known)} "
+            "(or a persona file, FILE.toml)"
+        )
     if len(set(names)) != len(names):
         raise ValueError(f"--users names a persona twice: {text} (each simulated user is one persona)")
+    return names
+
+
+def check_user_names(names: list[str]) -> None:
+    """ValueError unless the personas' names (each user is named after theirs) can name users, once
+    each."""
+    if len(set(names)) != len(names):
+        raise ValueError(f"--users: two personas are named alike ({', '.join(names)}); each names a user")
     bad = [n for n in names if not _NAME.match(n) or n == DEFAULT_USER]
     if bad:
         raise ValueError(f"--users: {', '.join(bad)} cannot name a user")
-    return names
 
 
 def new_key(name: str) -> str:

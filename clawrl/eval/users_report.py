@@ -3,6 +3,7 @@
 report.json:
 
     {"users": {"brief": {<report.method_entry> , "persona": "brief", "line": "brief",
+                         "persona_file": {"path": "...", "sha256": "...", "tasks": "math"},
                          "canary": [...], "collapse": [...]},
                "stepwise": {..., "line": "stepwise"}},
      "adapters": "per_user", "method": "combine", "judge": "...", "feedback": false, "signal": "...",
@@ -12,8 +13,9 @@ report.json:
 Each user's `scores[i]` is their persona's mean score of the first answers to the held-out tasks at
 `versions[i]`, a version of their line: their own (`brief/v1`) with an adapter per user
 (`adapters` "per_user"), the shared policy's (`v1`) with "shared". `line` names it (`default`: the
-shared one). report.md has a step x user table of them and each user's gain; the canary and
-collapse tables are per line.
+shared one). report.md has a step x user table of them and each user's gain ("nothing to learn"
+for a user whose first point already met every check); the canary and collapse tables are per
+line. `persona_file` names each user's persona file and its sha256.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import dataclasses
 from typing import Any
 
 from clawrl.eval.panel import collapse_panel, collapse_rows, limits_json, limits_of
-from clawrl.eval.report import VIA, canary_tables, change, score_table, signal
+from clawrl.eval.report import VIA, canary_tables, change_text, score_table, signal
 from clawrl.eval.scenario import Settings
 
 ADAPTERS = {
@@ -85,6 +87,7 @@ def users_markdown(report: dict[str, Any]) -> str:
         f"- held-out tasks: {len(report['held_out'])} ({', '.join(report['held_out'])})",
         f"- the users talked {VIA[report['settings'].get('via', 'api')]}, each under their own key",
         f"- command: `{report['command']}`",
+        *_persona_files(report),
         "",
         "Each user's persona's mean score of the first answer to each held-out task (greedy), on each",
         "of the versions that user is served, per training step of that user's line:",
@@ -105,11 +108,19 @@ def _user_table(report: dict[str, Any]) -> list[str]:
         "| --- " * 8 + "|",
     ]
     for name, e in report["users"].items():
-        delta = change(e)
         effect = e["sessions_to_effect"]
         lines.append(
-            f"| {name} | {e['line']} | {'-' if delta is None else f'{delta:+.3f}'} | "
+            f"| {name} | {e['line']} | {change_text(e)} | "
             f"{', '.join(e['held']) or '-'} | {'-' if effect is None else effect} "
             f"(of {len(e['sessions_passed'])}) | {e['conversations']} | {e['answers']} | {e['stopped']} |"
         )
     return lines
+
+
+def _persona_files(report: dict[str, Any]) -> list[str]:
+    """A line per user naming their persona file and its sha256 (none in older reports)."""
+    return [
+        f"- `{name}`'s persona file: `{e['persona_file']['path']}` (sha256 `{e['persona_file']['sha256']}`)"
+        for name, e in report["users"].items()
+        if e.get("persona_file")
+    ]

@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 from clawrl.eval.llm_persona import LLMPersona, PersonaError
-from clawrl.eval.personas import PERSONAS, RulePersona, get_persona, mentions_answer, student_answer
-from clawrl.eval.personas.stepwise import worked_steps
+from clawrl.eval.personas import PERSONAS, get_persona, mentions_answer, student_answer
 from clawrl.eval.tasks import Task, load_tasks, split
 
 BAKER = Task("t1", "A baker makes 24 rolls and sells 15 of them. How many rolls are left?", 9)
@@ -109,8 +108,10 @@ def test_student_dislikes_ai_formatting_and_says_what_to_change():
     assert reply.message is not None
     for asked in ("bold text", "lists", "headings", "'Final answer'", "AI-written", "plain sentences"):
         assert asked in reply.message
-    assert reply.comment == (
-        "Write plain prose with no bold, lists, headings, 'Step'/'Final answer' labels or LaTeX."
+    # One check a rule since the persona became a file: each missed rule's hint, in the file's order.
+    assert (
+        reply.comment
+        == "Write plain prose with no bold. No lists. No headings. No 'Step'/'Final answer' labels. No LaTeX."
     )
 
 
@@ -152,6 +153,11 @@ def test_brief_gives_partial_credit_falling_with_length():
     reply = brief.reply(BAKER, long, turn=1)
     assert reply.rating == -1 and "under 30 words" in (reply.message or "")
     assert brief.reply(BAKER, short, turn=1).rating == 1
+
+
+def worked_steps(answer: str) -> float:
+    """stepwise's steps check as a count: its credit is a share of 3 worked steps."""
+    return get_persona("stepwise").checks(BAKER, answer)[0].value * 3
 
 
 def test_stepwise_counts_worked_steps():
@@ -251,16 +257,11 @@ def test_autograde_wants_a_last_line_answer_n_and_credits_the_answer_in_words():
     assert reply.rating == -1 and '"Answer: N"' in (reply.message or "")
 
 
-def test_a_persona_with_no_checks_is_refused_at_start(monkeypatch):
-    class Silent(RulePersona):
-        name, description, openings = "silent", "checks nothing", ("{question}",)
-
-        def checks(self, task, answer):
-            return []
-
-    monkeypatch.setitem(PERSONAS, "silent", Silent)
-    with pytest.raises(ValueError, match="persona 'silent' has no checks"):
-        get_persona("silent")
+def test_a_persona_with_no_checks_is_refused_at_start(tmp_path):
+    silent = tmp_path / "silent.toml"
+    silent.write_text('name = "silent"\ndescription = "checks nothing"\nopenings = ["{question}"]\n')
+    with pytest.raises(ValueError, match="no checks"):
+        get_persona(str(silent))
 
 
 def test_finish_wants_the_reply_to_end_on_its_number():

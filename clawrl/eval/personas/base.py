@@ -24,10 +24,11 @@ almost only -1s, and RL had nothing to contrast). Everything is a pure function 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import Protocol
 
-from clawrl.eval.personas.text import mentions_answer, numbers_in, pick
+from clawrl.eval.personas.text import pick
 from clawrl.eval.tasks import Task
 
 
@@ -72,20 +73,22 @@ GOOD_ENOUGH = 0.5  # thumbs up from this score on, even while still asking for m
 
 
 class RulePersona:
-    """A scripted persona: subclasses set `name`, `description`, `openings` and define `checks`."""
+    """A scripted persona: a subclass (`clawrl.eval.personas.file.FilePersona`) sets `name`,
+    `description`, `openings` and defines `checks`."""
 
     name: str
     description: str
-    openings: ClassVar[tuple[str, ...]]  # first-message templates with a {question} field
-    thanks: ClassVar[tuple[str, ...]] = ("Thanks, that's perfect.", "Great, that's exactly what I needed.")
-    give_up: ClassVar[str] = "Never mind, I'll sort it out myself."
+    openings: tuple[str, ...]  # first-message templates with a {question} field
+    thanks: tuple[str, ...] = ("Thanks, that's perfect.", "Great, that's exactly what I needed.")
+    give_up: str = "Never mind, I'll sort it out myself."
 
     def __init__(self, max_turns: int = 3) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be at least 1, got {max_turns}")
         self.max_turns = max_turns
 
-    def checks(self, task: Task, answer: str) -> list[Check]:
+    def checks(self, task: Task, answer: str, turn: int = 1) -> list[Check]:
+        """Each check on `answer`; `turn` only picks the wording of the complaints."""
         raise NotImplementedError
 
     def first_message(self, task: Task) -> str:
@@ -98,7 +101,7 @@ class RulePersona:
     def reply(self, task: Task, answer: str, turn: int) -> Reply:
         if turn < 1:
             raise ValueError(f"turn counts answers from 1, got {turn}")
-        missed = [c for c in self.checks(task, answer) if not c.met]
+        missed = [c for c in self.checks(task, answer, turn) if not c.met]
         if not missed:
             return Reply(pick(self.thanks, task.id, turn), rating=1, comment=None, done=True)
         message, hint = self.complain(missed)
@@ -109,23 +112,10 @@ class RulePersona:
         return Reply(message, rating=rating, comment=hint, done=done)
 
     def complain(self, missed: list[Check]) -> tuple[str, str]:
-        """(message, hint) asking for every missed check; subclasses may merge them."""
-        return " ".join(c.complaint for c in missed), " ".join(c.hint for c in missed)
+        """(message, hint) asking for every missed check, each distinct text once (two checks that
+        grade one preference, as a full and a partial step, may say the same)."""
+        return _joined(c.complaint for c in missed), _joined(c.hint for c in missed)
 
 
-def answer_check(task: Task, answer: str) -> Check:
-    """Met when the answer states the task's number. The user does not know the right
-    number, so neither the complaint nor the hint gives it away."""
-    if mentions_answer(answer, task.answer):
-        return Check(1.0, "", "")
-    if not numbers_in(answer):
-        return Check(
-            0.0,
-            "You never actually say what the answer is; I need the final number.",
-            "State the final number.",
-        )
-    return Check(
-        0.0,
-        "I don't think that number is right; I get something different. Can you redo the arithmetic?",
-        "Recheck the arithmetic and state the correct final number.",
-    )
+def _joined(texts: Iterable[str]) -> str:
+    return " ".join(dict.fromkeys(t for t in texts if t))

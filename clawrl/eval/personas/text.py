@@ -73,3 +73,16 @@ def join_words(items: Sequence[str], last: str = "or") -> str:
 def length_credit(words: int, limit: int, zero_at: int) -> float:
     """1 up to `limit` words, falling linearly to 0 at `zero_at` words."""
     return 1.0 if words <= limit else max(0.0, 1.0 - (words - limit) / (zero_at - limit))
+
+
+def long_enough_credit(words: int, least: int) -> float:
+    """1 from `least` words on, falling linearly to 0 at a quarter of that."""
+    floor = least // 4
+    return 1.0 if words >= least else max(0.0, (words - floor) / (least - floor))
+
+
+def last_number(text: str) -> float | None:
+    """The number written last in `text` (digits or a word from zero to twenty); None if none."""
+    found = [(m.start(), m.group().replace(",", "")) for m in _NUMBER.finditer(text)]
+    found += [(m.start(), str(_WORDS.index(m.group().lower()))) for m in _NUMBER_WORD.finditer(text)]
+    return float(max(found)[1]) if found else None
