@@ -26,28 +26,11 @@ from clawrl.types import Turn, Version
 
 
 def make_tiny_model(out: Path, tokenizer_dir: Path) -> Path:
-    """A 2-layer random Llama with a real tokenizer and chat template (512-token context), saved in `out`."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    """A 2-layer random Llama with a real tokenizer and chat template (512-token context), saved in `out`
+    (clawrl/model/tiny.py; `clawrl tiny-model` builds it and the tiny Qwen3)."""
+    from clawrl.model.tiny import tiny_llama
 
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return tiny_llama(out, tokenizer_dir)
 
 
 class Publisher:

