@@ -127,6 +127,30 @@ def test_plan_refuses_a_used_run_folder_and_paces_by_batch_size(tmp_path):
         make_plan(config, args)
 
 
+def test_plan_takes_a_persona_file_and_its_own_tasks(tmp_path):
+    from clawrl.config import load_config
+
+    (tmp_path / "t.jsonl").write_text(
+        "".join(f'{{"id": "q{i}", "question": "Say {i}."}}\n' for i in range(6))
+    )
+    (tmp_path / "mine.toml").write_text(
+        'name = "mine"\ndescription = "d"\nopenings = ["{question}"]\ntasks = "t.jsonl"\n\n[[checks]]\n'
+        'kind = "max_words"\nwords = 5\ncomplaints = ["Shorter."]\nhints = ["At most 5 words."]\n'
+    )
+    args = argparse.Namespace(
+        persona=str(tmp_path / "mine.toml"), persona_base_url=None, max_turns=3, method="rl", base_url=None,
+        tasks=None, held_out=2, seed=0, steps=1, max_tokens=64, concurrency=1, samples_per_step=None,
+        no_feedback=False, stall_s=60.0, max_wall_s=600.0, out=tmp_path / "out", run_dir=None, model=None,
+        via="api", points_every=4,
+    )  # fmt: skip
+    plan = make_plan(load_config(EVAL_CONFIG), args)
+    assert plan.persona.name == "mine" and len(plan.train) == 4 and len(plan.held_out) == 2
+    assert {t.answer for t in plan.train} == {None}
+    assert plan.persona_file is not None and plan.persona_file["path"] == str(
+        (tmp_path / "mine.toml").resolve()
+    )
+
+
 def test_eval_default_config_is_clawrls_defaults_not_a_run_folders(tmp_path, monkeypatch):
     from clawrl.cli import _config_file, build_parser
     from clawrl.config import Config, load_config

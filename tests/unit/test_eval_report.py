@@ -3,6 +3,7 @@ report.json lookup of `clawrl report`; and the pacing arithmetic."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -300,3 +301,23 @@ def test_without_canary_figures_the_panel_says_so_and_keeps_the_held_out_figure(
     text = markdown(report)
     assert "(no canary figures: the canary gate was off" in text and "marks, does not hold," in text
     assert "| v1 | served | - | - | 0.950 | - | **held_out_self_rouge_l** |" in text
+
+
+def test_the_report_names_the_persona_file_and_a_perfect_v0_has_nothing_to_learn():
+    from clawrl.eval.personas import PERSONAS, get_persona
+
+    source = get_persona("brief").source.as_json()
+    perfect = method_entry(_outcome("rl", [1.0, 1.0], [0, 1]), None)  # every held-out task at 1.0
+    learning = method_entry(_outcome("combine", [0.5, 0.75], [0, 1]), None)
+    entries = {"rl": perfect, "combine": learning}
+    report = build_report(
+        "brief", entries, Settings(steps=1), ["m03"], "clawrl eval", {}, persona_file=source
+    )
+    assert report["persona_file"]["sha256"] == hashlib.sha256(PERSONAS["brief"].read_bytes()).hexdigest()
+    assert report["persona_file"]["path"] == str(PERSONAS["brief"].resolve())
+    assert perfect["nothing_to_learn"] and not learning["nothing_to_learn"]
+    text = markdown(report)
+    assert f"- persona file: `{source['path']}` (sha256 `{source['sha256']}`, tasks `math`)" in text
+    rows = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| rl |")}
+    assert "| rl | nothing to learn (v0 meets every check) |" in rows["| rl"]
+    assert "| combine | +0.250 |" in text

@@ -17,7 +17,7 @@ from clawrl.config.users import read_users
 from clawrl.eval.client import Answer
 from clawrl.eval.pacing import expected_samples
 from clawrl.eval.personas import PERSONAS, get_persona
-from clawrl.eval.run_users import user_entry, users_config
+from clawrl.eval.run_users import user_entry, user_personas, users_config, users_tasks
 from clawrl.eval.scenario import Settings
 from clawrl.eval.tasks import load_tasks, split
 from clawrl.eval.together import SimUser, run_together
@@ -228,6 +228,19 @@ def test_users_are_named_personas_once_each():
         parse_users("brief,brief", known)
     with pytest.raises(ValueError, match="names no persona"):
         parse_users(" , ", known)
+    assert parse_users("brief,mine.toml,dir/x", known) == ["brief", "mine.toml", "dir/x"]  # files too
+
+
+def test_users_from_persona_files_are_named_after_their_personas(tmp_path):
+    (tmp_path / "copy.toml").write_bytes(PERSONAS["brief"].read_bytes())
+    with pytest.raises(ValueError, match="two personas are named alike"):
+        user_personas(["brief", str(tmp_path / "copy.toml")], max_turns=3)
+    (tmp_path / "terse.toml").write_text(
+        PERSONAS["brief"].read_text().replace('name = "brief"', 'name = "terse"')
+    )
+    personas = user_personas(["stepwise", str(tmp_path / "terse.toml")], max_turns=2)
+    assert list(personas) == ["stepwise", "terse"] and personas["terse"].max_turns == 2
+    assert len(users_tasks(personas, None)) == 48 and users_tasks(personas, "math") == personas["terse"].tasks
 
 
 def test_the_users_file_is_private_and_one_the_server_accepts(tmp_path):
@@ -291,6 +304,17 @@ def test_a_shared_report_shows_one_line_for_both_users():
     )
     assert list(per_line(report)["methods"]) == ["brief, stepwise"]
     assert "one shared policy" in users_markdown(report)
+
+
+def test_a_user_whose_v0_meets_every_check_has_nothing_to_learn():
+    report = _report(per_user=True)
+    brief = report["users"]["brief"]
+    ones = [1.0] * len(brief["task_scores"][0])
+    brief |= {"task_scores": [ones, *brief["task_scores"][1:]], "scores": [1.0, *brief["scores"][1:]]}
+    report["users"]["brief"]["persona_file"] = {"path": "/p/brief.toml", "sha256": "ab" * 32, "tasks": "math"}
+    text = users_markdown(report)
+    assert "| brief | brief | nothing to learn (v0 meets every check) |" in text
+    assert f"- `brief`'s persona file: `/p/brief.toml` (sha256 `{'ab' * 32}`)" in text
 
 
 @pytest.mark.parametrize(
