@@ -191,7 +191,8 @@ def _pydantic_message(path: Path, lines: list[str], data: dict[str, Any], exc: V
         field = ".".join(map(str, loc[2:]))
         line = key_line(lines, str(loc[2]), header - 1) if header and len(loc) > 2 else header
         kind = data["checks"][index].get("kind") if isinstance(data["checks"][index], dict) else None
-        return f"persona file {path}{_line(line or header)}: checks[{index}] (kind {kind!r}): {field}: {what}"
+        said = f"{field}: {what}" if field else what
+        return f"persona file {path}{_line(line or header)}: checks[{index}] (kind {kind!r}): {said}"
     field = ".".join(map(str, loc))
     line = key_line(lines, str(loc[0])) if loc else None
     if loc == ["checks"] and error["type"] in ("too_short", "missing"):
