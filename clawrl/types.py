@@ -57,6 +57,13 @@ class Turn:
     # The memory block its prompt carried (clawrl/memory): {"ids": experience ids, "block": text}, or
     # {"ids": [], "dropped": why} when one was picked but left out; None: no memory was used.
     memory: dict[str, Any] | None = None
+    # A thinking answer's reasoning (clawrl/chat/reasoning.py): the text of its think block, tags left
+    # out; `response_text` is then the content after it, and `response_ids` hold every sampled ID,
+    # the block's included. None: no think block (or recorded before m019).
+    reasoning: str | None = None
+    # The chat template's extra variables the prompt was rendered with (`chat_template_kwargs`, the
+    # server's defaults and the request's), so a teacher prompt renders alike. None: none.
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @property
     def logprobs_exact(self) -> bool:

@@ -4,7 +4,9 @@ On-policy distillation scores the turn's own response token IDs under two
 prompts: the original one (the student, logp_old) and this enhanced one (the
 teacher). The enhanced prompt is the original messages with the hint appended
 to the last user message, rendered by the same chat template with the same
-tools, so the two prompts differ only inside that message.
+tools and the same template variables (`Turn.chat_template_kwargs`: a Qwen3 turn served with
+`enable_thinking` false keeps its empty think block), so the two prompts differ only inside that
+message.
 
 Placement:
 * string content: `content + "\\n\\n" + HINT_PREFIX + hint` (just
@@ -63,7 +65,8 @@ def teacher_prompt(renderer: ChatRenderer) -> TeacherPrompt:
     """The function rendering a turn's enhanced prompt to IDs with the turn's tools."""
 
     def render(turn: Turn, hint: str) -> list[int]:
-        return renderer.render(enhanced_messages(served_messages(turn), hint), turn.tools).prompt_ids
+        messages = enhanced_messages(served_messages(turn), hint)
+        return renderer.render(messages, turn.tools, template_kwargs=turn.chat_template_kwargs).prompt_ids
 
     return render
 
@@ -73,6 +76,7 @@ def bare_prompt(renderer: ChatRenderer) -> Callable[[Turn], list[int]]:
     student prompt of memory distillation (clawrl/algo/distill.py)."""
 
     def render(turn: Turn) -> list[int]:
-        return renderer.render(turn.messages, turn.tools).prompt_ids
+        kwargs = turn.chat_template_kwargs
+        return renderer.render(turn.messages, turn.tools, template_kwargs=kwargs).prompt_ids
 
     return render

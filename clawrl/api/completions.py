@@ -6,6 +6,14 @@
 detokenised incrementally, stop strings cut the text (and, by closing the
 engine's generator, stop decoding), and tool calls are parsed from the text.
 
+A thinking model's answer is split on its token IDs into reasoning and content
+(clawrl/chat/reasoning.py: `AnswerText`), the same way for every engine: the reasoning streams
+first, as `reasoning` and `reasoning_content` deltas, then the content; tool calls and stop strings
+are the content's only. The turn records the sampled IDs as they were, think block included, the
+content as `response_text` (what the client holds and echoes back, so the next request still pairs
+with it) and the reasoning beside it (`Turn.reasoning`). A request decoded under a grammar is all
+content: the grammar shapes the answer from its first token.
+
 Forced tool calls and `response_format` are decoded under a grammar (`clawrl/chat/grammar.py`)
 when the engine applies them (`engine.constrained_decoding`): the grammar goes to the engine in
 `SamplingParams.grammar` and is recorded on the turn, so the trainer scores it under the same
@@ -33,11 +41,18 @@ from typing import TypeVar
 from transformers import PreTrainedTokenizerBase
 
 from clawrl.api.errors import BadRequest, ModelUnavailable, NotFound, error_body
-from clawrl.api.responses import Completion, TokenText, chunk_json, completion_json, tool_call_json
+from clawrl.api.responses import (
+    Completion,
+    TokenText,
+    chunk_json,
+    completion_json,
+    reasoning_delta,
+    tool_call_json,
+)
 from clawrl.api.schemas import ChatCompletionRequest
 from clawrl.chat.grammar import GrammarError, grammar_for
+from clawrl.chat.reasoning import AnswerText, opens_thinking, think_tokens
 from clawrl.chat.template import ChatRenderer, ChatRenderError, RenderedPrompt
-from clawrl.chat.text import IncrementalDetokenizer, StopStrings
 from clawrl.chat.tools import ContentDelta, ToolCallStream, parse_tool_calls
 from clawrl.collect.collector import Collector
 from clawrl.collect.memory import MemoryBook
@@ -67,9 +82,17 @@ class Prepared:
 
 @dataclass
 class _Piece:
-    text: str
+    text: str  # content
+    reasoning: str
     tokens: list[TokenEvent]
     finish_reason: str | None
+
+
+@dataclass
+class _Reasoning:
+    """A reasoning delta of the stream."""
+
+    text: str
 
 
 class ChatService:
@@ -81,12 +104,14 @@ class ChatService:
         default_max_tokens: int,
         collector: Collector | None = None,
         memory: MemoryBook | None = None,
+        template_kwargs: dict | None = None,
     ) -> None:
         self.engine = engine
         self.collector = collector
         self.memory = memory  # None: memory is off (memory.enabled) or nothing is recorded
         self.tokenizer = tokenizer
-        self.renderer = ChatRenderer(tokenizer)
+        self.renderer = ChatRenderer(tokenizer, template_kwargs=template_kwargs)
+        self.think = think_tokens(tokenizer)  # None: no split, every token is content
         self.model_name = served_model_name
         self.default_max_tokens = default_max_tokens
         self.token_text = TokenText(tokenizer)
@@ -171,7 +196,13 @@ class ChatService:
         force_prefix: bool,
     ) -> RenderedPrompt:
         try:
-            return self.renderer.render(messages, tools, _tool_choice(req), force_prefix=force_prefix)
+            kwargs = self.renderer.kwargs(req.template_kwargs())
+        except ChatRenderError as exc:
+            raise BadRequest(str(exc), param="chat_template_kwargs") from exc
+        try:
+            return self.renderer.render(
+                messages, tools, _tool_choice(req), force_prefix=force_prefix, template_kwargs=kwargs
+            )
         except ChatRenderError as exc:
             raise BadRequest(str(exc), param="messages") from exc
 
@@ -226,9 +257,13 @@ class ChatService:
         try:
             async with self._recording(prep):
                 async for piece in self._pieces(prep):
-                    events = tools.feed(piece.text) if prep.prompt.tool_names else [ContentDelta(piece.text)]
-                    if piece.finish_reason is not None and prep.prompt.tool_names:
-                        events += tools.finish()
+                    events: list = [_Reasoning(piece.reasoning)] if piece.reasoning else []
+                    if prep.prompt.tool_names:
+                        events += tools.feed(piece.text)
+                        if piece.finish_reason is not None:
+                            events += tools.finish()
+                    elif piece.text or not piece.reasoning:
+                        events.append(ContentDelta(piece.text))
                     for i, event in enumerate(events):
                         lp = self._logprobs(prep, piece.tokens) if i == 0 else None
                         if isinstance(event, ContentDelta):
@@ -250,6 +285,8 @@ class ChatService:
         yield "data: [DONE]\n\n"
 
     def _delta_chunk(self, c: Completion, event: object, logprobs: dict | None) -> str:
+        if isinstance(event, _Reasoning):
+            return chunk_json(c, reasoning_delta(event.text), logprobs=logprobs)
         if isinstance(event, ContentDelta):
             return chunk_json(c, {"content": event.text}, logprobs=logprobs)
         c.tool_calls.append(event.call)  # a ToolCallDelta
@@ -263,8 +300,9 @@ class ChatService:
     async def _pieces(self, prep: Prepared) -> AsyncIterator[_Piece]:
         """Run the engine; yield text as it becomes final, with the tokens behind it."""
         c = prep.completion
-        detok = IncrementalDetokenizer(self.tokenizer)
-        stops = StopStrings(prep.request.stop_list())
+        free = prep.params.grammar is None and not prep.prompt.forced_prefix  # else all content
+        inside = free and opens_thinking(c.prompt_ids, self.think)
+        answer = AnswerText(self.tokenizer, self.think if free else None, inside, prep.request.stop_list())
         pending: list[TokenEvent] = []
         try:
             async with aclosing(self.engine.generate(c.prompt_ids, prep.params)) as tokens:
@@ -273,15 +311,16 @@ class ChatService:
                         prep.first_token_at = time.time()
                     c.add(event)
                     pending.append(event)
-                    text, stopped = stops.feed(detok.add(event.token_id))
-                    finish = "stop" if stopped else event.finish_reason
-                    if finish is not None and not stopped:
-                        tail, stopped = stops.feed(detok.flush())
-                        text += tail if stopped else tail + stops.flush()
-                    if text or finish is not None:
+                    reasoning, text = answer.add(event.token_id)
+                    finish = "stop" if answer.stopped else event.finish_reason
+                    if finish is not None and not answer.stopped:
+                        more_reasoning, more_text = answer.finish()
+                        reasoning, text = reasoning + more_reasoning, text + more_text
+                    if text or reasoning or finish is not None:
                         c.text += text
+                        c.reasoning += reasoning
                         c.finish_reason = finish
-                        yield _Piece(text, pending, finish)
+                        yield _Piece(text, reasoning, pending, finish)
                         pending = []
                     if finish is not None:
                         return  # leaving the `async with` cancels decoding (stop strings)
@@ -325,6 +364,7 @@ class ChatService:
             prep.params.grammar,
             sampling_record(prep.params, self.engine.processed_logprobs, prep.completion.cached_version),
             prep.memory,
+            prep.prompt.template_kwargs,
         )
 
 
@@ -351,6 +391,7 @@ def build_turn(
     grammar: dict | None = None,
     sampling: dict | None = None,
     memory: dict | None = None,
+    template_kwargs: dict | None = None,
 ) -> Turn:
     return Turn(
         id=c.id,
@@ -374,6 +415,8 @@ def build_turn(
         grammar=grammar,
         sampling=sampling,
         memory=memory,
+        reasoning=c.reasoning or None,
+        chat_template_kwargs=template_kwargs or None,
     )
 
 

@@ -1,4 +1,11 @@
-"""Building OpenAI-shaped response objects: completions, stream chunks, logprobs, usage."""
+"""Building OpenAI-shaped response objects: completions, stream chunks, logprobs, usage.
+
+A thinking answer's reasoning (clawrl/chat/reasoning.py) goes out under two names with the same
+text, on the message and on stream deltas: `reasoning` (vLLM's since vllm#27752) and
+`reasoning_content` (DeepSeek's, which LiteLLM and the Vercel AI SDK read). An answer without
+reasoning has neither field. Empty content is `null`, as OpenAI sends it (an answer cut inside its
+think block).
+"""
 
 from __future__ import annotations
 
@@ -26,7 +33,8 @@ class Completion:
     model: str
     prompt_ids: list[int]
     tokens: list[TokenEvent] = field(default_factory=list)
-    text: str = ""
+    text: str = ""  # the content
+    reasoning: str = ""  # the text of the think block, the tags left out
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None
 
@@ -88,8 +96,15 @@ def tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
     return out
 
 
+def reasoning_delta(text: str) -> dict[str, str]:
+    """Reasoning under both names clients read."""
+    return {"reasoning": text, "reasoning_content": text}
+
+
 def completion_json(c: Completion, logprobs: dict[str, Any] | None) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": c.text or None}
+    if c.reasoning:
+        message.update(reasoning_delta(c.reasoning))
     if c.tool_calls:
         message["tool_calls"] = [tool_call_json(call) for call in c.tool_calls]
     return {

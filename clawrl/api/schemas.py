@@ -3,14 +3,18 @@
 Unknown fields are accepted and logged, never rejected, so newer SDKs keep
 working. Fields clawrl reads for its own purpose: `session_id`, `turn_type`,
 `session_done`, `prompt_cache_key` (sessions and turn typing), `memory` (false: no memory block,
-docs/memory.md) and vLLM's `ignore_eos`.
+docs/memory.md), vLLM's `ignore_eos` and `chat_template_kwargs` (the chat template's extra variables,
+e.g. `{"enable_thinking": false}`), and an assistant message's reasoning, as `reasoning` (vLLM's) or
+`reasoning_content` (DeepSeek's) (clawrl/chat/reasoning.py).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
+
+from clawrl.chat.template import check_template_kwargs
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9._:@/+=-]{1,128}$"
 
@@ -59,6 +63,8 @@ class ChatMessage(_Open):
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
+    reasoning: str | None = None  # an assistant message's reasoning, vLLM's name
+    reasoning_content: str | None = None  # the same, DeepSeek's name (read first)
 
     @model_validator(mode="after")
     def _needs_content(self) -> ChatMessage:
@@ -111,6 +117,22 @@ class ResponseFormat(_Open):
         return {"type": self.type, "json_schema": {"schema": schema}}
 
 
+class ChatTemplateKwargs(_Open):
+    """vLLM's `chat_template_kwargs`: extra variables for the chat template, over the server's
+    `model.chat_template_kwargs`. Any name the template reads; `enable_thinking` is a boolean."""
+
+    enable_thinking: StrictBool | None = None
+
+    @model_validator(mode="after")
+    def _allowed(self) -> ChatTemplateKwargs:
+        check_template_kwargs(self.given())
+        return self
+
+    def given(self) -> dict[str, Any]:
+        """The variables the request set."""
+        return self.model_dump(exclude_unset=True)
+
+
 class StreamOptions(_Open):
     include_usage: bool = False
 
@@ -154,6 +176,10 @@ class ChatCompletionRequest(_Open):
     session_done: bool | None = None
     prompt_cache_key: str | None = None  # OpenAI's cache routing key; a session affinity key here
     memory: bool | None = None  # false: no memory block; true: one even on a side turn (docs/memory.md)
+    chat_template_kwargs: ChatTemplateKwargs | None = None
+
+    def template_kwargs(self) -> dict[str, Any] | None:
+        return self.chat_template_kwargs.given() if self.chat_template_kwargs is not None else None
 
     @field_validator("n")
     @classmethod

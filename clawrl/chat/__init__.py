@@ -3,6 +3,7 @@
 - `template.py`: messages (and tools) rendered into prompt token IDs with the model's chat
   template, or clawrl's generic tool prompt when the template has none;
 - `tools.py`: tool calls parsed out of generated text, whole or while streaming;
+- `reasoning.py`: a thinking model's answer split into reasoning and content on its token IDs;
 - `text.py`: incremental detokenisation and stop strings.
 
 Used by the API (requests and answers), the judge (its prompts), algo (the teacher's

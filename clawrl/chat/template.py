@@ -43,6 +43,15 @@ prompt is used:
   messages are merged into one user message (blocks joined by "\\n"), so
   that templates requiring alternating roles keep working.
 
+Thinking. An assistant message in the history may carry its reasoning as `reasoning` (vLLM's name)
+or `reasoning_content` (DeepSeek's); either is passed to the template as `reasoning_content`, the
+name Qwen3's template reads (clawrl/chat/reasoning.py). `template_kwargs` are the chat template's
+extra variables (vLLM's `chat_template_kwargs`, e.g. `{"enable_thinking": false}` for a hybrid
+Qwen3): the renderer's defaults (`model.chat_template_kwargs`), overridden key by key by a
+request's. `check_template_kwargs` refuses the names `apply_chat_template` itself takes (a request
+must not turn the prompt into IDs or continue the last message) and a non-boolean
+`enable_thinking`.
+
 tool_choice: "none" hides the tools (no tool calls are parsed); "auto" or
 None offers them; "required" appends `<tool_call>\\n{"name": "` to the
 prompt; a named function appends
@@ -57,7 +66,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jinja2 import TemplateError
@@ -82,6 +91,37 @@ Either answer normally, or call functions: answer with one block per call, each 
 Function results are given back inside <tool_response></tool_response>."""
 
 
+# apply_chat_template's own parameters, and the template variables the renderer sets itself.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+
+
+def check_template_kwargs(kwargs: dict[str, Any]) -> None:
+    """ValueError naming what is wrong with a chat template's extra variables."""
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(kwargs))
+    if reserved:
+        raise ValueError(f"{', '.join(reserved)} cannot be set through chat_template_kwargs")
+    if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
+        raise ValueError("enable_thinking must be a boolean")
+
+
 class ChatRenderError(ValueError):
     """The request cannot be rendered to a prompt (a client error)."""
 
@@ -94,6 +134,7 @@ class RenderedPrompt:
     tool_names: set[str]
     forced_prefix: str
     prompt_text: str = ""
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # the template's extra variables used
 
 
 @dataclass
@@ -117,9 +158,12 @@ def format_tool_call(name: str, arguments: Any) -> str:
 class ChatRenderer:
     """Render OpenAI-shaped chat requests with a tokenizer's chat template."""
 
-    def __init__(self, tokenizer: Any, chat_template: str | None = None) -> None:
+    def __init__(
+        self, tokenizer: Any, chat_template: str | None = None, template_kwargs: dict[str, Any] | None = None
+    ) -> None:
         self._tokenizer = tokenizer
         self._chat_template = chat_template
+        self.template_kwargs = dict(template_kwargs or {})  # every render's defaults
 
     @property
     def tokenizer(self) -> Any:
@@ -139,10 +183,12 @@ class ChatRenderer:
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
         force_prefix: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> RenderedPrompt:
         """Render messages to prompt IDs; raise ChatRenderError on bad input.
 
         `force_prefix=False`: a forced tool call appends nothing to the prompt (a grammar forces it).
+        `template_kwargs`: the template's extra variables, over the renderer's defaults.
         """
         if not messages:
             raise ChatRenderError("messages must not be empty")
@@ -156,11 +202,23 @@ class ChatRenderer:
         else:
             chat = _with_tool_prompt(_generic_history(normal), plan.functions)
             shown = None
-        text = self._apply(chat, shown) + plan.forced_prefix
+        kwargs = self.kwargs(template_kwargs)
+        text = self._apply(chat, shown, kwargs) + plan.forced_prefix
         ids = self._tokenizer.encode(text, add_special_tokens=False)
-        return RenderedPrompt(list(ids), plan.tool_names, plan.forced_prefix, text)
+        return RenderedPrompt(list(ids), plan.tool_names, plan.forced_prefix, text, kwargs)
 
-    def _apply(self, chat: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+    def kwargs(self, template_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+        """The template's extra variables for a render: the defaults, then the request's."""
+        kwargs = {**self.template_kwargs, **(template_kwargs or {})}
+        try:
+            check_template_kwargs(kwargs)
+        except ValueError as error:
+            raise ChatRenderError(str(error)) from error
+        return kwargs
+
+    def _apply(
+        self, chat: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kwargs: dict[str, Any]
+    ) -> str:
         try:
             text = self._tokenizer.apply_chat_template(
                 chat,
@@ -168,6 +226,7 @@ class ChatRenderer:
                 chat_template=self._chat_template,
                 add_generation_prompt=True,
                 tokenize=False,
+                **kwargs,
             )
         except (TemplateError, ValueError, TypeError) as error:
             raise ChatRenderError(f"chat template error: {error}") from error
@@ -209,7 +268,24 @@ def _normalise(message: dict[str, Any]) -> dict[str, Any]:
     normal = dict(message)
     normal["role"] = "system" if role == "developer" else role
     normal["content"] = _text_content(message.get("content"), role)
+    reasoning = _reasoning(message) if role == "assistant" else None
+    normal.pop("reasoning", None)
+    if reasoning:
+        normal["reasoning_content"] = reasoning
+    else:
+        normal.pop("reasoning_content", None)
     return normal
+
+
+def _reasoning(message: dict[str, Any]) -> str | None:
+    """An assistant message's reasoning, under vLLM's name or DeepSeek's (the latter first)."""
+    for key in ("reasoning_content", "reasoning"):
+        value = message.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ChatRenderError(f"an assistant message's {key} must be a string")
+        if value:
+            return value
+    return None
 
 
 IMAGE_PLACEHOLDER = "[image]"  # what a text-only model reads for an image in a tool result

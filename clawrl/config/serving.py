@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
+from clawrl.chat.template import check_template_kwargs
 from clawrl.config.section import API_KEY_ENV, CACHE_ENV, JUDGE_KEY_ENV, Section
 from clawrl.memory import MAX_CHARS, MERGE_AT
 from clawrl.sessions.injected import DEFAULT_CONTEXT_PATTERNS
@@ -80,6 +81,18 @@ class ModelConfig(Section):
         "(presence_penalty, frequency_penalty, repetition_penalty) to requests that name none; the "
         "embedded model ships presence 1.0 and frequency 0.3. False: no penalty unless a request names one.",
     )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra variables every request's chat template gets, e.g. {enable_thinking = false} "
+        "for a hybrid Qwen3 (no think block); a request's chat_template_kwargs override them name by "
+        "name. enable_thinking must be a boolean; apply_chat_template's own parameters are refused.",
+    )
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        check_template_kwargs(kwargs)
+        return kwargs
 
 
 class VLLMConfig(Section):

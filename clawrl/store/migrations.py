@@ -40,6 +40,7 @@ from clawrl.store.schema import (
     M016_NEXT_STATE_MATCH,
     M017_VERSION_USER,
     M018_DELETE_TRIGGERS,
+    M019_TURN_REASONING,
 )
 
 MIGRATIONS: list[tuple[str, str]] = [
@@ -61,6 +62,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m016_next_state_match", M016_NEXT_STATE_MATCH),
     ("m017_version_user", M017_VERSION_USER),
     ("m018_delete_triggers", M018_DELETE_TRIGGERS),
+    ("m019_turn_reasoning", M019_TURN_REASONING),
 ]
 
 _NAME = re.compile(r"m[0-9]{3}_[a-z0-9_]+")

@@ -35,6 +35,7 @@ _JSON_FIELDS = frozenset(
         "grammar",
         "sampling",
         "memory",
+        "chat_template_kwargs",
     }
 )
 TURN_COLUMNS = ", ".join(_COLUMN.get(name, name) for name in _TURN_FIELDS)

@@ -459,3 +459,11 @@ CREATE TRIGGER experiences_fts_delete AFTER DELETE ON experiences BEGIN
     INSERT INTO experiences_fts (experiences_fts, rowid, text) VALUES ('delete', OLD.id, OLD.text);
 END;
 """
+
+# A thinking answer (clawrl/chat/reasoning.py, `Turn.reasoning`): the text of its think block, NULL
+# for an answer without one; and the chat template's extra variables its prompt was rendered with
+# (`Turn.chat_template_kwargs`, JSON), NULL for none.
+M019_TURN_REASONING = """
+ALTER TABLE turns ADD COLUMN reasoning TEXT NULL;
+ALTER TABLE turns ADD COLUMN chat_template_kwargs TEXT NULL;
+"""

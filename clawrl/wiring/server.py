@@ -144,6 +144,7 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
             s.default_max_tokens,
             collector,
             memory if config.memory.enabled else None,
+            template_kwargs=config.model.chat_template_kwargs,
         ),
         pipeline=pipeline,
         metrics=metrics,

@@ -255,6 +255,13 @@ BAD_BODIES = [
     ({"messages": [{"role": "user", "content": "hi " * 600}]}, "context length"),
     ({"messages": USER, "max_tokens": 5000}, "context length"),
     ({"messages": USER, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "nope"),
+    ({"messages": USER, "chat_template_kwargs": "think"}, "chat_template_kwargs"),
+    ({"messages": USER, "chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
+    ({"messages": USER, "chat_template_kwargs": {"enable_thinking": "no"}}, "enable_thinking"),
+    ({"messages": USER, "chat_template_kwargs": {"enable_thinking": 0}}, "enable_thinking"),
+    ({"messages": USER, "chat_template_kwargs": {"tokenize": True}}, "tokenize"),
+    ({"messages": [*USER, {"role": "assistant", "content": "a", "reasoning_content": 5}]}, "reasoning_content"),
+    ({"messages": [*USER, {"role": "assistant", "content": "a", "reasoning": ["x"]}]}, "reasoning"),
 ]
 
 

@@ -77,9 +77,9 @@ def test_m005_backfills_a_database_made_before_it(db, monkeypatch):
     with monkeypatch.context() as m:
         # Before m005, but with the columns today's Turn is written with (m007's rope_scaled, m008's
         # grammar, m010's sampling, m012's memory, m015's user, m016's next_state_match, m017's
-        # version user).
+        # version user, m019's reasoning).
         keep = [*migrations.MIGRATIONS[:4], *migrations.MIGRATIONS[6:8], *migrations.MIGRATIONS[9:12:2]]
-        later = ("m015_users", "m016_next_state_match", "m017_version_user")
+        later = ("m015_users", "m016_next_state_match", "m017_version_user", "m019_turn_reasoning")
         keep += [m for m in migrations.MIGRATIONS if m[0] in later]
         m.setattr(migrations, "MIGRATIONS", keep)
         with Store.open(db) as s:

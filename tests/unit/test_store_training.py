@@ -222,9 +222,11 @@ def test_turns_awaiting_judgment_survive_a_restart(db):
 def test_m002_upgrades_a_database_made_by_m001(db, monkeypatch):
     with monkeypatch.context() as m:  # a store written by the first release
         # m001, plus the columns today's Turn is written with (m007's rope_scaled, m008's grammar,
-        # m010's sampling, m012's memory, m016's next_state_match) and the session's user (m015).
+        # m010's sampling, m012's memory, m016's next_state_match, m019's reasoning) and the session's
+        # user (m015).
         keep = [migrations.MIGRATIONS[0], *migrations.MIGRATIONS[6:8], *migrations.MIGRATIONS[9:12:2]]
-        keep += [m for m in migrations.MIGRATIONS if m[0] in ("m015_users", "m016_next_state_match")]
+        later = ("m015_users", "m016_next_state_match", "m019_turn_reasoning")
+        keep += [m for m in migrations.MIGRATIONS if m[0] in later]
         m.setattr(migrations, "MIGRATIONS", keep)
         with Store.open(db) as old:
             old.upsert_session("s1", "header", 1.0)
@@ -242,6 +244,7 @@ def test_m002_upgrades_a_database_made_by_m001(db, monkeypatch):
             "m012_turn_memory",
             "m015_users",
             "m016_next_state_match",
+            "m019_turn_reasoning",
         ]
     with pytest.raises(StoreError, match="missing migrations: m002_sample_judgment_session"):
         Store.open(db, readonly=True)
