@@ -7,6 +7,8 @@ answer rewritten), explicit feedback and the latest judgment: its score, hint, j
 and every vote (kind, value, raw text, hint, latency, error); `reward` is the score.
 Lines are UTF-8 (`ensure_ascii=False`) and in store order: by creation time, or by
 index within one session. `show` prints one session turn by turn, text clipped.
+A thinking answer has its `reasoning` beside `response` (the content; `response_ids` hold both,
+tags included: clawrl/chat/reasoning.py), and `show` prints it clipped above the answer.
 A turn whose prompt carried a memory block has `memory` (the experience ids and the block, or
 why it was dropped; docs/memory.md), and `show` prints it under the turn with each experience's
 text. A turn of a Track 2 episode carries its `episode` (group, reward, how it ended);
@@ -40,6 +42,7 @@ def record(
         "messages": turn.messages,
         "tools": turn.tools,
         "response": turn.response_text,
+        "reasoning": turn.reasoning,
         "tool_calls": turn.tool_calls,
         "prompt_ids": turn.prompt_ids,
         "response_ids": turn.response_ids,
@@ -139,6 +142,8 @@ def _turn_lines(store: Store, turn: Turn) -> list[str]:
     prompt = _last_input(turn.messages)
     if prompt is not None:
         lines.append(f"  prompt ({prompt['role']}): {_clip(_text(prompt.get('content')))}")
+    if turn.reasoning:
+        lines.append(f"  reasoning: {_clip(turn.reasoning)}")
     lines.append("  answer: " + (turn.response_text or "(none)").replace("\n", "\n          "))
     lines += [f"  tool call: {_call(call)}" for call in turn.tool_calls]
     if turn.next_state is None:

@@ -19,7 +19,7 @@ KEYS = {
     "id", "session_id", "turn", "turn_type", "messages", "tools", "response", "tool_calls", "prompt_ids",
     "response_ids", "logprobs", "policy_version", "versions", "temperature", "finish_reason", "next_state",
     "next_state_at", "next_state_match", "feedback", "judgment", "reward", "episode", "created_at",
-    "first_token_at", "finished_at", "memory", "sampling", "user",
+    "first_token_at", "finished_at", "memory", "sampling", "user", "reasoning",
 }  # fmt: skip
 VOTES = [
     Vote("prm", 1, "Correct. \\boxed{1}", None, 1.5),
@@ -140,6 +140,29 @@ def test_a_next_state_matched_to_a_rewritten_answer_says_so(tmp_path):
     text = out.getvalue()
     assert text.count("next state: (the client resent this answer rewritten") == 1
     assert text.count("next state:\n") == 1 and "next state: (none)" in text  # t1's plain, t2's none
+
+
+def test_a_thinking_turn_keeps_its_reasoning_and_template_variables_through_the_store(tmp_path):
+    """The reasoning beside the content (clawrl/chat/reasoning.py): stored, exported, shown."""
+    thought = make_turn(
+        "t0",
+        "s1",
+        0,
+        created_at=10.0,
+        reasoning="Maybe 12 °C, in Paris.",
+        chat_template_kwargs={"enable_thinking": True},
+    )
+    with Store.open(tmp_path / "clawrl.db") as store:
+        store.upsert_session("s1", "header", 1.0)
+        store.insert_turn(thought)
+        store.insert_turn(make_turn("t1", "s1", 1, created_at=11.0))
+        lines = [record(store, turn) for turn in store.turns()]
+        out = io.StringIO()
+        show(store, "s1", out)
+        assert store.get_turn("t0") == thought
+        assert (store.get_turn("t1").reasoning, store.get_turn("t1").chat_template_kwargs) == (None, None)
+    assert [line["reasoning"] for line in lines] == ["Maybe 12 °C, in Paris.", None]
+    assert out.getvalue().count("  reasoning: Maybe 12 °C, in Paris.\n  answer: ") == 1
 
 
 def test_show_of_an_unknown_session(store):
