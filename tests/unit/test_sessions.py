@@ -9,6 +9,7 @@ import pytest
 from clawrl.sessions.messages import canonical
 from clawrl.sessions.tracker import Hints, Restored, SessionTracker
 from clawrl.sessions.turn_type import DEFAULT_SIDE_PATTERNS, SidePatterns
+from clawrl.testing import make_turn
 
 SYS = {"role": "system", "content": "You are helpful."}
 
@@ -126,6 +127,35 @@ def test_echoed_answer_variants_still_continue():
     assert canonical({"role": "developer", "content": [{"type": "text", "text": "x"}]}) == canonical(
         {"role": "system", "content": "x"}
     )
+
+
+@pytest.mark.parametrize(
+    "resent",
+    [{}, {"reasoning_content": "Hi means hello."}, {"reasoning": "Hi means hello."}, {"reasoning": None}],
+)
+def test_an_answer_with_reasoning_pairs_when_the_client_resends_its_content_only(resent):
+    """Turn 1 thought before it answered (clawrl/chat/reasoning.py); its answer message is the content
+    the client got. Qwen3's template and OpenClaw drop the think block from the history they resend;
+    other clients keep the reasoning in a field: either way the next user message is turn 1's next
+    state, by inference, no session named."""
+    t = tracker()
+    r1 = t.resolve([SYS, user("hi")], Hints(), 0)
+    turn = make_turn("t1", r1.session_id, response_text="Hello!", reasoning="Hi means hello.", tool_calls=[])
+    t.answered(r1, turn.id, turn.answer_message(), 0)
+    assert turn.answer_message() == bot("Hello!")
+    r2 = t.resolve([SYS, user("hi"), {**bot("Hello!"), **resent}, user("thanks")], Hints(), 1)
+    assert r2.session_id == r1.session_id and r2.previous_turn_id == "t1"
+    assert r2.next_state == [user("thanks")] and r2.next_state_match == "history"
+
+
+def test_an_answer_resent_with_its_think_block_inline_is_a_rewrite_in_a_named_session():
+    t = tracker()
+    hints = Hints(session_id="oc-1", source="affinity")
+    r1 = t.resolve([SYS, user("hi")], hints, 0)
+    t.answered(r1, "t1", bot("Hello!"), 0)
+    inline = bot("<think>\nHi means hello.\n</think>\n\nHello!")
+    r2 = t.resolve([SYS, user("hi"), inline, user("thanks")], hints, 1)
+    assert r2.previous_turn_id == "t1" and r2.next_state_match == "rewritten"
 
 
 def test_header_beats_body_beats_inference():
