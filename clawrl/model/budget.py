@@ -31,7 +31,8 @@ checkpointing, and its logits. The server's floor is its weights, the KV of one 
 not fit its share, or the shares add up to more than the GPU, is refused with the numbers
 (`BudgetRefused`), never left to an out-of-memory restart loop. Measured on one H200
 (`bench/gpu.py`, 2026-11-26): a LoRA trainer's peak at Qwen3-4B and -8B shapes on 16,384-token
-passes was 0.93 and 0.95 of its need here, so `TRAINER_MARGIN` is headroom for fragmentation;
+passes was 0.93 and 0.95 of its need here with 513 positions' logits (0.60 and 0.72 of today's,
+which counts the whole pass's: `Shape.logits_bytes`), so `TRAINER_MARGIN` is headroom for fragmentation;
 `PROCESS_OVERHEAD` and `SERVER_WORKSPACE` are still not measured (no vLLM ran on a GPU).
 """
 
@@ -48,7 +49,6 @@ TRAINER_MARGIN = 1.15  # a trainer peaked at 0.93-0.95 of its arithmetic on an H
 ALONE_SHARE = 0.9  # a process alone on its GPU: vLLM's own default utilization
 SLACK = 0.02  # of a shared GPU left to no one: rounding, the driver
 SPLIT_FROM = 3.5e9  # parameters from which two GPUs are split, one each ("4B": Qwen3-4B has 4.02B)
-RESPONSE_TOKENS = 512  # the scored positions whose logits the trainer keeps (docs/scale.md)
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -133,9 +133,13 @@ class Shape:
         peft = tokens * sum(a for a, _ in self.projections().values()) * 4 if lora else 0
         return kept + 2 * tokens * layer * 2 + peft
 
-    def logits_bytes(self) -> int:
-        """The trainer's logits: the scored positions' in bf16 with their gradient, four 32 MiB chunks."""
-        return 2 * (RESPONSE_TOKENS + 1) * self.vocab * 2 + 4 * (32 << 20)
+    def logits_bytes(self, positions: int) -> int:
+        """The trainer's logits: `positions` + 1 kept in bf16 with their gradient, four 32 MiB chunks.
+        A pass keeps its rows' response spans (train/batch.py: R_max + 1 positions); a packed row's
+        span runs from its first answer to its last (train/packing.py) and a thinking answer can
+        fill its sample, so `Trainer.need` counts the whole pass: at 16,384 tokens and Qwen3's
+        151,936-row vocabulary 9.3 GiB, where a 512-token answer alone keeps 0.3 GiB."""
+        return 2 * (positions + 1) * self.vocab * 2 + 4 * (32 << 20)
 
 
 @dataclass(frozen=True)
@@ -154,10 +158,12 @@ class Trainer:
         """Bytes, per rank (docs/scale.md's memory table)."""
         lora = self.weights == "lora"
         # bf16 base | float32 master, its gradient, AdamW's moments (fused: no temporary), the bf16
-        # weights and reference: 0.97 of one H200's measured peak at 4B (bench/gpu_full.py)
+        # weights and reference: 0.97 of one H200's peak at 4B with 513 positions' logits (bench/gpu_full.py)
         per_param = 2 if lora else 16 + 2 + (2 if self.reference else 0)
         state = per_param * params + (16 * shape.lora_params(self.lora_rank) if lora else 0)
-        return state // self.shards + shape.activation_bytes(self.tokens, lora) + shape.logits_bytes()
+        return (
+            state // self.shards + shape.activation_bytes(self.tokens, lora) + shape.logits_bytes(self.tokens)
+        )
 
 
 @dataclass(frozen=True)

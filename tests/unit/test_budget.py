@@ -45,14 +45,34 @@ def test_the_shapes_give_the_parameter_counts_docs_scale_lists():
     assert _model("qwen3-8b")[0].kv_bytes_per_token() == 144 * 1024
 
 
+def test_a_qwen3_pass_counts_the_logits_of_every_position_it_may_keep():
+    """Qwen3's 151,936-row vocabulary: a packed row's response span (a session's turns, from the
+    first answer to the last: train/packing.py) or a thinking answer may fill a 16,384-token pass,
+    and the trainer keeps logits at every position of it (train/batch.py: R_max + 1). In bf16
+    that is ~5 GB, and as much again for their gradient; the need counts both, at 4B and 8B."""
+    four = Shape(36, 2560, 32, 8, 128, 9728, 151936, tied=True, qk_norm=True)  # Qwen3-4B's config.json
+    eight = Shape(36, 4096, 32, 8, 128, 12288, 151936, tied=False, qk_norm=True)  # Qwen3-8B's
+    assert (four, eight) == (_model("qwen3-4b")[0], _model("qwen3-8b")[0])
+    one_copy = 16384 * 151936 * 2  # bf16
+    assert 4.9e9 < one_copy < 5.0e9
+    for shape in (four, eight):
+        trainer = Trainer("lora", 16384)
+        need = trainer.need(shape, shape.params())
+        without = 2 * shape.params() + 16 * shape.lora_params(16) + shape.activation_bytes(16384, True)
+        assert need - without == shape.logits_bytes(16384) > 2 * one_copy
+        planned = plan(shape, shape.params(), (H100,), Server(0, 40960), trainer)
+        assert planned.trainer_bytes == need
+
+
 def test_on_one_gpu_the_trainer_gets_its_need_with_a_margin_and_the_server_the_rest():
     """Defaults by model size: the larger the model, the larger the trainer's share."""
     small, four, eight = _plan("qwen2.5-0.5b"), _plan("qwen3-4b"), _plan("qwen3-8b")
     assert small.trainer_share < four.trainer_share < eight.trainer_share
-    assert (eight.server_share, eight.trainer_share) == (0.56, 0.42)  # 28.0 GiB x 1.15 + 1 GiB of 79.6
+    assert (eight.server_share, eight.trainer_share) == (0.43, 0.55)  # 37.0 GiB x 1.15 + 1 GiB of 79.6
     assert eight.trainer_gpu == eight.server_gpu == 0
     assert eight.server_share + eight.trainer_share <= 0.98
-    assert 27.5 * GIB < eight.trainer_bytes < 28.5 * GIB  # docs/scale.md's 8B LoRA row: 28.0 GiB
+    # docs/scale.md's 8B LoRA row (28.0 GiB at 513 positions' logits) with the whole pass's logits
+    assert 36.5 * GIB < eight.trainer_bytes < 37.5 * GIB
     # The local engine: a quarter of the KV room for the prefix cache, the batch holds a window at least.
     assert eight.prefix_cache_bytes == eight.kv_bytes // 4
     assert eight.batch_kv_bytes >= eight.window_kv_bytes
@@ -71,7 +91,7 @@ def test_with_two_gpus_server_and_trainer_take_one_each_from_4b():
 def test_vllm_is_started_with_the_servers_share_as_its_memory_utilization():
     share = _plan("qwen3-8b").server_share
     cmd = vllm_command("py", Path("/m"), 1, VLLMConfig(), 40960, lora=True, gpu_share=share)
-    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.56"
+    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.43"
     assert "--gpu-memory-utilization" not in vllm_command("py", Path("/m"), 1, VLLMConfig(), 512, lora=True)
 
 
@@ -81,8 +101,8 @@ def test_a_layout_that_cannot_fit_is_refused_with_the_numbers():
     text = str(full.value)
     for figure in ("8.19B parameters", "weights 15.3 GiB", "KV 144 KiB a token", "5.6 GiB for one window"):
         assert figure in text
-    assert "a full fine-tuning trainer on 16,384-token passes: about 166.9 GiB" in text
-    assert "the trainer alone asks 2.43 of the GPU" in text and "--train.weights lora" in text
+    assert "a full fine-tuning trainer on 16,384-token passes: about 175.9 GiB" in text
+    assert "the trainer alone asks 2.56 of the GPU" in text and "--train.weights lora" in text
     with pytest.raises(BudgetRefused, match=r"the two shares add up to 1.10 of one GPU"):
         _plan_shares(0.6, 0.5)
     with pytest.raises(
@@ -117,8 +137,8 @@ def test_the_budget_goes_into_the_config_both_processes_read(tiny_model_dir):
     assert planned.train.device == "cuda:0"
     assert planned.engine.prefix_cache_mb == b.prefix_cache_bytes >> 20 > 0
     assert planned.engine.batch_kv_mb == b.batch_kv_bytes >> 20 > 0
-    with pytest.raises(BudgetRefused, match="the server needs at least"):
-        plan_budget(config, tiny_model_dir, 0, (2 * GIB,))  # its workspace and context alone are 3 GiB
+    with pytest.raises(BudgetRefused, match=r"does not fit GPU 0 \(2.0 GiB\)"):
+        plan_budget(config, tiny_model_dir, 0, (2 * GIB,))  # a server workspace and context alone: 3 GiB
     asked = config.model_copy(update={"train": config.train.model_copy(update={"device": "cuda:1"})})
     assert with_budget(asked, plan_budget(asked, tiny_model_dir, 0, (H100, H100))).train.device == "cuda:1"
     auto = config.model_copy(update={"train": config.train.model_copy(update={"device": "auto"})})
@@ -134,8 +154,9 @@ def test_an_unset_trainer_length_shrinks_to_fit_one_gpu_and_a_set_one_is_refused
     (folder / "config.json").write_text((MODELS / "qwen3-8b.json").read_text())
     config = load_config(None, {"model": {"path": str(folder)}, "engine": {"kind": "local"}})
     b = plan_budget(config, folder, 0, (H100,))
-    assert b.train_seq_len == 32768 and b.trainer_gpu == 0  # 40,960 needs 45 GiB: the pair overflows
-    assert with_budget(config, b).train.max_seq_len == 32768
+    # 40,960 needs 68 GiB and 32,768 58 GiB, a third of it logits (152k rows): the pair overflows
+    assert b.train_seq_len == 16384 and b.trainer_gpu == 0
+    assert with_budget(config, b).train.max_seq_len == 16384
     assert plan_budget(config, folder, 0, (H100, H100)).train_seq_len is None  # a GPU each: the window fits
     asked = config.model_copy(update={"train": config.train.model_copy(update={"max_seq_len": 40960})})
     with pytest.raises(BudgetRefused):
