@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from clawrl.store.db import Store
-from tests.conftest import RemoteServer
+from tests.conftest import RemoteServer, vllm_args
 from tests.timing import wait_for
 
 OPEN, CLOSE, END = 151667, 151668, 151645  # <think>, </think>, <|im_end|>
@@ -175,3 +175,39 @@ def test_other_template_variables_pass_through(thinker):
     r = httpx.post(thinker.url + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text
     assert json.loads(r.text)["choices"][0]["message"]["reasoning"] == REASONING
+
+
+@pytest.fixture(scope="module")
+def vllm_thinker(tmp_path_factory, qwen3_model_dir, vllm_python):
+    """The scripted Qwen3 behind a gateway on vLLM, which starts its own vLLM server for it."""
+    folder = scripted_qwen3(qwen3_model_dir, tmp_path_factory.mktemp("scripted-qwen3-vllm"))
+    run_dir = tmp_path_factory.mktemp("thinking-vllm") / "run"
+    start = ["--engine.vllm.start", "true", "--engine.vllm.python", vllm_python, "--judge.enabled", "false"]
+    server = RemoteServer(run_dir, vllm_args(folder, *start), timeout=300)
+    yield server
+    server.stop()
+
+
+def test_vllm_answers_are_split_the_same_way(vllm_thinker):
+    """One split for both engines: the vLLM engine yields the sampled IDs, the gateway splits them."""
+    client = vllm_thinker.client()
+    r = client.chat.completions.create(model="clawrl", messages=ask("Hi on vLLM?"), temperature=0)
+    message = r.choices[0].message
+    assert (message.content, message.model_extra["reasoning_content"]) == (CONTENT, REASONING)
+    assert recorded(vllm_thinker, r.id).response_ids == ANSWER
+    stream = client.chat.completions.create(
+        model="clawrl", messages=ask("Stream on vLLM?"), temperature=0, stream=True
+    )
+    deltas = [chunk.choices[0].delta for chunk in stream if chunk.choices]
+    assert [d.model_extra["reasoning"] for d in deltas if (d.model_extra or {}).get("reasoning")] == [
+        "Let",
+        " me",
+        " think",
+        ".",
+    ]
+    assert "".join(d.content or "" for d in deltas) == CONTENT
+    cut = client.chat.completions.create(
+        model="clawrl", messages=ask("Cut on vLLM?"), temperature=0, max_tokens=3
+    )
+    assert cut.choices[0].message.content is None and cut.choices[0].finish_reason == "length"
+    assert cut.choices[0].message.model_extra["reasoning"] == "Let me"
