@@ -24,6 +24,15 @@ The API sends the reasoning as both `reasoning` (vLLM's name since vllm#27752) a
 an assistant message in the history (clawrl/chat/template.py passes it to the template as
 `reasoning_content`, the name Qwen3's template reads).
 
+What OpenClaw reads (2026.9.6, the version scripts/setup-openclaw installs; its provider library
+@openclaw/ai, dist/openai-transport-params-*.mjs): a stream delta's reasoning is the first
+non-empty string of `reasoning_content`, `reasoning`, `reasoning_text`, in that order, so the two
+fields with one text are shown once. It remembers the field it came from and, for a model it
+marks as reasoning whose replay it trusts, resends the reasoning under that field on the assistant
+message; otherwise it strips all of them from the history it resends, and the content alone comes
+back (the next request still pairs: clawrl/sessions/tracker.py). Its "qwen-chat-template" thinking
+format sends `chat_template_kwargs: {enable_thinking, preserve_thinking}`; both reach the template.
+
 `AnswerText` is the whole path from sampled IDs to the two texts: the split, a detokeniser per part,
 and the request's stop strings, which cut the content only (the reasoning is the model's scratch
 space; a stop string a client chose for its answer must not end the thinking).
@@ -74,6 +83,23 @@ def opens_thinking(prompt_ids: list[int], think: ThinkTokens | None) -> bool:
         return False
     last_open = len(tail) - 1 - tail[::-1].index(think.open_id)
     return think.close_id not in tail[last_open:]
+
+
+def thinks(tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> bool:
+    """Whether the served model thinks by default (the model card's `reasoning`, which an agent's
+    provider entry mirrors): one-token think tags, and a template that either reads
+    `enable_thinking` and is not told False (Qwen3's hybrid template) or opens a think block in its
+    generation prompt (Qwen3-Thinking-2507). Qwen3-Instruct-2507 has the tags and neither."""
+    think = think_tokens(tokenizer)
+    kwargs = template_kwargs or {}
+    if think is None:
+        return False
+    if "enable_thinking" in str(tokenizer.chat_template or ""):
+        return kwargs.get("enable_thinking") is not False
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False, **kwargs
+    )
+    return opens_thinking(tokenizer.encode(text, add_special_tokens=False), think)
 
 
 class ReasoningSplit:
