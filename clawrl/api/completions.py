@@ -51,7 +51,7 @@ from clawrl.api.responses import (
 )
 from clawrl.api.schemas import ChatCompletionRequest
 from clawrl.chat.grammar import GrammarError, grammar_for
-from clawrl.chat.reasoning import AnswerText, opens_thinking, think_tokens
+from clawrl.chat.reasoning import AnswerText, opens_thinking, think_tokens, thinks
 from clawrl.chat.template import ChatRenderer, ChatRenderError, RenderedPrompt
 from clawrl.chat.tools import ContentDelta, ToolCallStream, parse_tool_calls
 from clawrl.collect.collector import Collector
@@ -112,6 +112,7 @@ class ChatService:
         self.tokenizer = tokenizer
         self.renderer = ChatRenderer(tokenizer, template_kwargs=template_kwargs)
         self.think = think_tokens(tokenizer)  # None: no split, every token is content
+        self.thinks = thinks(tokenizer, template_kwargs)  # the model card's `reasoning`
         self.model_name = served_model_name
         self.default_max_tokens = default_max_tokens
         self.token_text = TokenText(tokenizer)

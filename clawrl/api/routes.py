@@ -109,6 +109,7 @@ def _model_card(request: Request) -> dict[str, Any]:
         "max_model_len": chat.engine.max_context,
         "version": chat.engine.version,
         "sampling_defaults": _sampling(chat.engine.sampling_defaults),
+        "reasoning": chat.thinks,  # answers come with reasoning unless the request turns it off
     }
 
 

@@ -34,17 +34,24 @@ def openclaw_config(
     temperature: float | None = None,
     api_key: str | None = None,
     headers: dict[str, str] | None = None,
+    reasoning: bool = False,
 ) -> dict[str, Any]:
     """The openclaw.json that makes clawrl OpenClaw's model (see README, "Use it with OpenClaw");
-    `headers`: static headers sent with every request (the provider's `headers`)."""
+    `headers`: static headers sent with every request (the provider's `headers`); `reasoning`: the
+    served model thinks (the model card's `reasoning`, Qwen3): OpenClaw then keeps the answers'
+    `reasoning_content` apart and sends its thinking level as `chat_template_kwargs.enable_thinking`
+    (its "qwen-chat-template" format), which clawrl passes to the template."""
+    compat: dict[str, Any] = {"sendSessionAffinityHeaders": True}
+    if reasoning:
+        compat["thinkingFormat"] = "qwen-chat-template"
     entry: dict[str, Any] = {
         "id": model,
         "name": f"{model} (clawrl)",
-        "reasoning": False,
+        "reasoning": reasoning,
         "input": ["text"],
         "contextWindow": context,
         "maxTokens": max_tokens,
-        "compat": {"sendSessionAffinityHeaders": True},
+        "compat": compat,
     }
     defaults: dict[str, Any] = {"model": {"primary": f"clawrl/{model}"}}
     if workspace is not None:

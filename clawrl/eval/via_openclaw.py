@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clawrl.client import body_of
 from clawrl.eval.client import Answer, EvalClient, EvalError, Unanswered, turn_headers
 from clawrl.eval.openclaw import (
     SETUP_SCRIPT,
@@ -72,9 +73,11 @@ def session_config(
     side: bool,
     done: bool,
     memory: bool | None = None,
+    reasoning: bool = False,
 ) -> dict[str, Any]:
     """The openclaw.json of one eval call: what a bare request says in its body and headers, as the
-    provider's static headers and the model's params (see the module's doc)."""
+    provider's static headers and the model's params (see the module's doc); `reasoning`: the
+    served model thinks (its model card says so)."""
     headers = turn_headers(session_id, side, memory)
     if done:
         headers["X-Session-Done"] = "true"
@@ -85,6 +88,7 @@ def session_config(
         temperature=0.0 if temperature == 0 else None,
         api_key=api_key,
         headers=headers,
+        reasoning=reasoning,
     )
 
 
@@ -107,6 +111,16 @@ class OpenClawClient(EvalClient):
         self.workspace.mkdir(parents=True, exist_ok=True)
         self.unanswered = 0
         self.last_error = ""
+        self._reasoning: bool | None = None  # the model card's, read once
+
+    async def thinks(self) -> bool:
+        """Whether the served model thinks (its model card's `reasoning`; read once): the OpenClaw
+        model entry says the same, so OpenClaw keeps its reasoning apart from its answers."""
+        if self._reasoning is None:
+            response = await self.send("GET", "/v1/models")
+            cards = body_of(response).get("data") or [{}]
+            self._reasoning = bool(cards[0].get("reasoning", False))
+        return self._reasoning
 
     async def chat(
         self,
@@ -122,7 +136,7 @@ class OpenClawClient(EvalClient):
         home = self.folder / "homes" / session_id
         config = session_config(
             f"{self.root}/v1", self.api_key, self.workspace, session_id, temperature, max_tokens, side, done,
-            memory,
+            memory, await self.thinks(),
         )  # fmt: skip
         write_home(home, config)
         before = len(await self._turns(session_id))

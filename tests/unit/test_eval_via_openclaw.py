@@ -88,6 +88,7 @@ def test_each_version_answers_a_held_out_task_under_the_same_openclaw_session_id
         return [{"id": f"{session_id}-{i}", "type": kind, "versions": ["v1"]} for i in range(n)]
 
     client._turns = turns  # type: ignore[method-assign]
+    client._reasoning = False  # the model card's answer: no server behind this client
 
     async def ask(session: str, side: bool) -> str:
         answer = await client.chat(
