@@ -152,3 +152,51 @@ def test_the_history_reasoning_reaches_the_template_under_either_name(qwen3):
         _, engine = serve(qwen3, ids(qwen3, "Noon.", END), messages=history, tools=[TIME])
         prompt = qwen3.decode(engine.prompts[0])
         assert "<think>\nNeed the time first.\n</think>" in prompt, name
+
+
+def test_template_variables_the_servers_defaults_then_the_requests(qwen3):
+    from clawrl.chat.template import ChatRenderer, ChatRenderError
+
+    renderer = ChatRenderer(qwen3, template_kwargs={"enable_thinking": False})
+    off = renderer.render(ASK)
+    assert off.prompt_ids[-4:] == [OPEN, 271, CLOSE, 271] and off.template_kwargs == {
+        "enable_thinking": False
+    }
+    on = renderer.render(ASK, template_kwargs={"enable_thinking": True, "preserve_thinking": True})
+    assert on.prompt_text.endswith("<|im_start|>assistant\n")
+    assert on.template_kwargs == {"enable_thinking": True, "preserve_thinking": True}
+    for bad in ({"enable_thinking": "yes"}, {"tokenize": True}, {"continue_final_message": True}):
+        with pytest.raises(ChatRenderError):
+            renderer.render(ASK, template_kwargs=bad)
+
+
+def test_the_config_default_is_checked_as_a_requests_are():
+    from pydantic import ValidationError
+
+    from clawrl.config import Config
+
+    assert Config(model={"chat_template_kwargs": {"enable_thinking": False}}).model.chat_template_kwargs == {
+        "enable_thinking": False
+    }
+    for bad in ({"enable_thinking": "false"}, {"add_generation_prompt": False}):
+        with pytest.raises(ValidationError, match="chat_template_kwargs"):
+            Config(model={"chat_template_kwargs": bad})
+
+
+def test_the_teacher_prompt_renders_with_the_turns_template_variables(qwen3):
+    """A turn served with thinking off keeps its empty think block in the teacher's prompt, so the
+    two prompts still differ only by the hint."""
+    from clawrl.algo.teacher import teacher_prompt
+    from clawrl.chat.template import ChatRenderer
+    from clawrl.testing import make_turn
+
+    renderer = ChatRenderer(qwen3)
+    served = renderer.render(ASK, template_kwargs={"enable_thinking": False})
+    turn = make_turn(
+        messages=ASK,
+        tools=None,
+        prompt_ids=served.prompt_ids,
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    teacher = teacher_prompt(renderer)(turn, "Say the temperature.")
+    assert teacher[-4:] == [OPEN, 271, CLOSE, 271] and len(teacher) > len(served.prompt_ids)
