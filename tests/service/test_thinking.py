@@ -188,7 +188,8 @@ def vllm_thinker(tmp_path_factory, qwen3_model_dir, vllm_python):
     server.stop()
 
 
-def test_vllm_answers_are_split_the_same_way(vllm_thinker):
+@pytest.mark.parametrize("engine", ["vllm"])  # "[vllm]": on the worker that runs the vLLM tests
+def test_vllm_answers_are_split_the_same_way(vllm_thinker, engine):
     """One split for both engines: the vLLM engine yields the sampled IDs, the gateway splits them."""
     client = vllm_thinker.client()
     r = client.chat.completions.create(model="clawrl", messages=ask("Hi on vLLM?"), temperature=0)
