@@ -313,6 +313,7 @@ class ChatService:
                     c.add(event)
                     pending.append(event)
                     reasoning, text = answer.add(event.token_id)
+                    c.reasoning_tokens = answer.reasoning_tokens
                     finish = "stop" if answer.stopped else event.finish_reason
                     if finish is not None and not answer.stopped:
                         more_reasoning, more_text = answer.finish()

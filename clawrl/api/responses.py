@@ -43,6 +43,7 @@ class Completion:
     )  # versions that made the tokens, a new entry at each swap
 
     cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache
+    reasoning_tokens: int = 0  # completion tokens of the think block, its tags included
     cached_version: str | None = None  # an older version that computed those tokens' KV (TokenEvent)
 
     def add(self, token: TokenEvent) -> None:
@@ -53,14 +54,18 @@ class Completion:
             self.versions.append(token.version)
 
     def usage(self) -> dict[str, Any]:
-        """OpenAI's usage object; `prompt_tokens_details.cached_tokens` counts prefix-cache hits."""
+        """OpenAI's usage object; `prompt_tokens_details.cached_tokens` counts prefix-cache hits,
+        `completion_tokens_details.reasoning_tokens` a thinking answer's think block."""
         prompt, completion = len(self.prompt_ids), len(self.tokens)
-        return {
+        usage: dict[str, Any] = {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
+        if self.reasoning_tokens:  # a thinking answer's, as OpenAI reports them (OpenClaw reads it)
+            usage["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        return usage
 
 
 class TokenText:

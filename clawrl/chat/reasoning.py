@@ -179,10 +179,12 @@ class AnswerText:
         self._content_trim = SpaceTrim()
         self._stops = StopStrings(stops)
         self.stopped = False  # a stop string ended the content
+        self.reasoning_tokens = 0  # the think block's tokens, its tags included (OpenAI's usage counts them)
 
     def add(self, token_id: int) -> tuple[str, str]:
         """One sampled token: the (reasoning, content) text it made final."""
         part = self.split.part(token_id)
+        self.reasoning_tokens += part != "content"
         if part == "reasoning":
             return self._reasoning_trim.feed(self._reasoning.add(token_id)), ""
         if part == "tag":  # after `</think>`, the reasoning's last incomplete bytes are final

@@ -77,6 +77,7 @@ def test_the_answer_comes_split_into_reasoning_and_content_and_the_turn_keeps_ev
     assert message.content == CONTENT
     assert message.model_extra["reasoning"] == message.model_extra["reasoning_content"] == REASONING
     assert choice.finish_reason == "stop" and r.usage.completion_tokens == len(ANSWER)
+    assert r.usage.completion_tokens_details.reasoning_tokens == 6  # <think>, 4 tokens, </think>
     turn = recorded(thinker, r.id)
     assert turn.response_ids == ANSWER  # the think block's IDs included, as sampled
     assert (turn.response_text, turn.reasoning, turn.finish_reason) == (CONTENT, REASONING, "stop")
@@ -112,6 +113,7 @@ def test_enable_thinking_false_gives_content_alone(thinker):
     )
     message = r.choices[0].message
     assert message.content == CONTENT and "reasoning" not in (message.model_extra or {})
+    assert r.usage.completion_tokens_details is None  # no think block: usage as before
     turn = recorded(thinker, r.id)
     assert turn.response_ids == [9707, 0, END] and turn.reasoning is None
     assert turn.chat_template_kwargs == {"enable_thinking": False}

@@ -123,8 +123,9 @@ def test_reasoning_streams_token_by_token_then_the_content_each_trimmed(tok):
         *tok.tokens("\n\n", "Hi", "!"),
         END,
     ]
-    reasoning, content, _ = stream(tok, ids)
+    reasoning, content, text = stream(tok, ids)
     assert reasoning == ["Let", " me", " think", "."]  # one delta per token, the layout's newlines out
+    assert text.reasoning_tokens == 8  # the tags and the six tokens between
     assert content == ["Hi", "!"]
 
 
