@@ -5,7 +5,9 @@ Run: .venv/bin/python bench/judge.py [--judges likelihood-base,likelihood-policy
                                      [--cases clawrl/judge/heldout.jsonl]
 
 `--cases FILE` reads another set of the same format instead of cases.jsonl; the held-out set
-(clawrl/judge/heldout.jsonl) checks the judge on phrasings it was never tuned on.
+(clawrl/judge/heldout.jsonl) checks the judge on phrasings it was never tuned on, and the
+change-request set (clawrl/judge/requests.jsonl) on polite requests to change an answer, new
+questions, thanks and mixed replies (docs/recording-and-judging.md).
 
 One local engine on the embedded model (or --model), in this process; each case becomes the
 turn a judge reads, and each judge casts `--votes` votes on it as the server would:
