@@ -378,8 +378,16 @@ class MemoryConfig(Section):
     )
     probe: bool = Field(
         True,
-        description="After each published version the trainer measures, on the newest prompts, whether "
-        "the bare policy already does what each experience asks: `distilled` ones stop being injected.",
+        description="With `enabled` on, after published versions (`probe_every`) the trainer measures, on "
+        "the newest prompts, whether the bare policy already does what each experience asks: `distilled` "
+        "ones stop being injected. With memory off nothing is injected, and the probe does not run.",
+    )
+    probe_every: int = Field(
+        4,
+        ge=1,
+        description="The retirement probe runs after the servable versions whose step is a multiple of this. "
+        "4: a probe costs up to probe_turns * (probe_experiences + 1) forwards (seconds a wish on a CPU), "
+        "and an experience distilled meanwhile is only injected a few versions longer.",
     )
     probe_turns: int = Field(4, ge=1, le=64, description="Newest main turns the retirement probe reads.")
     probe_experiences: int = Field(

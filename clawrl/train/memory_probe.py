@@ -7,6 +7,11 @@ with a memory block of one experience; the rule of clawrl/memory/retire.py turns
 `distilled`, and the store records the state, the gap and when (`Store.probed`). A `distilled`
 experience is no longer offered to requests; one whose gap grows again is `active` again.
 
+Run only with memory on (`memory.enabled`: with it off no experience is injected, so none is
+retired; clawrl/wiring/trainer.py builds no probe), and only after a version whose step (its
+training steps from the base, rollbacks included) is a multiple of `memory.probe_every` (4): a
+step number rather than a count kept in the process, so a restarted trainer keeps the rhythm.
+
 Bounded: at most `memory.probe_experiences` experiences a run (the least recently probed first),
 one forward pass a turn for the bare prompt and one a turn and experience, stopped once
 `memory.probe_budget_s` has passed (the rest wait for the next version). It runs in the trainer
@@ -45,7 +50,10 @@ class MemoryProbe:
         self.device = next(model.parameters()).device
 
     def after_publish(self, version: Version) -> None:
-        """The probe, for the version just published; never raises (see the module)."""
+        """The probe, for the version just published when its step is a multiple of
+        `memory.probe_every`; never raises (see the module)."""
+        if version.step % self.cfg.probe_every:
+            return
         try:
             changed = self.run()
         except Exception:  # degrade on purpose: the probe is a bonus, training must go on

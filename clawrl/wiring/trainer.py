@@ -63,9 +63,10 @@ LOCK = "trainer.lock"
 def memory_probe(
     config: Config, store: Store | None, model: torch.nn.Module, base: Path, group: Group
 ) -> Callable[[Version], None] | None:
-    """The retirement probe run after each servable version (clawrl/train/memory_probe.py), or None:
-    `memory.probe` off, not the rank with the store, or a lockstep group (its forwards are collectives)."""
-    if not config.memory.probe or store is None or group.lockstep:
+    """The retirement probe run after servable versions (clawrl/train/memory_probe.py), or None: memory
+    off (`memory.enabled`: nothing is injected, so nothing to retire), `memory.probe` off, not the rank
+    with the store, or a lockstep group (its forwards are collectives)."""
+    if not (config.memory.enabled and config.memory.probe) or store is None or group.lockstep:
         return None
     renderer = ChatRenderer(transformers.AutoTokenizer.from_pretrained(base))
     return MemoryProbe(store, model, renderer, config.memory).after_publish

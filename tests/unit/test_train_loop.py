@@ -403,10 +403,13 @@ def test_jsonl_is_the_default_logger_and_a_restart_appends(run):
     assert not (config.run_dir / "tensorboard").exists()
 
 
-def test_each_servable_version_runs_the_memory_retirement_probe(run):
-    """The trainer process's probe (clawrl/train/memory_probe.py) runs after the publish: with
-    thresholds no gap can stay under, the experience is distilled and no longer offered."""
+def test_the_memory_retirement_probe_runs_every_probe_every_steps_with_memory_on(run):
+    """The trainer process's probe (clawrl/train/memory_probe.py) runs after the publish of every
+    `memory.probe_every`-th step: with thresholds no gap can stay under, the experience is distilled
+    and no longer offered."""
     config, store = run
+    config.memory.enabled = True
+    config.memory.probe_every = 2
     config.memory.active_above = 1e9  # validated on assignment: the upper one first
     config.memory.distilled_below = 1e9
     wish = store.learn("Keep answers short and to the point.", "t0", "s1", now=1.0)
@@ -414,13 +417,33 @@ def test_each_servable_version_runs_the_memory_retirement_probe(run):
     probe = memory_probe(config, store, policy.model, Path(config.model.path), Group())
     loop = TrainLoop(store, policy, config.run_dir, after_publish=probe)
     loop.resume()
-    add(store, 4)
-    assert loop.run_once() is True
+    add(store, 8)
+    assert loop.run_once() is True  # v1 (step 1): not probed
+    assert store.experience(wish.id).probed_at is None
+    assert loop.run_once() is True  # v2 (step 2): probed
     probed = store.experience(wish.id)
     assert probed.state == "distilled" and probed.gap > 0 and probed.probed_at is not None
     assert store.recall_candidates("short answers") == []
     config.memory.probe = False
     assert memory_probe(config, store, policy.model, Path(config.model.path), Group()) is None
+
+
+def test_no_memory_probe_while_memory_is_off(run):
+    """memory.enabled false (the default) with memory.probe true: nothing is injected, so no
+    experience is retired and the trainer builds no probe."""
+    config, store = run
+    assert config.memory.enabled is False and config.memory.probe is True
+    policy = build_policy(config.model.path, config.train, "cpu")
+    assert memory_probe(config, store, policy.model, Path(config.model.path), Group()) is None
+
+
+def test_probe_every_under_one_is_refused_at_start_naming_the_field(tmp_path, capsys):
+    with pytest.raises(SystemExit) as refused:
+        main(["train", "--run-dir", str(tmp_path / "r"), "--memory.probe_every", "0"])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert "memory.probe_every" in err and "greater than or equal to 1" in err
+    assert not (tmp_path / "r").exists()
 
 
 def test_only_the_samples_of_the_users_in_the_file_are_trained(run):
