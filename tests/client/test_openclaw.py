@@ -1,7 +1,7 @@
 """The real OpenClaw agent on the embedded model: its conversations become clawrl's training data.
 
 OpenClaw (npm `openclaw`, pinned in scripts/setup-openclaw) runs one turn per
-`openclaw agent --local` call, with the openclaw.json the README gives
+`openclaw agent --local` call, with the openclaw.json docs/openclaw.md gives
 (`clawrl.eval.openclaw.openclaw_config`: the lean profile). What a user would see is
 asserted: at OpenClaw's own sampling (it sends no temperature, so the model's defaults
 apply) the answers are right (how often they also end on their own: bench/answers.py); one
@@ -85,7 +85,7 @@ def test_a_two_turn_session_at_openclaws_own_sampling_is_one_session_and_answers
     (Two turns show all of it; a third cost the suite an agent call, ~15 CPU-s of node, and a
     decode.)
 
-    Each answer gets 48 tokens, not the README's 512: the right answer is the first line (Paris
+    Each answer gets 48 tokens, not docs/openclaw.md's 512: the right answer is the first line (Paris
     8/8 with OpenClaw's captured prompt and wrapping, 16/16 in bench/answers.py). The second
     answer's rightness is not asserted: unseeded at T 0.2 "2 + 3" was 5 in 5/5 by hand, then
     "(2 + 3) * 2 = 8" in a CI run on 2026-11-26, a rate and not a yes or no. Whether an

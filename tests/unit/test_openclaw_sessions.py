@@ -1,6 +1,6 @@
 """Sessions from OpenClaw as it is: its injected context, its affinity keys, its housekeeping.
 
-The message shapes are those OpenClaw 2026.9.6 sent to a capturing server here (see README,
+The message shapes are those OpenClaw 2026.9.6 sent to a capturing server here (see docs/openclaw.md,
 "Use it with OpenClaw"): a long system prompt, user messages stamped with the time, and a user
 message of internal context appended to each request and dropped from the next one.
 """
