@@ -80,7 +80,10 @@ class TrainConfig(Section):
         "ranks than 4 (train.distributed.num_processes), one sample per rank.",
     )
     max_staleness: int = Field(
-        2, ge=0, description="Samples more versions behind than this are marked stale."
+        2,
+        ge=0,
+        description="Samples more training steps behind than this are marked stale: the steps between the "
+        "version that made a sample and the one trained from, along its lineage (held versions age nothing).",
     )
     lr: float | None = Field(
         None,

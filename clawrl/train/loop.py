@@ -21,8 +21,9 @@ Each pass:
    while it is still inside the staleness bound; newest first was measured and
    left out, see below). Defective ones (empty response,
    non-finite logprobs, over-long, unknown token ids) are marked `skipped`
-   and samples more than `max_staleness` versions behind are marked `stale`,
-   each with its reason; neither is ever trained on, and both stay in the
+   and samples more than `max_staleness` training steps behind are marked `stale`,
+   each with its reason (the steps along the lineage of the version trained from, so
+   held versions age nothing: train/lineage.py); neither is ever trained on, and both stay in the
    store. With fewer than `batch_size` usable samples left, wait again.
 4. Otherwise claim the oldest `batch_size` (`ready` -> `training`: a rating or a
    judgment landing during the step no longer touches them), run one step, run the canary on
@@ -304,6 +305,7 @@ class TrainLoop:
             self.version,
             self.cfg,
             self.policy.vocab_size,
+            {v.name: v for v in self.store.versions(None)},  # ages by lineage (train/lineage.py)
         )
         if t.skipped and not t.usable and not self.store.count_samples("trained"):
             log.error(

@@ -30,7 +30,8 @@ padded tokens (`train/batch.py`), so memory stays bounded for long samples.
 Samples with an empty response, non-finite logprobs, a length mismatch or an
 over-long sequence are skipped with a logged reason, which starts with its category
 (`clawrl.types.SKIP_REASONS`, counted in /healthz, /metrics and the dashboard); samples more than
-`max_staleness` versions behind are marked stale. Neither is ever trained on.
+`max_staleness` training steps behind the version trained from, along its lineage (held versions
+age nothing: train/lineage.py), are marked stale. Neither is ever trained on.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,14 +54,14 @@ from clawrl.train.advantages import GapStats, batch_advantages
 from clawrl.train.batch import even_out, left_pad, pack, pad_rows, score
 from clawrl.train.group import Group, split_by_tokens
 from clawrl.train.importance import WeightSums, truncated_weights
+from clawrl.train.lineage import steps_behind
 from clawrl.train.loss import policy_loss
 from clawrl.train.master import MasterWeights
 from clawrl.train.packing import pack_prefixes, unpack
 from clawrl.train.peaks import peak_memory
 from clawrl.train.shards import grad_norm_value
 from clawrl.train.sizing import CPU_MICRO_BATCH_TOKENS
-from clawrl.types import Sample
-from clawrl.version_folder import version_number
+from clawrl.types import Sample, Version
 
 log = logging.getLogger(__name__)
 _SUMMED = ("pg_loss", "kl", "entropy", "clip_frac", "dual_frac")  # each micro-batch's share of the mean
@@ -76,18 +77,25 @@ class Triage:
     skipped: list[tuple[Sample, str]] = field(default_factory=list)  # (sample, its defect)
 
 
-def triage(samples: list[Sample], current: str, cfg: TrainConfig, vocab_size: int | None = None) -> Triage:
+def triage(
+    samples: list[Sample],
+    current: str,
+    cfg: TrainConfig,
+    vocab_size: int | None = None,
+    lineage: Mapping[str, Version] | None = None,
+) -> Triage:
     """Sort ready samples into usable, stale and skipped (with reasons); `vocab_size` bounds token
-    ids, `cfg.max_seq_len` lengths (the policy's config has the served window; None: no bound)."""
+    ids, `cfg.max_seq_len` lengths (the policy's config has the served window; None: no bound).
+    A sample's age is the training steps between its version and `current` along `lineage` (every
+    version by name: train/lineage.py; held versions age nothing), by version number without it."""
     out = Triage()
-    now = version_number(current)
     for s in samples:
         reason = _defect(s, cfg.max_seq_len, vocab_size)
-        behind = now - version_number(s.version)
+        behind = steps_behind(lineage or {}, s.version, current)
         if reason is not None:
             out.skipped.append((s, reason))
         elif behind > cfg.max_staleness:
-            out.stale.append((s, f"made by {s.version}, {behind} versions behind {current}"))
+            out.stale.append((s, f"made by {s.version}, {behind} training steps behind {current}"))
         else:
             out.usable.append(s)
     return out

@@ -22,7 +22,7 @@ from clawrl.train.group import Group
 from clawrl.train.loop import TrainLoop
 from clawrl.train.policy import build_policy
 from clawrl.train.publish import export, rollback
-from clawrl.types import UNCHECKED, Judgment, Sample, Version
+from clawrl.types import HELD, PASSED, UNCHECKED, Judgment, Sample, Version
 from clawrl.wiring.trainer import memory_probe
 
 PROMPT = [1, 9690, 198, 4093, 198, 1780, 314, 2, 198, 1, 520, 9531, 198]
@@ -122,7 +122,7 @@ def test_defective_and_stale_samples_are_left_out_with_their_reason(run):
         "skipped",
         "too long: 5001 tokens > the training window 512 (train.max_seq_len)",
     )
-    assert store.sample_status(stale) == ("stale", "made by v0, 1 versions behind v1")
+    assert store.sample_status(stale) == ("stale", "made by v0, 1 training steps behind v1")
     assert store.sample_status(alien)[1].startswith("unknown tokens: ids outside the model's vocabulary")
     counters = store.counters()  # what /healthz, /metrics and the dashboard show, by reason
     assert {k: n for k, n in counters.items() if k.startswith("skipped:")} == {
@@ -131,6 +131,37 @@ def test_defective_and_stale_samples_are_left_out_with_their_reason(run):
         "skipped:too long": 1,
         "skipped:unknown tokens": 1,
     }
+
+
+def test_held_versions_do_not_age_the_waiting_samples(run):
+    """Two canary holds (v2, v3): the trainer goes back to v1 each time and trains v4 from it. A
+    sample made by v1 is then one step behind v4 along its lineage, not three version numbers, and
+    is trained, not marked stale (train/lineage.py)."""
+    config, store = run
+    verdicts = iter([PASSED, HELD, HELD, PASSED, PASSED])
+    loop = TrainLoop(
+        store,
+        build_policy(config.model.path, config.train, "cpu"),
+        config.run_dir,
+        canary=lambda policy: (next(verdicts), None),
+    )
+    loop.resume()
+    add(store, 4)
+    assert loop.run_once() and store.latest_version().name == "v1"
+    waiting = add(store, 16, start=4, version="v1")
+    for _ in range(4):  # v2 held, v3 held, v4 passed (from v1), v5 passed
+        assert loop.run_once()
+    names = [(v.name, v.parent, v.step, v.status) for v in store.versions()]
+    assert names[1:] == [
+        ("v1", "v0", 1, PASSED),
+        ("v2", "v1", 2, HELD),
+        ("v3", "v1", 2, HELD),
+        ("v4", "v1", 2, PASSED),
+        ("v5", "v4", 3, PASSED),
+    ]
+    # v5 trained the last four of v1's samples from v4: one step behind it, within max_staleness 2.
+    assert [store.sample_status(i)[0] for i in waiting] == ["trained"] * 16
+    assert store.count_samples("stale") == 0
 
 
 def test_a_trainer_whose_every_sample_is_skipped_says_so_as_an_error(run, caplog):

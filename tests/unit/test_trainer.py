@@ -105,7 +105,7 @@ def test_triage_skips_defects_and_marks_stale():
     empty, nan = sample(response_ids=[], logprobs=[]), sample(logprobs=[-1.0, float("nan")])
     long, opd = sample(prompt_ids=list(range(30))), sample(kind="opd", teacher_prompt_ids=None)
     t = triage([good, old, empty, nan, long, opd], current="v3", cfg=cfg)
-    assert t.usable == [good] and t.stale == [(old, "made by v1, 2 versions behind v3")]
+    assert t.usable == [good] and t.stale == [(old, "made by v1, 2 training steps behind v3")]
     reasons = [r for _, r in t.skipped]
     assert reasons[0].startswith("empty response: ") and reasons[1].startswith("bad logprobs: non-finite")
     assert reasons[2] == "too long: 32 tokens > the training window 20 (train.max_seq_len)"
