@@ -210,6 +210,12 @@ class Engine(Protocol):
         """
         ...
 
+    async def forget_user(self, user: str) -> None:
+        """Keep nothing of `user`'s (their data was erased while serving, docs/users.md): serve them v0
+        from now on (their own adapter dropped) and drop or make unreachable their cached prompts.
+        Requests in flight finish on what they started with."""
+        ...
+
     def close(self) -> None:
         """Release what the engine owns outside the event loop (after `stop`, or when serving failed)."""
         ...

@@ -172,6 +172,34 @@ def test_the_admins_episode_finds_the_session_it_named(server):
     assert r.json()["session_id"] == "ep-1" and r.json()["group"]["status"] == "eval"
 
 
+def test_a_users_cached_prompt_is_never_reused_for_another_nor_counted(server, tmp_path, tiny_model_dir):
+    """The prefix cache is per user (docs/security.md): bob, sending the long prefix alice sent, is
+    told 0 cached tokens, and his greedy answer is the one a server without a prefix cache gives;
+    alice, sending it again, reuses her own."""
+    prefix = " ".join(f"w{i % 50}" for i in range(110))  # over one prefill chunk: the cache keeps it
+
+    def ask(target, key: str, question: str):
+        client = target.client(api_key=key, default_headers={"X-Memory": "off"})
+        messages = [{"role": "user", "content": f"{prefix} {question}"}]
+        return client.chat.completions.create(model="clawrl", messages=messages, max_tokens=8, temperature=0)
+
+    first = ask(server, KEYS["alice"], "first?")
+    assert first.usage.prompt_tokens > 300 and first.usage.prompt_tokens_details.cached_tokens == 0
+    bob = ask(server, KEYS["bob"], "second?")
+    assert bob.usage.prompt_tokens_details.cached_tokens == 0
+    again = ask(server, KEYS["alice"], "third?")
+    assert again.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 8
+    plain = RemoteServer(
+        tmp_path / "plain", ["--model", str(tiny_model_dir), "--engine.prefix-cache-mb", "0"]
+    )
+    try:
+        reference = ask(plain, "unused", "second?")
+    finally:
+        plain.stop()
+    assert reference.usage.prompt_tokens == bob.usage.prompt_tokens
+    assert bob.choices[0].message.content == reference.choices[0].message.content
+
+
 def test_a_user_removed_from_the_file_is_no_longer_served_and_their_data_stays(
     server, answers, users_file, tiny_model_dir
 ):

@@ -78,6 +78,29 @@ def test_a_longer_prompt_of_the_same_conversation_replaces_its_prefix():
     assert len(cache) == 0 and cache.nbytes == 0 and cache.lookup([1, 2, 3, 4], "v0") == (0, None)
 
 
+def test_a_users_entries_match_only_that_users_lookups_whatever_the_version():
+    """Another user's prompt is never reused nor counted: `cached_tokens` would tell a user how much
+    of their prompt someone else sent (docs/security.md)."""
+    cache = PrefixCache(1 << 20, across_versions=True)
+    cache.insert([1, 2, 3, 4], kv_for([1, 2, 3, 4]), "v0", user="alice")
+    assert cache.lookup([1, 2, 3, 4, 5], "v0", user="bob") == (0, None)
+    assert cache.lookup([1, 2, 3, 4, 5], "v0") == (0, None)  # the default user's (the admin key's)
+    assert cache.lookup([1, 2, 3, 4, 5], "alice/v1", user="alice")[0] == 4
+    cache.insert([1, 2, 3, 4, 5, 6], kv_for([1, 2, 3, 4, 5, 6]), "v0", user="bob")
+    assert len(cache) == 2  # bob's longer prompt does not replace alice's entry
+
+
+def test_drop_user_forgets_only_that_users_entries():
+    cache = PrefixCache(1 << 20)
+    cache.insert([1, 2, 3], kv_for([1, 2, 3]), "v0", user="alice")
+    cache.insert([7, 8, 9], kv_for([7, 8, 9]), "v0", user="alice")
+    cache.insert([1, 2, 3], kv_for([1, 2, 3]), "v0", user="bob")
+    assert cache.drop_user("alice") == 2
+    assert len(cache) == 1 and cache.nbytes == 3 * PER_TOKEN
+    assert cache.lookup([1, 2, 3, 4], "v0", user="alice") == (0, None)
+    assert cache.lookup([1, 2, 3, 4], "v0", user="bob")[0] == 3
+
+
 # --- inside the engine, on a tiny random model --------------------------------------------------
 
 SYSTEM = list(range(2000, 2300))  # a 300-token "system prompt": longer than one prefill chunk
@@ -88,8 +111,8 @@ def tiny_model(tiny_model_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
-async def _generate(engine, prompt, n=8):
-    params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+async def _generate(engine, prompt, n=8, user="default"):
+    params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, adapter=user)
     return [e async for e in engine.generate(prompt, params)]
 
 
@@ -128,6 +151,34 @@ def test_a_prompt_that_starts_like_a_cached_one_prefills_only_the_rest(tiny_mode
     assert [e.logprob for e in b] == pytest.approx([e.logprob for e in reference], abs=1e-4)
     pc = stats.extra["prefix_cache"]
     assert pc["hits"] == 1 and pc["hit_tokens"] == len(first) and pc["entries"] == 1
+
+
+def test_a_user_never_starts_from_another_users_prompt_and_forgetting_drops_theirs(tiny_model):
+    """alice's prompt is cached; bob's same prompt counts 0 cached tokens and is answered as with no
+    cache; once alice is forgotten (her data erased) her own prompt is prefilled again."""
+    prompt = SYSTEM + [5, 6, 7]
+
+    async def body():
+        cached = await _engine(tiny_model, PrefixCache(64 << 20, across_versions=True))
+        plain = await _engine(tiny_model, None)
+        try:
+            alice = await _generate(cached, prompt, user="alice")
+            bob = await _generate(cached, prompt + [8], user="bob")
+            again = await _generate(cached, prompt + [8], user="alice")
+            await cached.forget_user("alice")
+            forgotten = await _generate(cached, prompt + [8], user="alice")
+            reference = await _generate(plain, prompt + [8])
+        finally:
+            await cached.stop()
+            await plain.stop()
+        return alice, bob, again, forgotten, reference
+
+    alice, bob, again, forgotten, reference = asyncio.run(body())
+    assert alice[0].cached_tokens == 0 and bob[0].cached_tokens == 0
+    assert again[0].cached_tokens == len(prompt)  # her own prompt: reused
+    assert forgotten[0].cached_tokens == 0
+    for answer in (bob, again, forgotten):
+        assert [e.token_id for e in answer] == [e.token_id for e in reference]
 
 
 def test_after_a_swap_no_prompt_starts_from_the_old_weights_cache(tiny_model_dir):

@@ -34,6 +34,23 @@ def test_the_body_sends_token_ids_and_asks_for_them_back():
     assert greedy["temperature"] == 0.0 and greedy["top_p"] == 1.0
 
 
+def test_each_user_has_a_cache_salt_of_their_own_and_a_new_one_once_forgotten():
+    """vLLM reuses a prompt's cached blocks only for the same salt: a user never another's."""
+    import asyncio
+
+    engine, other = _engine(), _engine()
+
+    def salt(e: VLLMEngine, user: str) -> str:
+        return e._body("m", [1], SamplingParams(max_tokens=1, adapter=user))["cache_salt"]
+
+    alice, bob = salt(engine, "alice"), salt(engine, "bob")
+    assert alice != bob and alice == salt(engine, "alice")
+    assert len(alice) == 64 and not set(alice) & set("/@\\")  # what vLLM accepts
+    assert salt(other, "alice") != alice  # drawn from a key of each engine's: nobody can guess it
+    asyncio.run(engine.forget_user("alice"))
+    assert salt(engine, "alice") not in (alice, bob) and salt(engine, "bob") == bob
+
+
 def test_a_chunk_with_several_tokens_becomes_several_events():
     chunk = {
         "choices": [

@@ -21,7 +21,9 @@ Prefix caching (`engine.prefix_cache_mb`, `prefix_kv.py`): a long prompt is look
 `PrefixCache` before its first chunk; on a hit its KV starts as a view of the
 cached prompt's and only the rest is prefilled. Each fully prefilled long
 prompt is kept for later requests, unless a weight swap happened while it was
-prefilled (its KV would then mix two versions). A swap keeps the entries
+prefilled (its KV would then mix two versions). An entry is its user's alone (the request's
+`SamplingParams.adapter`): another user's lookup never matches it, so `cached_tokens` counts only a
+user's own reuse (prefix_cache.py). A swap keeps the entries
 (`engine.prefix_cache_across_versions`, the default: a turn started from an older
 version's KV records it) or, without it, empties the cache.
 
@@ -237,6 +239,21 @@ class LocalEngine:
                 log.info("now serving %s to %s", version.name, version.user)
         except (ValueError, KeyError, OSError) as exc:  # a broken checkpoint must not stop serving
             raise VersionRefused(f"cannot serve {version.name} from {version.path}: {exc}") from exc
+
+    async def forget_user(self, user: str) -> None:
+        """Forget what the engine keeps of `user` (their data was erased): their adapter (served v0 from
+        now on) and their prefix-cache entries. Requests in flight finish on what they started with;
+        a prompt prefilled meanwhile is not kept (its version is no longer the user's)."""
+
+        def forget() -> None:
+            if self._adapters is not None:
+                self._adapters.apply(user, {})
+                self._adapters.served.pop(user, None)
+            if self.prefix_cache is not None:
+                self.prefix_cache.drop_user(user)
+
+        await self._submit(forget)
+        log.info("forgot %s: served v0, nothing of theirs cached", user)
 
     def close(self) -> None:
         """Nothing outside the event loop to release: the model goes with the process."""

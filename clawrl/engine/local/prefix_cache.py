@@ -15,6 +15,12 @@ common token prefix with it (`lookup`); only the rest is prefilled.
   prefix of a newer entry's is dropped when the newer one is inserted: a conversation keeps one.
 - Entries are keyed by the RoPE their KV was computed with (scaled or the model's own): the two
   never match, whatever `across_versions` says.
+- Entries belong to the user whose request computed them (`SamplingParams.adapter`, the API key's
+  user, docs/users.md) and match only that user's lookups, whatever the version: a hit, and the
+  `cached_tokens` it reports, would otherwise tell a user, to the token, how much of their prompt
+  another user sent recently (a side channel over other users' prompts), and with an adapter per
+  user the KV of another user's adapter is not this user's model. Users who send the same system
+  prompt each prefill it once. `drop_user` forgets a user's entries (their data erased).
 - Entries are salted by the policy version whose weights computed them (the oldest, where a prompt
   started from an older entry). With `across_versions` (`engine.prefix_cache_across_versions`, the
   default) a lookup matches entries of every version, so an agent's long prompt is not prefilled
@@ -35,6 +41,8 @@ from dataclasses import dataclass
 
 import torch
 
+from clawrl.types import DEFAULT_USER
+
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, heads, length, head_dim]
 
 
@@ -45,6 +53,7 @@ class _Entry:
     version: str
     nbytes: int
     rope: str = ""  # which rotary table computed it ("scaled" / "own"; see clawrl/model/rope.py)
+    user: str = DEFAULT_USER  # whose request computed it: only their lookups match it
 
 
 @dataclass
@@ -78,15 +87,19 @@ class PrefixCache:
     def nbytes(self) -> int:
         return self._bytes
 
-    def lookup(self, ids: list[int], version: str, rope: str = "") -> tuple[int, KV | None]:
-        """The longest cached prefix of `ids` (at most len(ids) - 1 tokens) and its KV views; of two
-        as long, the one `version` computed."""
+    def lookup(
+        self, ids: list[int], version: str, rope: str = "", user: str = DEFAULT_USER
+    ) -> tuple[int, KV | None]:
+        """The longest prefix of `ids` (at most len(ids) - 1 tokens) among `user`'s entries, and its KV
+        views; of two as long, the one `version` computed."""
         self.stats.lookups += 1
         self.stats.looked_up_tokens += len(ids)
         self.last_hit_version = None
         query = torch.tensor(ids, dtype=torch.long)
         best, best_len, best_own = None, 0, False
         for key, entry in self._entries.items():
+            if entry.user != user:
+                continue  # another user's prompt: never reused, never counted (module docstring)
             if entry.rope != rope or (entry.version != version and not self.across_versions):
                 continue  # KV computed with another RoPE never matches (clawrl/model/rope.py)
             n, own = _common_prefix(entry.ids, query), entry.version == version
@@ -102,18 +115,18 @@ class PrefixCache:
         kv = [(k[:, :, :best_len], v[:, :, :best_len]) for k, v in self._entries[best].kv]
         return best_len, kv
 
-    def insert(self, ids: list[int], kv: KV, version: str, rope: str = "") -> bool:
-        """Keep the KV of prompt `ids`; returns False when it cannot fit the budget at all."""
+    def insert(self, ids: list[int], kv: KV, version: str, rope: str = "", user: str = DEFAULT_USER) -> bool:
+        """Keep the KV of `user`'s prompt `ids`; returns False when it cannot fit the budget at all."""
         nbytes = sum(k.nbytes + v.nbytes for k, v in kv)
         if nbytes > self.budget or not ids:
             return False
         query = torch.tensor(ids, dtype=torch.long)
         same = [k for k, e in self._entries.items() if (e.version == version or self.across_versions)]
-        for key in [k for k in same if self._entries[k].rope == rope]:
+        for key in [k for k in same if self._entries[k].rope == rope and self._entries[k].user == user]:
             entry = self._entries[key]
             if len(entry.ids) <= len(ids) and _common_prefix(entry.ids, query) == len(entry.ids):
                 self._remove(key)  # the new entry holds all of it
-        self._entries[self._next] = _Entry(query, kv, version, nbytes, rope)
+        self._entries[self._next] = _Entry(query, kv, version, nbytes, rope, user)
         self._next += 1
         self._bytes += nbytes
         self.stats.inserted += 1
@@ -130,6 +143,13 @@ class PrefixCache:
         self._entries.clear()
         self._bytes = 0
         self._sync()
+
+    def drop_user(self, user: str) -> int:
+        """Forget every entry of `user`'s (their data was erased); how many there were."""
+        mine = [k for k, e in self._entries.items() if e.user == user]
+        for key in mine:
+            self._remove(key)
+        return len(mine)
 
     def _remove(self, key: int) -> None:
         self._bytes -= self._entries.pop(key).nbytes

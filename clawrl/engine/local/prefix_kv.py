@@ -4,7 +4,8 @@ Before a long prompt's first chunk its KV starts from the longest cached prefix 
 after its last chunk it is kept for later requests (`keep_prefix`). Entries are salted by version: a
 prompt starts from another version's KV only with `across_versions`, and then records which
 (`Request.cached_version`, recorded with its turn); a prompt during whose prefill a swap came is not
-kept (its KV would mix two versions). Scaled and unscaled RoPE never match each other.
+kept (its KV would mix two versions). Scaled and unscaled RoPE never match each other, nor do two
+users' prompts (`SamplingParams.adapter`: the request's user; see prefix_cache.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ def start_from_cache(cache: PrefixCache | None, batch: DecodeBatch, req: Request
     req.kv_version = version
     if cache is None:
         return
-    hit, kv = cache.lookup(req.prompt_ids, version, rope_key(req))
+    hit, kv = cache.lookup(req.prompt_ids, version, rope_key(req), req.params.adapter)
     if kv is not None:
         req.cache, req.prefilled, req.cached_tokens = batch.cache_of(kv), hit, hit
         older = cache.last_hit_version
@@ -32,7 +33,7 @@ def keep_prefix(cache: PrefixCache | None, req: Request, version: str) -> None:
     if cache is None or req.kv_version != version:
         return
     kv = [(layer.keys, layer.values) for layer in req.cache.layers]
-    cache.insert(req.prompt_ids, kv, req.cached_version or version, rope_key(req))
+    cache.insert(req.prompt_ids, kv, req.cached_version or version, rope_key(req), req.params.adapter)
 
 
 def rope_key(req: Request) -> str:

@@ -53,6 +53,15 @@ loaded under its own name as above and a request names its user's (`SamplingPara
 base for a user with none), so several users' adapters decode in one vLLM batch (up to its
 `--max-loras`, which clawrl sets from the number of users when it starts vLLM). A user's new version
 retires only that user's previous adapter; after a restart every user's is loaded again.
+
+The prefix cache per user: every generation names a `cache_salt` (vLLM's field: a salted prompt's
+KV blocks are found only by requests with the same salt), one per user, so a user never reuses
+another user's cached prompt and vLLM's `cached_tokens` counts only their own reuse (a count of
+another's would tell them how much of their prompt someone else sent). The salt is a SHA-256 of a
+random key drawn at engine start, the user and how many times the user was forgotten: nobody can
+guess it, a restart starts every user afresh, and `forget_user` (their data erased) makes their
+cached blocks unreachable; vLLM evicts them as it needs room (it has no call to drop one salt's).
+The judge's scoring calls are not salted: their counts reach no user.
 """
 
 from __future__ import annotations
@@ -62,6 +71,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import secrets
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -119,6 +129,8 @@ class VLLMEngine:
         self._unloading: set[asyncio.Task[None]] = set()
         self._http: httpx.AsyncClient | None = None
         self._stats = EngineStats()
+        self._salt_key = secrets.token_bytes(32)  # each user's cache salt is drawn from it (module)
+        self._forgotten: Counter[str] = Counter()  # per user: how many times forgotten (a new salt)
         server.on_ready = self._reload
 
     async def start(self) -> None:
@@ -179,6 +191,11 @@ class VLLMEngine:
             self._inflight[name] -= 1
             self._unload_soon()  # its own task: this one may have been cancelled (its client left)
 
+    def _salt(self, user: str) -> str:
+        """`user`'s cache salt (the module docstring): 64 hex digits, as vLLM allows (no '/' or '@')."""
+        seed = f"{user}\0{self._forgotten[user]}".encode()
+        return hashlib.sha256(self._salt_key + seed).hexdigest()
+
     async def _stream(
         self, name: str, version: str, prompt_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[TokenEvent]:
@@ -224,6 +241,7 @@ class VLLMEngine:
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
             "skip_special_tokens": False,
+            "cache_salt": self._salt(params.adapter),  # the prefix cache per user (module docstring)
         }
         if params.seed is not None:
             body["seed"] = params.seed
@@ -316,6 +334,16 @@ class VLLMEngine:
             self._retired.add(old)
             await self._unload_idle()
         log.info("now serving %s (vLLM model %s)", version.name, name)
+
+    async def forget_user(self, user: str) -> None:
+        """Serve `user` the base from now on (their adapter unloaded once no request uses it) and salt
+        their requests anew: vLLM's cached blocks of their prompts are never matched again."""
+        self._forgotten[user] += 1
+        served = self._users.pop(user, None)
+        if served is not None and served[0] != self._base:
+            self._retired.add(served[0])
+            await self._unload_idle()
+        log.info("forgot %s: served the base, their cached prompts unreachable", user)
 
     async def _load(self, version: Version) -> str:
         folder = Path(version.path or "")
