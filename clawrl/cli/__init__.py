@@ -220,6 +220,9 @@ def setup_logging(level: str, logfile: Path, bare_console: bool = False) -> None
 
 
 def cmd_serve(config: Any, args: argparse.Namespace | None = None) -> int:
+    """`clawrl serve`. One server per run folder: it holds `<run_dir>/server.lock` for its life
+    (clawrl/store/locks.py), and a second one exits 2 naming the holder's pid before it writes
+    config.json or starts anything."""
     server = config.server
     if not _is_loopback(server.host) and server.api_key is None:
         return fail(
@@ -236,14 +239,26 @@ def cmd_serve(config: Any, args: argparse.Namespace | None = None) -> int:
 
         if refused := strategy_refusal(config.train.distributed):
             return fail(refused)
+    from clawrl.store.locks import SERVER_LOCK, FolderLocked, hold
+
     try:
-        prepare_run_dir(config)
+        config.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock = hold(config.run_dir, SERVER_LOCK, "clawrl serve")  # before config.json is written
+    except FolderLocked as exc:
+        return fail(f"{exc}: one server per run folder (stop it, or give another --run-dir)")
     except OSError as exc:
         return fail(f"cannot write the run folder {config.run_dir}: {exc}")
-    setup_logging(server.log_level, config.run_dir / "logs" / "server.log")
-    from clawrl.wiring.server import run_server  # heavy imports (torch, transformers) start here
+    try:
+        try:
+            prepare_run_dir(config)
+        except OSError as exc:
+            return fail(f"cannot write the run folder {config.run_dir}: {exc}")
+        setup_logging(server.log_level, config.run_dir / "logs" / "server.log")
+        from clawrl.wiring.server import run_server  # heavy imports (torch, transformers) start here
 
-    return run_server(config)
+        return run_server(config)
+    finally:
+        lock.close()  # the process's end drops it too, however it ends
 
 
 def cmd_train(config: Any, args: argparse.Namespace) -> int:

@@ -30,12 +30,12 @@ failed rank of a group) is exit 1; the supervisor restarts it.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import torch
 import transformers
@@ -48,6 +48,7 @@ from clawrl.guard import trainer_hooks
 from clawrl.model.gpu import cap_process, cuda_index
 from clawrl.model.load import ModelNotFound, model_folder, served_context
 from clawrl.store.db import Store, StoreError
+from clawrl.store.locks import TRAINER_LOCK, FolderLocked, hold
 from clawrl.train.group import Group, open_group, strategy_refusal
 from clawrl.train.loggers import StepLoggers
 from clawrl.train.loop import TrainLoop
@@ -57,7 +58,7 @@ from clawrl.train.ranks import RankStatus
 from clawrl.types import Version
 
 log = logging.getLogger("clawrl.trainer")
-LOCK = "trainer.lock"
+LOCK = TRAINER_LOCK
 
 
 def memory_probe(
@@ -72,25 +73,19 @@ def memory_probe(
     return MemoryProbe(store, model, renderer, config.memory).after_publish
 
 
-class TrainerLocked(RuntimeError):
+class TrainerLocked(FolderLocked):
     """Another trainer holds the run folder."""
 
 
-def hold_lock(run_dir: Path):
-    """Take `<run_dir>/trainer.lock` for this process's life; TrainerLocked if another has it."""
-    handle = open(run_dir / LOCK, "a+")  # noqa: SIM115 -- kept open: closing it would drop the lock
+def hold_lock(run_dir: Path) -> IO[str]:
+    """Take `<run_dir>/trainer.lock` for this process's life (clawrl/store/locks.py); TrainerLocked
+    if another has it."""
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        owner = handle.read().strip() or "unknown"
-        handle.close()
-        raise TrainerLocked(f"another trainer (pid {owner}) is training {run_dir}") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(str(os.getpid()))
-    handle.flush()
-    return handle
+        return hold(run_dir, LOCK, "trainer")
+    except FolderLocked as exc:
+        raise TrainerLocked(
+            f"another trainer (pid {exc.pid or 'unknown'}) is training {run_dir}", exc.pid
+        ) from None
 
 
 def run_trainer(
