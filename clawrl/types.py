@@ -87,7 +87,14 @@ class Turn:
 
 # Why the trainer skipped a sample: its reason starts with one of these, then ": " and the
 # detail (clawrl/train/trainer.py); the store counts skipped samples by them.
-SKIP_REASONS = ("empty response", "bad logprobs", "too long", "no teacher prompt", "unknown tokens")
+SKIP_REASONS = (
+    "empty response",
+    "bad logprobs",
+    "too long",
+    "no teacher prompt",
+    "unknown tokens",
+    "failed step",  # two training steps with it in the batch raised (clawrl/train/failures.py)
+)
 
 
 @dataclass
@@ -160,6 +167,7 @@ class Sample:
     status: str = "ready"  # ready | training (claimed by a step) | trained | stale | skipped | superseded
     created_at: float = field(default_factory=time.time)
     id: int | None = None
+    attempts: int = 0  # training steps that failed with it in the batch (the store counts them: m020)
 
 
 EXPERIENCE_ACTIVE, EXPERIENCE_DISTILLED, EXPERIENCE_RETIRED = "active", "distilled", "retired"

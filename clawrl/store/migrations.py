@@ -41,6 +41,7 @@ from clawrl.store.schema import (
     M017_VERSION_USER,
     M018_DELETE_TRIGGERS,
     M019_TURN_REASONING,
+    M020_SAMPLE_ATTEMPTS,
 )
 
 MIGRATIONS: list[tuple[str, str]] = [
@@ -63,6 +64,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m017_version_user", M017_VERSION_USER),
     ("m018_delete_triggers", M018_DELETE_TRIGGERS),
     ("m019_turn_reasoning", M019_TURN_REASONING),
+    ("m020_sample_attempts", M020_SAMPLE_ATTEMPTS),
 ]
 
 _NAME = re.compile(r"m[0-9]{3}_[a-z0-9_]+")

@@ -12,7 +12,9 @@ tags included: clawrl/chat/reasoning.py), and `show` prints it clipped above the
 A turn whose prompt carried a memory block has `memory` (the experience ids and the block, or
 why it was dropped; docs/memory.md), and `show` prints it under the turn with each experience's
 text. A turn of a Track 2 episode carries its `episode` (group, reward, how it ended);
-`episodes` prints the latest episodes, one line each.
+`episodes` prints the latest episodes, one line each. Under a turn, `show` lists its samples the
+trainer left out (`stale`, `skipped`) with their reason, and any that were in a failed training
+step (clawrl/train/failures.py) with the count.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import json
 from typing import Any, TextIO
 
 from clawrl.store.db import Store, StoreError
-from clawrl.types import DEFAULT_USER, Episode, Judgment, Message, Turn, Vote
+from clawrl.types import DEFAULT_USER, Episode, Judgment, Message, Sample, Turn, Vote
 
 JUDGMENT_KEYS = ("score", "votes", "hint", "judge")
 CLIP = 300  # characters of a prompt or next-state message that `show` prints
@@ -158,7 +160,15 @@ def _turn_lines(store: Store, turn: Turn) -> list[str]:
     judgment = store.latest_judgment(turn.id)
     if judgment is not None:
         lines += _judgment_lines(judgment)
+    lines += [_sample_line(s, why) for s, why in store.turn_samples(turn.id) if why or s.attempts]
     return lines
+
+
+def _sample_line(s: Sample, why: str | None) -> str:
+    """A sample the trainer left out, or that was in a failed step: `sample 7 (rl, made by v0):
+    skipped: failed step: ValueError: ... (2 failed steps)`."""
+    failed = f" ({s.attempts} failed step{'' if s.attempts == 1 else 's'})" if s.attempts else ""
+    return f"  sample {s.id} ({s.kind}, made by {s.version}): {s.status}{': ' + why if why else ''}{failed}"
 
 
 def _memory_lines(store: Store, memory: dict[str, Any] | None) -> list[str]:

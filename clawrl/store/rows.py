@@ -96,10 +96,11 @@ def judgment_from_row(row: sqlite3.Row, prefix: str = "") -> Judgment:
 
 
 _SAMPLE_COLUMNS = ("turn_id", "kind", "status", "created_at", "version", "judgment_id")
+_SAMPLE_OWN = ("id", "attempts")  # columns of their own that the store sets, never inserted
 _SAMPLE_PAYLOAD = tuple(
-    f.name for f in dataclasses.fields(Sample) if f.name not in _SAMPLE_COLUMNS and f.name != "id"
+    f.name for f in dataclasses.fields(Sample) if f.name not in _SAMPLE_COLUMNS and f.name not in _SAMPLE_OWN
 )
-SAMPLE_COLUMNS = f"id, {', '.join(_SAMPLE_COLUMNS)}, payload"
+SAMPLE_COLUMNS = f"id, {', '.join(_SAMPLE_COLUMNS)}, payload, attempts"
 # A sample's memory distillation experiences (clawrl/algo/distill.py) as JSON, NULL for other samples.
 # A payload with a non-finite logprob is not valid JSON to SQLite (json.dumps writes NaN), so it is
 # read only where valid: json_extract would fail the whole statement.
@@ -125,7 +126,7 @@ def sample_row(sample: Sample) -> tuple[Any, ...]:
 def sample_from_row(row: sqlite3.Row) -> Sample:
     """A `Sample` from `SAMPLE_COLUMNS`."""
     values = {name: row[name] for name in _SAMPLE_COLUMNS}
-    return Sample(**values, **loads(row["payload"]), id=row["id"])
+    return Sample(**values, **loads(row["payload"]), id=row["id"], attempts=row["attempts"])
 
 
 # A known session is touched; one that ended only because the server stopped is reopened.

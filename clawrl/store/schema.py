@@ -467,3 +467,11 @@ M019_TURN_REASONING = """
 ALTER TABLE turns ADD COLUMN reasoning TEXT NULL;
 ALTER TABLE turns ADD COLUMN chat_template_kwargs TEXT NULL;
 """
+
+# The training steps that failed with a sample in their batch (clawrl/train/failures.py): a step
+# that raises counts one for each sample it held, and a sample at its second is `skipped` with the
+# exception's class and message ("failed step: ..."), so one that makes every step fail (a poison
+# batch) cannot stall learning across the trainer's restarts.
+M020_SAMPLE_ATTEMPTS = """
+ALTER TABLE samples ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;
+"""

@@ -11,6 +11,9 @@
   trainer never takes a sample whose judgment has been replaced.
 - A sample's status moves from `ready` to `trained`, `stale`, `skipped` or
   `superseded`; no row is ever deleted.
+- A training step that raises counts a failed attempt for each sample it held
+  (`fail_samples`, `attempts`: m020); a sample at its second is `skipped` with the
+  exception as its reason (clawrl/train/failures.py).
 - The trainer claims the samples of a step (`claim_samples`: `ready` ->
   `training`) before it trains them. A claimed sample is the trainer's: a newer
   judgment, a rating or a staleness mark landing during the step leaves it as
@@ -158,12 +161,19 @@ class TrainingStore:
             return conn.execute(_SUPERSEDE, (turn_id, keep_judgment_id)).rowcount
 
     def ready_samples(
-        self, limit: int | None = None, user: str | None = None, users: Collection[str] | None = None
+        self,
+        limit: int | None = None,
+        user: str | None = None,
+        users: Collection[str] | None = None,
+        untried: bool = False,
     ) -> list[Sample]:
         """Samples with status `ready`, oldest (first inserted) first, at most `limit`; only `user`'s
         (the user of the sample's session, docs/users.md) when one is named, only those of `users`
-        when they are given; every user's when neither is."""
+        when they are given; every user's when neither is. `untried`: only those no failed step
+        held (`attempts` 0)."""
         where, args = _of_users(user, users)
+        if untried:
+            where += " AND attempts = 0"
         rows = self._read(
             f"SELECT {SAMPLE_COLUMNS} FROM samples WHERE status = 'ready' {where} ORDER BY id LIMIT ?",
             (*args, -1 if limit is None else limit),
@@ -211,6 +221,39 @@ class TrainingStore:
             ).rowcount
             conn.execute(_SUPERSEDE_RELEASED, (batch,))
         return released
+
+    def fail_samples(self, ids: list[int], reason: str, limit: int) -> list[int]:
+        """Count a failed training step for each claimed (`training`) sample of `ids`; those that
+        reach `limit` failed steps are `skipped` with `reason`, in the same transaction. Returns
+        the ids skipped; the others stay claimed, for the caller to release (`release_samples`)."""
+        batch = json.dumps(sorted(set(ids)))
+        with self._write() as conn:
+            conn.execute(
+                "UPDATE samples SET attempts = attempts + 1 "
+                "WHERE id IN (SELECT value FROM json_each(?)) AND status = 'training'",
+                (batch,),
+            )
+            skipped = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT id FROM samples WHERE id IN (SELECT value FROM json_each(?)) "
+                    "AND status = 'training' AND attempts >= ? ORDER BY id",
+                    (batch, limit),
+                )
+            ]
+            conn.execute(
+                "UPDATE samples SET status = 'skipped', status_reason = ? "
+                "WHERE id IN (SELECT value FROM json_each(?))",
+                (reason, json.dumps(skipped)),
+            )
+        return skipped
+
+    def turn_samples(self, turn_id: str) -> list[tuple[Sample, str | None]]:
+        """Every sample of a turn, oldest first, each with its status reason (None: none)."""
+        rows = self._read(
+            f"SELECT {SAMPLE_COLUMNS}, status_reason FROM samples WHERE turn_id = ? ORDER BY id", (turn_id,)
+        )
+        return [(sample_from_row(row), row["status_reason"]) for row in rows]
 
     def leave_out_samples(self, reasons: dict[int, str], status: str) -> int:
         """Mark `ready` samples `stale` or `skipped`, each with its reason; returns how many changed.

@@ -55,6 +55,12 @@ def pack(lengths: Sequence[int], budget: int) -> list[list[int]]:
     return groups
 
 
+def halves(groups: list[list[int]]) -> list[list[int]]:
+    """Each group split in two, in order (a group of one stays): a step retried after running out
+    of memory (clawrl/train/failures.py) makes twice the passes at about half the activations."""
+    return [h for g in groups for h in ((g[: len(g) // 2], g[len(g) // 2 :]) if len(g) > 1 else (g,))]
+
+
 def even_out(groups: list[list[int]], count: int) -> list[list[int]]:
     """`groups` split until there are `count` of them, where they can be: the group with the most
     members is halved (in order) each time; a list of single members stays as it is. Ranks in

@@ -25,7 +25,8 @@ Each pass:
    each with its reason (the steps along the lineage of the version trained from, so
    held versions age nothing: train/lineage.py); neither is ever trained on, and both stay in the
    store. With fewer than `batch_size` usable samples left, wait again.
-4. Otherwise claim the oldest `batch_size` (`ready` -> `training`: a rating or a
+4. Otherwise claim the oldest `batch_size`, at most one of them a sample that failed a step
+   before (`train/failures.py`) (`ready` -> `training`: a rating or a
    judgment landing during the step no longer touches them), run one step, run the canary on
    the new weights (`clawrl.guard`, when `guard.enabled`), write
    `checkpoints/vN/` (weights, optimizer state, manifest), then publish vN
@@ -47,7 +48,11 @@ The importance weights correct for the staleness either way.
 
 Crash safety: until that transaction commits, the samples stay claimed and the
 version does not exist, so a crash at any point loses at most the step in
-progress and never trains a sample twice. A step that fails or is dropped hands
+progress and never trains a sample twice. A step that raises counts a failed
+attempt against each of its samples first (out of memory: after one retry split
+in halves), and a batch holds at most one sample that failed before, so a sample
+that breaks every step is `skipped` at its second failure and the others train
+(`train/failures.py`). A step that fails or is dropped hands
 its claims back at once; a trainer that starts hands back every claim a dead one
 left (`Store.release_samples`: `ready` again, or `superseded` if the turn was
 judged meanwhile). A checkpoint folder that was written
@@ -82,9 +87,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from clawrl.model.gpu import release_cached
 from clawrl.store.db import Store
 from clawrl.train.checkpoints import CheckpointError, claim_next, publish_lock, save_version, set_aside
+from clawrl.train.failures import MAX_FAILURES, failure_reason, pick
 from clawrl.train.group import Group
 from clawrl.train.loggers import StepLoggers
 from clawrl.train.policy import Policy
@@ -233,7 +241,7 @@ class TrainLoop:
         if self._main:
             whose = f" of {self.user}" if self.per_user else ""
             log.info("step %d: training %s on %d samples%s", self.step + 1, self.version, len(batch), whose)
-        metrics = self.policy.trainer.step(batch)
+        metrics = self._step(batch)
         if not self._main and not self.group.lockstep:
             return False
         status, figures = UNCHECKED, None
@@ -246,6 +254,40 @@ class TrainLoop:
         if not self._main:
             return False
         return self._publish(batch, metrics, status, figures, state)
+
+    def _step(self, batch: list[Sample]) -> dict:
+        """The step; out of memory, once more split in halves and unpacked; failed, the failure
+        counted against its samples (rank 0), then raised (train/failures.py)."""
+        trainer = self.policy.trainer
+        try:
+            try:
+                return trainer.step(batch)
+            except torch.OutOfMemoryError as exc:  # torch.cuda.OutOfMemoryError is this class
+                if self.group.world > 1:  # the other ranks are in the step's collectives
+                    raise
+                log.warning("step %d ran out of memory; retrying it split in halves: %s", self.step + 1, exc)
+            # Out of the except block, so the failed pass's frames and their tensors are freed first.
+            release_cached(trainer.device)
+            return trainer.step(batch, split=True)
+        except Exception as exc:
+            if self._main:
+                self._count_failure(batch, exc)
+            raise
+
+    def _count_failure(self, batch: list[Sample], exc: Exception) -> None:
+        """One failed step for each sample of the batch; those at their second are skipped."""
+        assert self.store is not None
+        reason = failure_reason(exc)
+        skipped = self.store.fail_samples([s.id for s in batch if s.id is not None], reason, MAX_FAILURES)
+        log.error(
+            "step %d failed on %d samples (%s); %s",
+            self.step + 1,
+            len(batch),
+            reason,
+            f"samples {skipped} skipped ({MAX_FAILURES} failed steps each), the others tried again"
+            if skipped
+            else "each is tried again beside samples that never failed",
+        )
 
     def _plan(self) -> Plan:
         """Rank 0: follow a version published elsewhere, then the next batch, if a full one is ready."""
@@ -271,15 +313,15 @@ class TrainLoop:
         ready = (
             counts.get(self.user, 0) if self.per_user else self.store.count_samples("ready", users=self.users)
         )
-        usable = self._usable() if ready >= self.cfg.batch_size else []
-        if len(usable) < self.cfg.batch_size:
-            waiting = len(usable) if ready >= self.cfg.batch_size else ready
+        # At most one sample that failed a step before in a batch (train/failures.py).
+        batch = pick(self._usable(), self.cfg.batch_size) if ready >= self.cfg.batch_size else []
+        if len(batch) < self.cfg.batch_size:
+            waiting = len(batch) if ready >= self.cfg.batch_size else ready
             if self._waiting_for != waiting:
                 log.info("waiting for samples: %d/%d ready", waiting, self.cfg.batch_size)
                 self._waiting_for = waiting
             return Plan((self.version, self.step), follow)
         self._waiting_for = None
-        batch = usable[: self.cfg.batch_size]
         claimed = set(self.store.claim_samples([s.id for s in batch if s.id is not None]))
         if len(claimed) < len(batch):  # superseded or left out since read: plan again next pass
             self.store.release_samples(sorted(claimed))
@@ -300,8 +342,15 @@ class TrainLoop:
     def _usable(self) -> list[Sample]:
         """The usable ready samples, oldest first; the rest are marked stale or skipped, with a reason."""
         mine = {"user": self.user} if self.per_user else {"users": self.users}
+        n = self.cfg.batch_size
+        window = self.store.ready_samples(limit=4 * n, **mine)
+        if len(window) == 4 * n and sum(not s.attempts for s in window) < n:
+            # Samples that failed a step crowd the window: a batch needs untried ones (`pick`).
+            known = {s.id for s in window}
+            untried = self.store.ready_samples(limit=n, untried=True, **mine)
+            window += [s for s in untried if s.id not in known]
         t = triage(
-            self.store.ready_samples(limit=4 * self.cfg.batch_size, **mine),
+            window,
             self.version,
             self.cfg,
             self.policy.vocab_size,

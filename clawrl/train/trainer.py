@@ -51,7 +51,7 @@ from clawrl.config import TrainConfig
 from clawrl.model.gpu import release_cached
 from clawrl.model.heap import mapped_large_allocations, release_free_memory
 from clawrl.train.advantages import GapStats, batch_advantages
-from clawrl.train.batch import even_out, left_pad, pack, pad_rows, score
+from clawrl.train.batch import even_out, halves, left_pad, pack, pad_rows, score
 from clawrl.train.group import Group, split_by_tokens
 from clawrl.train.importance import WeightSums, truncated_weights
 from clawrl.train.lineage import steps_behind
@@ -170,15 +170,19 @@ class Trainer:
         """The reference model pi_ref (the base), without gradient: for the canary and replay."""
         return self._scorer(reference=True)
 
-    def step(self, samples: list[Sample]) -> dict[str, Any]:
-        """One optimizer step over `samples` (this rank's share of them), in micro-batches; the metrics."""
+    def step(self, samples: list[Sample], split: bool = False) -> dict[str, Any]:
+        """One optimizer step over `samples` (this rank's share of them), in micro-batches; the metrics.
+
+        `split`: the retry of a step that ran out of memory (clawrl/train/failures.py): each
+        micro-batch split in halves and no session packing (train/packing.py), the same samples
+        and update at about half the activations a pass."""
         start = time.perf_counter()
         group = self.group
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         self.model.zero_grad(set_to_none=True)  # with masters: none left by a failed step
         total = sum(_tokens(s) for s in samples)  # the step's tokens, on every rank: the mean's denominator
-        plans = self._micro_batches(samples)  # every rank's, so a lockstep group can match them
+        plans = self._micro_batches(samples, split)  # every rank's, so a lockstep group can match them
         mine, groups = plans[group.rank]
         lengths = [_length(s) for s in mine]
         passes = self._passes(plans)
@@ -192,7 +196,9 @@ class Trainer:
                 micro = [mine[i] for i in groups[k if real else -1]]
                 # The gradients are reduced in the backward of the last micro-batch only.
                 with group.no_sync(self.wrapped, skip=k < len(passes) - 1):
-                    terms, drift, scored = self._micro_loss(micro, total, gaps if real else None, teacher)
+                    terms, drift, scored = self._micro_loss(
+                        micro, total, gaps if real else None, teacher, packed=not split
+                    )
                     group.backward(terms.loss * (group.grad_scale if real else 0.0))
                 if real:
                     for key in _SUMMED:
@@ -218,19 +224,24 @@ class Trainer:
         peaks = {key: group.gather(mb) for key, mb in peak_memory(self.device).items()}  # per rank
         return metrics | weights.metrics() | gaps.metrics() | replayed | peaks
 
-    def _micro_batches(self, samples: list[Sample]) -> list[tuple[list[Sample], list[list[int]]]]:
+    def _micro_batches(
+        self, samples: list[Sample], split: bool = False
+    ) -> list[tuple[list[Sample], list[list[int]]]]:
         """Per rank: (its share of `samples`, its micro-batches as indices into that share).
 
         The units are the rows of `pack_prefixes` (a session's turns that continue each other go
-        together), each as long as its longest pass: the row, or an opd sample's teacher pass."""
+        together), each as long as its longest pass: the row, or an opd sample's teacher pass.
+        `split`: one sample a row, and each micro-batch in halves (`step`)."""
         budget = self.cfg.micro_batch_tokens or CPU_MICRO_BATCH_TOKENS
-        layout = pack_prefixes(samples, self.cfg.pack_prefixes)
+        layout = pack_prefixes(samples, self.cfg.pack_prefixes and not split)
         rows = [[samples[i] for i in members] for members in layout.members]
         lengths = [
             _row_length(p, r, row) for p, r, row in zip(layout.prompts, layout.responses, rows, strict=True)
         ]
         shares = split_by_tokens(lengths, self.group.world)
         plans = [pack([lengths[r] for r in share], budget) for share in shares]
+        if split:
+            plans = [halves(p) for p in plans]
         if self.group.lockstep:  # as many passes on every rank, each its own samples where it can
             plans = [even_out(p, max(len(q) for q in plans)) for p in plans]
         out = []
@@ -282,18 +293,20 @@ class Trainer:
             "tokens_per_s": total / took,
         }
 
-    def _micro_loss(self, group: list[Sample], total: int, gaps: GapStats | None, teacher: bool):
+    def _micro_loss(
+        self, group: list[Sample], total: int, gaps: GapStats | None, teacher: bool, packed: bool = True
+    ):
         """The loss of one micro-batch, as its share of the step's token-level mean, and its
         importance weights' sums (train/importance.py). `teacher`: score a teacher
         pass (a lockstep rank without opd rows scores one and drops it); `gaps`: None for a
-        zero-weight pass, whose gaps are not counted.
+        zero-weight pass, whose gaps are not counted; `packed`: False, one sample a row.
 
         The passes without gradient (teacher, reference) run first, so their logits are gone
         before the gradient pass builds its graph: the peak is one of them, not their sum.
         """
         cfg, device = self.cfg, self.device
         temps = torch.tensor([s.temperature for s in group], device=device)
-        layout = pack_prefixes(group, cfg.pack_prefixes)  # a session's turns in one row (train/packing.py)
+        layout = pack_prefixes(group, cfg.pack_prefixes and packed)  # a session's turns in one row
         batch = left_pad(layout.prompts, layout.responses, device)
         first = [group[m[0]] for m in layout.members]
         batch.rope = [s.rope_scaled for s in first]  # as each was served (clawrl/model/rope.py)

@@ -100,3 +100,22 @@ def test_a_packed_step_is_the_unpacked_step_for_fewer_tokens(tiny_model_dir):
     assert packed["tokens_scored"] == one_row + len(other.prompt_ids) + len(other.response_ids)
     assert alone["tokens_scored"] == sum(len(s.prompt_ids) + len(s.response_ids) for s in session())
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(lora_packed, lora_alone, strict=True))
+
+
+def test_the_out_of_memory_retry_split_in_halves_and_unpacked_is_the_same_step(tiny_model_dir):
+    """`Trainer.step(split=True)` (clawrl/train/failures.py): each micro-batch in halves, one sample
+    a row; the loss, the figures and the update are the packed step's."""
+    results = []
+    for split in (False, True):
+        torch.manual_seed(0)
+        model, optimizer = _model(tiny_model_dir, lr=1e-2)
+        trainer = Trainer(model, optimizer, TrainConfig(kl_coef=0.1))
+        assert len(trainer._micro_batches(session(), split)[0][1]) == (2 if split else 1)
+        metrics = trainer.step(session(), split=split)
+        results.append((metrics, [p.detach().clone() for n, p in model.named_parameters() if "lora_" in n]))
+    (whole, lora_whole), (halves, lora_halves) = results
+    for key in ("loss", "pg_loss", "kl", "clip_frac", "grad_norm", "is_weight_mean"):
+        assert whole[key] == pytest.approx(halves[key], rel=1e-4, abs=1e-6), key
+    assert halves["tokens_scored"] == sum(len(s.prompt_ids) + len(s.response_ids) for s in session())
+    assert halves["tokens_scored"] > whole["tokens_scored"]  # unpacked
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(lora_whole, lora_halves, strict=True))

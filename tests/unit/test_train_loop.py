@@ -3,6 +3,7 @@ memory's retirement probe after a publish."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -162,6 +163,132 @@ def test_held_versions_do_not_age_the_waiting_samples(run):
     # v5 trained the last four of v1's samples from v4: one step behind it, within max_staleness 2.
     assert [store.sample_status(i)[0] for i in waiting] == ["trained"] * 16
     assert store.count_samples("stale") == 0
+
+
+class PoisonedTrainer:
+    """The real trainer, whose step raises when its batch holds the poison turn, as a step that a
+    bad sample breaks does (the loop's seam: it calls `policy.trainer.step`); it records each step."""
+
+    def __init__(self, trainer, poison: str) -> None:
+        self.trainer, self.poison, self.steps = trainer, poison, []
+
+    def step(self, samples, split=False):
+        self.steps.append([s.turn_id for s in samples])
+        if any(s.turn_id == self.poison for s in samples):
+            raise ValueError(f"{self.poison} breaks the step")
+        return self.trainer.step(samples, split=split)
+
+    def __getattr__(self, name):
+        return getattr(self.trainer, name)
+
+
+def poisoned_loop(config: Config, store: Store, poison: str) -> TrainLoop:
+    """A trainer process (a new one at each call: a restart) whose steps `poison` breaks."""
+    policy = build_policy(config.model.path, config.train, "cpu")
+    policy.trainer = PoisonedTrainer(policy.trainer, poison)
+    loop = TrainLoop(store, policy, config.run_dir)
+    loop.resume()
+    return loop
+
+
+def test_a_poison_sample_is_skipped_at_its_second_failed_step_and_learning_goes_on(run, capsys):
+    """Before: the step failed, the claims went back, the restarted trainer picked the same batch,
+    forever. Now each failed step counts against its samples in the store (across restarts); a
+    batch holds at most one sample that failed before; the poison is skipped at its second failure
+    with the exception as its reason, and the samples that shared its batch are trained."""
+    from clawrl.api.metrics import Metrics
+    from clawrl.api.state import Served, Snapshot, Stored, TrainerState, _counts
+    from clawrl.engine.base import EngineStats
+
+    config, store = run
+    config.train.batch_size = 2
+    first = add(store, 2)  # t0 and the poison, t1
+    loop = poisoned_loop(config, store, "t1")
+    with pytest.raises(ValueError, match="t1 breaks the step"):
+        loop.run_once()
+    assert [store.sample_status(i)[0] for i in first] == ["ready"] * 2
+    fresh = add(store, 4, start=2)  # t2..t5
+    with Store.open(config.run_dir / "clawrl.db") as reopened:  # the restarted trainer's own store
+        assert [s.attempts for s in reopened.ready_samples()] == [1, 1, 0, 0, 0, 0]
+        loop = poisoned_loop(config, reopened, "t1")
+        assert loop.run_once()  # t0 beside an untried sample: v1
+        with pytest.raises(ValueError):  # t1 beside an untried one: its second failure
+            loop.run_once()
+        assert loop.policy.trainer.steps == [["t0", "t2"], ["t1", "t3"]]
+    assert store.sample_status(first[1]) == ("skipped", "failed step: ValueError: t1 breaks the step")
+    loop = poisoned_loop(config, store, "t1")  # restarted again: t3 failed once, beside t4
+    assert loop.run_once() and loop.run_once() is False  # t5 waits for an untried companion
+    add(store, 1, start=6)
+    assert loop.run_once()
+    assert loop.policy.trainer.steps == [["t3", "t4"], ["t5", "t6"]]
+    assert store.latest_version().name == "v3"
+    assert [store.sample_status(i)[0] for i in [first[0], *fresh]] == ["trained"] * 5
+    assert store.count_samples("trained") == 6 and store.count_samples("ready") == 0
+    # Seen by a person: records show (the reason and the count), the dashboard's counts, /metrics.
+    assert main(["records", "show", "--session", "s1", "--run-dir", str(config.run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert f"sample {first[1]} (rl, made by v0): skipped: failed step: ValueError: t1 breaks the step" in out
+    assert "(2 failed steps)" in out and f"sample {fresh[1]} (rl, made by v0): trained (1 failed step)" in out
+    counts = _counts(store.counters(), None)
+    assert counts.skipped == {"failed step": 1}
+    stored = Stored(counts, [], 3, {}, [], [])
+    snap = Snapshot(
+        0.0, "m", "combine", Served("v3"), EngineStats(), 1, None, TrainerState(None, 2, None), stored
+    )
+    text = asyncio.run(Metrics(FixedState(snap)).scrape()).decode()
+    assert 'clawrl_samples_skipped_total{reason="failed step"} 1.0' in text
+
+
+class FixedState:
+    """Implements the one method `Metrics` calls: `snapshot()`."""
+
+    def __init__(self, snapshot):
+        self._snapshot = snapshot
+
+    async def snapshot(self):
+        return self._snapshot
+
+    def swapped(self, version, seconds):
+        pass
+
+
+class ShortOfMemory:
+    """The real trainer on a GPU too small for a whole micro-batch: a step raises
+    torch.OutOfMemoryError unless split (`fails` times: every step, also split, when None)."""
+
+    def __init__(self, trainer, fails: int | None = 1) -> None:
+        self.trainer, self.fails, self.calls = trainer, fails, []
+
+    def step(self, samples, split=False):
+        self.calls.append(split)
+        if self.fails is None or (not split and self.fails):
+            if self.fails:
+                self.fails -= 1
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return self.trainer.step(samples, split=split)
+
+    def __getattr__(self, name):
+        return getattr(self.trainer, name)
+
+
+def test_an_out_of_memory_step_is_retried_once_split_before_it_counts(run):
+    config, store = run
+    policy = build_policy(config.model.path, config.train, "cpu")
+    policy.trainer = short = ShortOfMemory(policy.trainer)
+    loop = TrainLoop(store, policy, config.run_dir)
+    loop.resume()
+    ids = add(store, 4)
+    assert loop.run_once()  # out of memory, then split in halves and unpacked: trained
+    assert short.calls == [False, True]
+    assert [store.sample_status(i)[0] for i in ids] == ["trained"] * 4
+    assert [s.attempts for s in store.ready_samples()] == []
+    short.fails, short.calls = None, []  # the split retry runs out of memory too: a failure
+    more = add(store, 4, start=4)
+    with pytest.raises(torch.OutOfMemoryError):
+        loop.run_once()
+    assert short.calls == [False, True]
+    assert [s.attempts for s in store.ready_samples()] == [1] * 4
+    assert [store.sample_status(i)[0] for i in more] == ["ready"] * 4
 
 
 def test_a_trainer_whose_every_sample_is_skipped_says_so_as_an_error(run, caplog):
