@@ -26,6 +26,7 @@ from clawrl.api.memory import memory_router
 from clawrl.api.metrics import Metrics, MetricsMiddleware, metrics_router
 from clawrl.api.routes import health_router, v1_router
 from clawrl.api.state import PipelineState
+from clawrl.api.users import UserEraser, users_router
 from clawrl.collect.episodes import EpisodeBook
 from clawrl.collect.memory import MemoryBook
 
@@ -53,6 +54,7 @@ class Routes:
     max_body_bytes: int
     episodes: EpisodeBook | None = None  # Track 2's POST /v1/episodes (None: collection is off)
     memory: MemoryBook | None = None  # GET and DELETE /v1/memory (None: collection is off)
+    eraser: UserEraser | None = None  # DELETE /v1/users/{name}/data (None: collection is off)
 
 
 def create_app(
@@ -85,10 +87,12 @@ def create_app(
     app.state.affinity_keys = routes.affinity_keys
     app.state.episodes = routes.episodes
     app.state.memory = routes.memory
+    app.state.eraser = routes.eraser
     install_error_handlers(app)
     app.include_router(v1_router(routes.keys))
     app.include_router(episodes_router(routes.keys))
     app.include_router(memory_router(routes.keys))
+    app.include_router(users_router(routes.keys))
     app.include_router(health_router(routes.keys))
     app.include_router(metrics_router(routes.keys))
     app.include_router(dashboard_router(routes.keys))

@@ -7,6 +7,7 @@ answer, so SDKs raise their usual exception types with a readable message.
     APIError                 base: status code + OpenAI error type
     ├── BadRequest           400 invalid_request_error
     ├── Unauthorized         401 authentication_error
+    ├── Forbidden            403 permission_error (a user's key on an admin route that says so)
     ├── NotFound             404 not_found_error
     ├── Conflicting          409 invalid_request_error (an episode posted twice, ...)
     ├── PayloadTooLarge      413 invalid_request_error (over server.max_body_bytes)
@@ -50,6 +51,10 @@ class BadRequest(APIError):
 
 class Unauthorized(APIError):
     status, type = 401, "authentication_error"
+
+
+class Forbidden(APIError):
+    status, type = 403, "permission_error"
 
 
 class NotFound(APIError):

@@ -209,6 +209,20 @@ class Collector:
         """Whether `owner` may see the session (None: the admin, who sees every user's)."""
         return owner is None or self.store.session_user(session_id) == owner
 
+    async def erase_user(self, user: str) -> tuple[dict[str, int], set[int]]:
+        """Erase `user`'s rows while serving (docs/users.md): their open sessions leave the tracker
+        first, so nothing of theirs is continued, then the store thread, which runs every write made
+        before in order, deletes the rows (`Store.erase_user`). Returns the counts erased and the ids
+        of their samples that versions were trained on (read just before). RecordingRefused while
+        writes wait for the store: they could land after the erase."""
+        self._admit(most=0)
+        self.tracker.forget_user(user)
+        return await self.db(self._erase, user)
+
+    def _erase(self, user: str) -> tuple[dict[str, int], set[int]]:
+        trained = self.store.trained_sample_ids(user)
+        return self.store.erase_user(user), trained
+
     async def _expire_forever(self) -> None:
         while True:
             await asyncio.sleep(self._every)

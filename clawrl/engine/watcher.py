@@ -138,6 +138,12 @@ class VersionWatcher:
             if version.name not in self._failed and await self.serve(version):
                 return
 
+    def forget(self, user: str) -> None:
+        """`user`'s line was erased (docs/users.md): what was passed over or held on it is forgotten,
+        so their new line, numbered from v1 again, is judged afresh."""
+        self._failed = {name for name in self._failed if not name.startswith(f"{user}/")}
+        self._held.pop(user, None)
+
     async def serve(self, version: Version) -> bool:
         """Have the engine serve `version`; False (logged) if it refuses it."""
         start = time.perf_counter()

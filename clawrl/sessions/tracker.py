@@ -227,6 +227,14 @@ class SessionTracker:
             self.end(oldest.id)
         return ended
 
+    def forget_user(self, user: str) -> list[str]:
+        """Forget every open session of `user`'s (their data is being erased): nothing they sent is
+        matched again, their next request opens a new session. Returns the sessions' ids."""
+        ids = [sid for sid, session in self._sessions.items() if session.user == user]
+        for sid in ids:
+            self.end(sid)
+        return ids
+
     def close_all(self) -> list[str]:
         """Forget every session (at shutdown); returns their ids."""
         ids = list(self._sessions)

@@ -13,6 +13,9 @@
 - `versions` on their own line (`user`, `alice/vN`): never v0, the base, which every line starts at.
 
 `remove_checkpoints(run_dir, user)` then removes their folder of versions, `checkpoints/<user>/`.
+`trained_sample_ids(user)`, read before the erase, and `shared_versions_trained_on(run_dir, ids)`
+name the shared policy's versions (the default user's line, `checkpoints/vN`) whose manifest lists
+one of the user's samples: their weights learnt from the user and are kept, so the erase says so.
 The rows go first: once they are gone nothing names a version in the folder, so a folder that could
 not be removed is only disk, and erasing again (the folder alone is found) finishes the job.
 
@@ -31,8 +34,9 @@ Decisions:
   the log until it lets go; the next checkpoint overwrites it).
 - What the user's data taught a shared policy (`train.adapters = "shared"`, or the default user's
   versions) is in those versions' weights, and stays: only the user's own line of versions goes.
-- The store does not judge whether the user may be erased (removed from the users file, not
-  `default`): the command does (`clawrl/cli/users.py`). `user_folder` refuses any name that is not
+- The store does not judge whether the user may be erased (not `default`; no server serving the run
+  folder, or that server doing it, `DELETE /v1/users/NAME/data`): the callers do
+  (`clawrl/cli/users.py`, `clawrl/api/users.py`). `user_folder` refuses any name that is not
   a user's, so no other folder is ever removed.
 """
 
@@ -45,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clawrl.types import DEFAULT_USER
-from clawrl.version_folder import CHECKPOINTS, is_user_dir_name
+from clawrl.version_folder import CHECKPOINTS, complete_versions, is_user_dir_name, read_manifest
 
 _SESSIONS = "SELECT id FROM sessions WHERE user = ?1"
 _TURNS = f"SELECT id FROM turns WHERE session_id IN ({_SESSIONS})"
@@ -85,6 +89,18 @@ class EraseStore:
         """How many rows of each kind (`KINDS`) are `user`'s: what `erase_user` would delete."""
         return {k: self._read(f"SELECT count(*) FROM {k} WHERE {WHERE[k]}", (user,))[0][0] for k in KINDS}
 
+    def users_with_rows(self) -> frozenset[str]:
+        """Every user with a session, a version of their own or an experience in the store."""
+        rows = self._read(
+            "SELECT user FROM sessions UNION SELECT user FROM versions UNION SELECT owner FROM experiences"
+        )
+        return frozenset(r[0] for r in rows if r[0])
+
+    def trained_sample_ids(self, user: str) -> set[int]:
+        """The ids of `user`'s samples that a version was trained on (what its manifest lists)."""
+        trained = f"SELECT id FROM samples WHERE ({WHERE['samples']}) AND status = 'trained'"
+        return {r[0] for r in self._read(trained, (user,))}
+
     def erase_user(self, user: str) -> dict[str, int]:
         """Delete every row of `user`'s (see the module) in one transaction; the count of each kind."""
         if user == DEFAULT_USER:
@@ -113,6 +129,22 @@ def delete_rows(conn: sqlite3.Connection, user: str) -> dict[str, int]:
     if erased["experiences"]:  # rewrite the index: its old segments keep the deleted texts' words
         conn.execute("INSERT INTO experiences_fts (experiences_fts) VALUES ('optimize')")
     return {kind: erased[kind] for kind in KINDS}
+
+
+def shared_versions_trained_on(run_dir: Path, sample_ids: set[int]) -> list[str]:
+    """The default user's versions (the shared policy's line) whose manifest lists one of `sample_ids`,
+    oldest first. A pruned version keeps its manifest, so it is named too."""
+    if not sample_ids:
+        return []
+    found = []
+    for folder in complete_versions(run_dir):
+        try:
+            listed = read_manifest(folder).get("samples") or []
+        except (OSError, ValueError):  # a manifest that cannot be read names nothing
+            continue
+        if isinstance(listed, list) and sample_ids.intersection(listed):
+            found.append(folder.name)
+    return found
 
 
 def user_folder(run_dir: Path, user: str) -> Path:

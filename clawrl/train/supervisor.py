@@ -7,6 +7,7 @@ lines are relayed to the server's log (so training progress shows in the
 terminal and in `logs/server.log`). When it exits while the server runs, it
 is restarted after `restart_backoff_s`, doubling after each quick failure up to
 `restart_backoff_max_s` (a trainer that ran 5 minutes starts the count over).
+`paused()` stops it and starts a fresh one around a user's data erased while serving (docs/users.md).
 Serving never waits on any of this; `health()` says how it goes (a
 `TrainerHealth`), which `/healthz` shows as `trainer`:
 
@@ -31,6 +32,8 @@ import signal
 import sys
 import time
 from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,6 +106,18 @@ class TrainerSupervisor:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         self.status = "stopped"
+
+    @asynccontextmanager
+    async def paused(self) -> AsyncIterator[None]:
+        """The trainer stopped for the block, then started afresh: a user's data is erased under it
+        (a step in flight on their samples must not publish, and nothing of theirs stays in its memory)."""
+        await self.stop()
+        try:
+            yield
+        finally:
+            self._stopping = False
+            self.status = "starting"
+            await self.start()
 
     def health(self) -> TrainerHealth:
         wait = None if self._restart_at is None else max(0.0, self._restart_at - time.monotonic())

@@ -4,6 +4,7 @@ registry, build each service with its collaborators, hand them to the app, run u
     store ─┬─ Collector (SessionTracker, StoreWriter, JudgeLoop)
            ├─ EpisodeBook (the Collector, the grpo method, the JudgeLoop): Track 2's episodes
            ├─ MemoryBook (the Collector, the tokenizer): experiences for prompts, /v1/memory
+           ├─ UserEraser (the Collector, engine, watcher, trainer): a user's data erased while serving
            ├─ JudgeLoop (a judge backend on the engine or an OpenAI-compatible server, the method)
            ├─ VersionWatcher (the engine: serves each published version)
            └─ TrainerSupervisor (the trainer process, `clawrl/wiring/trainer.py`)
@@ -27,6 +28,7 @@ from clawrl.api.completions import ChatService
 from clawrl.api.health import HealthReport
 from clawrl.api.metrics import Metrics
 from clawrl.api.state import PipelineState
+from clawrl.api.users import UserEraser
 from clawrl.chat.template import ChatRenderer
 from clawrl.collect.collector import Collector
 from clawrl.collect.episodes import EpisodeBook
@@ -46,6 +48,7 @@ from clawrl.sessions.turn_type import SidePatterns
 from clawrl.store.db import Store, StoreError
 from clawrl.store.writer import StoreWriter
 from clawrl.train.supervisor import TrainerSupervisor
+from clawrl.types import DEFAULT_USER
 from clawrl.wiring.layout import StartRefused, plan_start
 
 log = logging.getLogger(__name__)
@@ -165,11 +168,26 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
         max_body_bytes=s.max_body_bytes,
         episodes=episodes,
         memory=memory,
+        eraser=None if collector is None else eraser(config, collector, engine, watcher, trainer),
     )
     return create_app(
         routes,
         services,
         lambda: f"serving {s.served_model_name!r} ({engine.version}) on http://{s.host}:{s.port}/v1",
+    )
+
+
+def eraser(
+    config: Config,
+    collector: Collector,
+    engine: Engine,
+    watcher: VersionWatcher | None,
+    trainer: TrainerSupervisor | None,
+) -> UserEraser:
+    """`DELETE /v1/users/{name}/data`: a user's data erased while serving (docs/users.md)."""
+    users = user_names(config.server.users) - {DEFAULT_USER}
+    return UserEraser(
+        collector, engine, users=users, run_dir=config.run_dir, watcher=watcher, trainer=trainer
     )
 
 

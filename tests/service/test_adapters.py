@@ -101,3 +101,72 @@ def test_each_user_is_answered_by_their_own_version(server, trained):
         assert wait_for(lambda: store.get_turn(alice.id), 10, "alice's turn recorded").versions == [
             "alice/v1"
         ]
+
+
+MARKER = "quartz-zebra-7719"  # only alice ever sends it
+
+
+def export(run_dir, capsys, *extra: str) -> str:
+    from clawrl.cli import main
+
+    capsys.readouterr()
+    assert main(["records", "export", "--run-dir", str(run_dir), *extra]) == 0
+    return capsys.readouterr().out
+
+
+def erase(server, key: str, name: str) -> httpx.Response:
+    url = f"{server.url}/v1/users/{name}/data"
+    return httpx.delete(url, headers={"Authorization": f"Bearer {key}"}, timeout=limit(120))
+
+
+def test_a_user_erased_while_serving_leaves_nothing_and_goes_on_from_v0(server, trained, capsys):
+    """The admin's DELETE /v1/users/alice/data while the server serves and trains (docs/users.md):
+    nothing of alice's is left in the records, the database's bytes or checkpoints/, bob's records
+    and version are as they were, and alice, still a user, is answered by v0 with nothing cached."""
+    wait_for(lambda: ask(server, KEYS["alice"], "hi").system_fingerprint == "clawrl-alice-v1", 60, "alice/v1")
+    long = f"{MARKER} " + " ".join(f"w{i % 50}" for i in range(110))  # long enough to be cached
+    client = server.client(api_key=KEYS["alice"])
+    marked = client.chat.completions.create(
+        model="clawrl", messages=[{"role": "user", "content": long}], max_tokens=4, temperature=0
+    )
+    assert marked.system_fingerprint == "clawrl-alice-v1"
+    wait_for(lambda: MARKER in export(server.run_dir, capsys, "--user", "alice"), 10, "alice's turn recorded")
+    bob_before = export(server.run_dir, capsys, "--user", "bob")
+
+    assert erase(server, KEYS["alice"], "alice").status_code == 403  # a user's own key: the admin's job
+    assert erase(server, KEYS["bob"], "alice").status_code == 403
+    unknown = erase(server, ADMIN, "carol")
+    assert unknown.status_code == 404 and "(the users: alice, bob)" in unknown.json()["error"]["message"]
+
+    r = erase(server, ADMIN, "alice")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["user"] == "alice" and body["served"] == "v0" and body["checkpoints_removed"]
+    assert body["erased"]["turns"] >= 3 and body["erased"]["versions"] >= 1
+    assert body["shared_versions"] == []  # an adapter per user: no shared version learnt from her
+
+    assert (
+        MARKER not in export(server.run_dir, capsys)
+        and export(server.run_dir, capsys, "--user", "alice") == ""
+    )
+    for db in server.run_dir.glob("clawrl.db*"):  # the database, its write-ahead log, its index
+        assert MARKER.encode() not in db.read_bytes(), db.name
+    assert not (server.run_dir / "checkpoints" / "alice").exists()
+    assert export(server.run_dir, capsys, "--user", "bob") == bob_before
+    assert (server.run_dir / "checkpoints" / "bob" / "v1" / "manifest.json").is_file()
+
+    again = client.chat.completions.create(
+        model="clawrl", messages=[{"role": "user", "content": long}], max_tokens=4, temperature=0
+    )
+    assert again.system_fingerprint == "clawrl-v0"  # her adapter is gone: the base answers
+    assert again.usage.prompt_tokens_details.cached_tokens == 0  # her cached prompt too
+    assert ask(server, KEYS["bob"], "still me").system_fingerprint == "clawrl-bob-v1"
+
+    def health():
+        r = httpx.get(
+            server.url + "/healthz", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=limit(10)
+        )
+        return r.json()
+
+    assert "alice" not in health()["engine"]["extra"]["adapters"]["served"]
+    wait_for(lambda: health()["trainer"]["status"] == "running", 60, "the trainer started again")

@@ -287,3 +287,16 @@ def test_a_restored_session_keeps_its_user():
     assert r.is_new and r.user == "bob"
     r = t.resolve([SYS, user("hi"), hello, user("more")], Hints(user="alice"), 1.0)
     assert r.session_id == "s-old" and r.previous_turn_id == "turn-0"
+
+
+def test_a_forgotten_users_sessions_are_never_continued_and_the_others_are():
+    """Erasing a user while serving (docs/users.md) forgets their open sessions: their next request
+    opens a new session with no next state; another user's conversation goes on."""
+    t = tracker()
+    alice = Client(t, SYS, user("hi"), hints=Hints(user="alice"))
+    bob = Client(t, SYS, user("hi"), hints=Hints(user="bob"))
+    first, theirs = alice.send(), bob.send()
+    assert t.forget_user("alice") == [first.session_id]
+    again = alice.say(user("more")).send()
+    assert again.session_id != first.session_id and again.previous_turn_id is None
+    assert bob.say(user("more")).send().session_id == theirs.session_id

@@ -110,12 +110,20 @@ def test_the_default_user_is_refused(run, capsys):
     assert "default is the admin key's own user" in refused(run, capsys, "default", "--yes")
 
 
-def test_a_user_still_in_the_users_file_is_refused(run, capsys):
-    assert "bob is still in the users file" in refused(run, capsys, "bob", "--yes")
+def test_a_user_still_in_the_users_file_is_erased_when_no_server_runs(run, capsys):
+    """bob stays a user: the next server serves him v0, with nothing of his past (no server runs now,
+    so the command erased in the store itself, holding the server's lock meanwhile)."""
+    with Store.open(run / "clawrl.db", readonly=True) as store:
+        assert any(store.user_rows("bob").values())
+    assert erase(run, "bob", "--yes") == 0
+    with Store.open(run / "clawrl.db", readonly=True) as store:
+        assert not any(store.user_rows("bob").values())
+    assert "bob/v1" not in folders(run) and exported(run, "bob", capsys) == ""
 
 
-def test_an_unknown_user_is_refused(run, capsys):
-    assert f"no user carol in {run / 'clawrl.db'}" in refused(run, capsys, "carol", "--yes")
+def test_an_unknown_user_is_refused_naming_the_users(run, capsys):
+    err = refused(run, capsys, "carol", "--yes")
+    assert f"no user carol in {run / 'clawrl.db'} (the users: alice, bob)" in err
 
 
 def test_without_yes_a_standard_input_that_is_no_terminal_is_refused(run, capsys, monkeypatch):
@@ -137,7 +145,7 @@ def test_a_run_folder_without_a_store_is_refused(tmp_path, capsys):
 
 def test_an_unreadable_users_file_is_refused(run, capsys, tmp_path):
     (tmp_path / "users.json").unlink()
-    assert "cannot check that alice was removed" in refused(run, capsys, "alice", "--yes")
+    assert f"cannot read the users of {run}" in refused(run, capsys, "alice", "--yes")
 
 
 def test_a_run_without_users_file_erases_and_a_folder_left_alone_is_found_again(run, capsys):
@@ -146,3 +154,16 @@ def test_a_run_without_users_file_erases_and_a_folder_left_alone_is_found_again(
     (run / "checkpoints" / "alice" / "v3").mkdir(parents=True)  # left behind (say, unremovable then)
     assert erase(run, "alice", "--yes") == 0
     assert "0 sessions" in capsys.readouterr().out and folders(run) == ["bob/v1", "v1"]
+
+
+def test_the_shared_policys_versions_trained_on_the_users_samples_are_named(run, capsys):
+    """What a shared version learnt from alice stays in its weights: the erase says which versions."""
+    with Store.open(run / "clawrl.db", readonly=True) as store:
+        trained = sorted(store.trained_sample_ids("alice"))
+    assert trained
+    manifest = {"version": "v1", "samples": [trained[0], 10_000]}
+    (run / "checkpoints" / "v1" / "manifest.json").write_text(json.dumps(manifest))
+    assert erase(run, "alice", "--yes") == 0
+    out = capsys.readouterr().out
+    assert "kept: the shared policy's versions v1 were trained on their samples" in out
+    assert folders(run) == ["bob/v1", "v1"]
