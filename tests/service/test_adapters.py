@@ -1,19 +1,24 @@
 """An adapter per user on one live server (docs/users.md): alice's ratings train `alice/v1`, bob's
 `bob/v1`, each from their own samples alone; each user's next answer is made by their own version
 (`system_fingerprint`, and the versions the turn records), while the admin key is still served the
-base. Through the real openai client, with the real trainer process beside the server."""
+base. Then each is erased while the server serves and trains (the admin's DELETE /v1/users/NAME/data,
+`clawrl users erase` beside the server) and goes on from v0. Through the real openai client, with the
+real trainer process beside the server."""
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
 from contextlib import closing
 
 import httpx
 import pytest
 
+from clawrl.cli import main
 from clawrl.store.db import Store
-from tests.conftest import RemoteServer
+from tests.conftest import CLAWRL, ROOT, RemoteServer
 from tests.timing import limit, wait_for
 
 ADMIN = "admin-key-0123456789"
@@ -107,8 +112,6 @@ MARKER = "quartz-zebra-7719"  # only alice ever sends it
 
 
 def export(run_dir, capsys, *extra: str) -> str:
-    from clawrl.cli import main
-
     capsys.readouterr()
     assert main(["records", "export", "--run-dir", str(run_dir), *extra]) == 0
     return capsys.readouterr().out
@@ -170,3 +173,25 @@ def test_a_user_erased_while_serving_leaves_nothing_and_goes_on_from_v0(server, 
 
     assert "alice" not in health()["engine"]["extra"]["adapters"]["served"]
     wait_for(lambda: health()["trainer"]["status"] == "running", 60, "the trainer started again")
+
+
+def test_clawrl_users_erase_beside_a_running_server_goes_through_it(server, trained):
+    """The command finds the server by its lock on the run folder and asks it, with the admin key
+    from $CLAWRL_API_KEY: bob's data goes, and the server serves him v0; with a user's key the server
+    refuses, and the command exits 2 with its reason."""
+
+    def erase_bob(key: str) -> subprocess.CompletedProcess[str]:
+        command = [*CLAWRL, "users", "erase", "bob", "--run-dir", str(server.run_dir), "--yes"]
+        env = {**os.environ, "CLAWRL_API_KEY": key}
+        return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit(180))
+
+    refused = erase_bob(KEYS["bob"])
+    assert refused.returncode == 2, refused.stderr
+    assert "the server refused (403): erasing a user's data needs the admin key" in refused.stderr
+    done = erase_bob(ADMIN)
+    assert done.returncode == 0, done.stderr
+    pid = (server.run_dir / "server.lock").read_text()
+    assert f"a server (pid {pid}) serves {server.run_dir}: erasing through it" in done.stdout
+    assert "erased bob's rows through" in done.stdout and "bob is served v0 from now on" in done.stdout
+    assert not (server.run_dir / "checkpoints" / "bob").exists()
+    assert ask(server, KEYS["bob"], "who am I?").system_fingerprint == "clawrl-v0"
