@@ -16,7 +16,7 @@ start with `<think>`); with thinking off the sampled answer follows the prompt's
 The model is the tiny Qwen3 (`clawrl tiny-model --family qwen3`: Qwen3's real tokenizer and
 template) made to think every time, rather than by luck: its layers are zeroed, so the next token
 depends on the current one alone, and its embedding and output rows follow one chain (as
-tests/service/test_thinking.py does): `<think>` and 26 tokens of reasoning, `</think>`, a 7-token
+tests/service/test_thinking.py does): `<think>` and 20 tokens of reasoning, `</think>`, a 7-token
 answer, `<|im_end|>`. Its shapes, so its compute, are the random model's. Every session opens with
 a system prompt of about `--system-tokens` of its own (OpenClaw's lean profile sends ~2,500).
 
