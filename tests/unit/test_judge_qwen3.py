@@ -61,3 +61,37 @@ def test_a_vote_reads_the_models_label_probabilities_through_the_local_engine(qw
     odds = (expected[-1] / neutral[-1]) / (expected[1] / neutral[1])
     assert read.calibrated[-1] / read.calibrated[1] == pytest.approx(odds, rel=1e-3)
     assert read.cue is not None  # "wrong": the cue that leans the vote to bad
+
+
+class SplitGood:
+    """Qwen3's tokenizer, but " good" is two tokens (" go", "od"), as a label word may be elsewhere."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        if text == " good":
+            return [728, 347]
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
+def test_a_label_of_several_tokens_is_scored_as_the_sum_of_its_tokens(qwen3):
+    """The scorer's other path: a label word that is not one token is scored token by token
+    (`Engine.score`) and its log-probabilities summed: p(" go" | prompt) p("od" | prompt " go")."""
+    model, tokenizer = qwen3
+    reply = "Thanks, that was exactly right."
+
+    async def body():
+        engine = LocalEngine(model, model_name="t", max_context=4096, stop_token_ids=frozenset({151645}))
+        await engine.start()
+        try:
+            return await LikelihoodJudge(engine, SplitGood(tokenizer)).read(reply, variant=0)
+        finally:
+            await engine.stop()
+
+    read = asyncio.run(body())
+    ids = tokenizer.encode(prompt(0, reply), add_special_tokens=False)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([[*ids, 728]])).logits[0, -2:], -1)
+    log_odds = float(logp[0, 728] + logp[1, 347] - logp[0, BAD])  # ~ -12: the second token counts
+    assert math.log(read.raw[1] / read.raw[-1]) == pytest.approx(log_odds, abs=1e-3)
