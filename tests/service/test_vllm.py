@@ -239,6 +239,53 @@ def test_each_users_adapter_is_served_to_that_users_requests_on_vllm(
         server.stop()
 
 
+def _prefix_cache(server) -> tuple[float, float]:
+    """vLLM's prefix cache counters: prompt tokens looked up, and found cached (every request's)."""
+    totals = {"vllm:prefix_cache_queries": 0.0, "vllm:prefix_cache_hits": 0.0}
+    for line in httpx.get(server.vllm_url + "/metrics", timeout=limit(10)).text.splitlines():
+        name = line.split("{")[0].split(" ")[0].removesuffix("_total")
+        if name in totals and not line.startswith("#"):
+            totals[name] += float(line.split()[-1])
+    return totals["vllm:prefix_cache_queries"], totals["vllm:prefix_cache_hits"]
+
+
+def test_users_never_reuse_each_others_prompts_in_vllms_prefix_cache(
+    tmp_path, vllm_gateway, embedded_model_dir
+):
+    """Each user's requests carry their own cache_salt (docs/security.md): alice's resent prompt is
+    found in vLLM's prefix cache, bob's and the admin's same prompt are not; once alice's data is
+    erased (DELETE /v1/users/alice/data), not even hers is."""
+    keys = {"alice": "sk-alice-0123456789", "bob": "sk-bob-0123456789", "admin": "admin-0123456789"}
+    (tmp_path / "users.json").write_text(json.dumps({k: v for k, v in keys.items() if k != "admin"}))
+    more = ["--engine.vllm.url", vllm_gateway.vllm_url, "--judge.enabled", "false"]
+    more += ["--server.users", str(tmp_path / "users.json")]
+    server = RemoteServer(
+        tmp_path / "run", vllm_args(embedded_model_dir, *more), env={"CLAWRL_API_KEY": keys["admin"]}
+    )
+    prompt = " ".join(f"w{i % 50}" for i in range(110)) + " Name a colour."  # many blocks long
+
+    def hits_of(who: str) -> float:
+        """The prompt tokens vLLM found cached for `who` asking the prompt."""
+        queries, hits = _prefix_cache(vllm_gateway)
+        _greedy(server.client(api_key=keys[who]), prompt)
+        after = wait_for(lambda: (c := _prefix_cache(vllm_gateway))[0] > queries and c, 10, "vLLM's counters")
+        return after[1] - hits
+
+    try:
+        hits_of("alice")
+        assert hits_of("alice") > 64  # her own prompt, resent: found
+        assert hits_of("bob") == 0 and hits_of("admin") == 0  # the same tokens, another salt
+        r = httpx.delete(
+            server.url + "/v1/users/alice/data",
+            headers={"Authorization": f"Bearer {keys['admin']}"},
+            timeout=limit(60),
+        )
+        assert r.status_code == 200, r.text
+        assert hits_of("alice") == 0  # forgotten: a new salt
+    finally:
+        server.stop()
+
+
 def _publish_for(publisher: Publisher, name: str) -> None:
     """Write a user's version folder as the trainer does (a new random adapter), then its row."""
     with torch.no_grad():
