@@ -42,6 +42,7 @@ EXPECTED = {
     "GET /v1/models/{model_id}",
     "GET /v1/memory",
     "DELETE /v1/memory/{experience_id}",
+    "DELETE /v1/users/{name}/data",
 }
 
 
