@@ -25,6 +25,9 @@ Now (clawrl/train/loop.py):
   for untried samples to be batched with.
 
 A failure of the canary or the publish is not the batch's: its claims go back uncounted, as before.
+Nor is a failure in a group of ranks (`train.distributed`) counted: there rank 0's error is as
+often a peer's death seen in a collective (a killed rank) as the batch's own, so a group still
+hands the batch back uncounted and is restarted, as before (not solved for groups yet).
 """
 
 from __future__ import annotations

@@ -257,7 +257,8 @@ class TrainLoop:
 
     def _step(self, batch: list[Sample]) -> dict:
         """The step; out of memory, once more split in halves and unpacked; failed, the failure
-        counted against its samples (rank 0), then raised (train/failures.py)."""
+        counted against its samples (a trainer alone, not a group of ranks), then raised
+        (train/failures.py)."""
         trainer = self.policy.trainer
         try:
             try:
@@ -270,7 +271,9 @@ class TrainLoop:
             release_cached(trainer.device)
             return trainer.step(batch, split=True)
         except Exception as exc:
-            if self._main:
+            # In a group of ranks, rank 0's error is as often a peer's death seen in a collective
+            # as the batch's own: not counted there (train/failures.py).
+            if self.group.world == 1:
                 self._count_failure(batch, exc)
             raise
 
