@@ -1,4 +1,5 @@
-"""Erasing a removed user's data: `clawrl users erase NAME` (docs/users.md, "Removing a user").
+"""Erasing a user's data: `clawrl users erase NAME`, `DELETE /v1/users/NAME/data` (docs/users.md,
+"Erasing a user's data").
 
 `EraseStore` is mixed into `Store`. `user_rows(user)` counts what an erase would delete;
 `erase_user(user)` deletes it, in one transaction, and returns the counts. The rows of `user`:
