@@ -76,6 +76,7 @@ class UserEraser:
             )
         async with self._one:
             await self._known(name)
+            self.collector.admit()  # 503 now, before the trainer stops, while writes wait for the store
             async with self._trainer_paused():
                 erased, trained = await self.collector.erase_user(name)
                 removed = remove_checkpoints(self.run_dir, name)
