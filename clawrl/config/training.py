@@ -99,6 +99,13 @@ class TrainConfig(Section):
     eps_high: float = Field(0.28, gt=0, description="PPO clip, high side: ratio <= 1 + eps_high.")
     kl_coef: float = Field(0.02, ge=0, description="KL(policy || reference) weight (k3 estimator).")
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
+    hint_rewrite: bool = Field(
+        False,
+        description="For a turn judged with a hint and not good, the served policy also answers the "
+        "hinted prompt, and that answer is distilled into the bare prompt as an extra `opd` sample "
+        "(clawrl/algo/rewrite.py): teaches what the policy never samples on its own. One background "
+        "generation per such turn.",
+    )
     w_rl: float = Field(1.0, ge=0, description="combine: weight of the reward advantage.")
     w_opd: float = Field(1.0, ge=0, description="combine: weight of the distillation advantage.")
     opd_clip: float = Field(

@@ -44,17 +44,20 @@ from dataclasses import dataclass
 
 from clawrl.algo.base import Method, TeacherPrompt
 from clawrl.algo.distill import BarePrompt, distillation_sample
+from clawrl.algo.rewrite import rewrite_sample, wants_rewrite
 from clawrl.config import JudgeConfig, MemoryConfig
+from clawrl.engine.base import EngineError
 from clawrl.judge.backends import JudgeBackend, JudgeCallFailed
 from clawrl.judge.likelihood import reply_text
 from clawrl.judge.prompts import JudgeKind, judge_messages, tool_names
 from clawrl.judge.queue import JudgeQueue
+from clawrl.judge.rewriter import Rewriter
 from clawrl.judge.scorer import LikelihoodJudge
 from clawrl.judge.votes import hint_vote, judgment, prm_vote, state_hint_vote
 from clawrl.memory import lessons
 from clawrl.store.db import Store
 from clawrl.store.writer import StoreWriter
-from clawrl.types import Feedback, Judgment, Turn, Vote
+from clawrl.types import Feedback, Judgment, Sample, Turn, Vote
 from clawrl.version_folder import version_rank
 
 log = logging.getLogger(__name__)
@@ -79,6 +82,7 @@ class JudgeHealth:
     lessons: int = 0  # lessons handed to memory since the server started (one a turn taught before: a no-op)
     memory_failures: int = 0  # judged turns whose lessons or distillation sample failed (judging went on)
     distilled: int = 0  # memory distillation samples written since the server started
+    rewrites: int = 0  # hint rewrite samples made since the server started (train.hint_rewrite)
 
 
 class JudgeLoop:
@@ -94,6 +98,7 @@ class JudgeLoop:
         served: Callable[[], str] = lambda: "v0",
         memory: MemoryConfig | None = None,
         bare: BarePrompt | None = None,
+        rewrite: Rewriter | None = None,
     ) -> None:
         self.store, self.writer, self.backend, self.method = store, writer, backend, method
         self.served = served  # the version served now: turns submitted under a newer one go first
@@ -102,6 +107,7 @@ class JudgeLoop:
         self.teacher, self.config = teacher, config
         self.memory = memory  # None, or memory.learn off: no experiences are learnt
         self.bare = bare  # renders a turn without its memory block; None: no distillation samples
+        self.rewrite = rewrite  # writes a hinted turn's answer again with the hint; None: no rewrites
         judge = likelihood if likelihood is not None else backend
         self.name = judge.name if judge is not None else "feedback"
         self._queue = JudgeQueue()
@@ -122,6 +128,7 @@ class JudgeLoop:
         self.lessons = 0
         self.memory_failures = 0
         self.distilled = 0
+        self.rewrites = 0
 
     async def start(self) -> None:
         if self.backend is not None:
@@ -176,6 +183,7 @@ class JudgeLoop:
             lessons=self.lessons,
             memory_failures=self.memory_failures,
             distilled=self.distilled,
+            rewrites=self.rewrites,
         )
 
     async def _work(self) -> None:
@@ -221,7 +229,7 @@ class JudgeLoop:
             feedback.rating if feedback else None,
             feedback.comment if feedback else None,
         )
-        samples = self.method.samples(turn, j, self.teacher)
+        samples = self.method.samples(turn, j, self.teacher) + await self._rewrite(turn, j)
         await self.writer.write(self.store.insert_judgment, j, samples)  # one transaction; supersedes older
         self.judged += 1
         await self._learn(turn, j, feedback)
@@ -251,6 +259,20 @@ class JudgeLoop:
         except Exception:  # degrade on purpose: memory is a bonus, judging and serving must go on
             log.exception("learning from %s failed; its judgment stands", turn.id)
             self.memory_failures += 1
+
+    async def _rewrite(self, turn: Turn, j: Judgment) -> list[Sample]:
+        """The turn's hint rewrite sample (clawrl/algo/rewrite.py), when it wants one and it can be had."""
+        if self.rewrite is None or not wants_rewrite(turn, j):
+            return []
+        try:
+            teacher_ids = self.teacher(turn, j.hint or "")
+            response_ids, version = await self.rewrite(teacher_ids, turn)
+        except (EngineError, ValueError) as exc:  # degrade on purpose: a bonus sample
+            log.warning("the hint rewrite of %s failed (%s); judging goes on", turn.id, exc)
+            return []
+        sample = rewrite_sample(turn, j, teacher_ids, response_ids, version)
+        self.rewrites += sample is not None
+        return [sample] if sample is not None else []
 
     async def _distill(self, turn: Turn) -> None:
         """Write the turn's memory distillation sample, if it has one (see the module)."""

@@ -39,6 +39,7 @@ from clawrl.engine.base import Engine, EngineUnavailable
 from clawrl.engine.registry import build_engine
 from clawrl.engine.watcher import VersionWatcher
 from clawrl.judge.backends import JudgeBackend, LocalJudge, OpenAIJudge
+from clawrl.judge.rewriter import REWRITE_MAX_TOKENS, engine_rewriter
 from clawrl.judge.scorer import LikelihoodJudge
 from clawrl.judge.worker import JudgeLoop
 from clawrl.model.load import ModelNotFound
@@ -239,7 +240,10 @@ def build_judge(
     teacher = teacher_prompt(renderer)
     bare = bare_prompt(renderer) if config.memory.distill else None
     served = lambda: engine.version  # noqa: E731
-    return JudgeLoop(store, writer, backend, method, teacher, j, likelihood, served, config.memory, bare)
+    rewrite = engine_rewriter(engine, REWRITE_MAX_TOKENS) if config.train.hint_rewrite else None
+    return JudgeLoop(
+        store, writer, backend, method, teacher, j, likelihood, served, config.memory, bare, rewrite=rewrite
+    )
 
 
 def configured_method(config: Config) -> Method:

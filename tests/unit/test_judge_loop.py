@@ -10,6 +10,8 @@ from clawrl.algo import get_method
 from clawrl.algo.teacher import teacher_prompt
 from clawrl.chat.template import ChatRenderer
 from clawrl.config import JudgeConfig
+from clawrl.engine.base import EngineFailed, SamplingParams, TokenEvent
+from clawrl.judge.rewriter import engine_rewriter
 from clawrl.judge.worker import JudgeLoop
 from clawrl.store.db import Store
 from clawrl.store.writer import StoreWriter
@@ -39,8 +41,35 @@ class CountingJudge:
         return "The user asks to redo it.\n\\boxed{-1}"
 
 
-def _judge(db: Path, tokenizer: Any, turn_id: str, rating: int | None, comment: str | None = None):
-    """Judge `turn_id` (its next state already recorded, and `rating` if given) once, as the server does."""
+class RewritingEngine:
+    """An engine whose every answer is `ANSWER`, recording what it was asked (or failing, if told to)."""
+
+    max_context = 512
+    stop_token_ids = frozenset({2})
+    ANSWER = [41, 42, 43]
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.asked: list[tuple[list[int], SamplingParams]] = []
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams):
+        self.asked.append((list(prompt_ids), params))
+        if self.fail:
+            raise EngineFailed("the engine is gone")
+        for token in self.ANSWER:
+            yield TokenEvent(token, -0.1, "v7")
+
+
+def _judge(
+    db: Path,
+    tokenizer: Any,
+    turn_id: str,
+    rating: int | None,
+    comment: str | None = None,
+    engine: RewritingEngine | None = None,
+):
+    """Judge `turn_id` (its next state already recorded, and `rating` if given) once, as the server does;
+    with `engine`, hinted turns that failed are also rewritten (train.hint_rewrite)."""
 
     async def run():
         backend = CountingJudge()
@@ -57,6 +86,7 @@ def _judge(db: Path, tokenizer: Any, turn_id: str, rating: int | None, comment: 
                 get_method("combine"),
                 teacher,
                 JudgeConfig(votes=3, mode="generate", weights="policy"),
+                rewrite=engine_rewriter(engine, 512) if engine is not None else None,
             )
             try:
                 j = await loop.judge(turn_id)
@@ -95,3 +125,32 @@ def test_a_turn_rated_before_it_is_judged_asks_no_judge(tmp_path, smol_tokenizer
     j, calls, samples = _judge(tmp_path / "c.db", smol_tokenizer, "t2", -1, comment)
     assert calls == 0 and j.votes == [] and j.score == -1 and j.hint == comment
     assert [(s.kind, s.reward) for s in samples] == [("opd", -1.0)]  # combine: one sample carrying r
+
+
+def test_a_failed_hinted_turn_is_rewritten_with_the_hint_and_distilled_into_the_bare_prompt(
+    tmp_path, smol_tokenizer
+):
+    _store(tmp_path / "c.db", smol_tokenizer)
+    engine = RewritingEngine()
+    j, _, samples = _judge(tmp_path / "c.db", smol_tokenizer, "t0", rating=None, engine=engine)
+    assert j.score == -1 and j.hint == HINT
+    own, rewrite = sorted(samples, key=lambda s: s.reward)
+    assert (own.kind, own.reward) == ("opd", -1.0)
+    assert own.response_ids == smol_tokenizer.encode("Four.", add_special_tokens=False)
+    (asked, params), = engine.asked
+    assert asked == rewrite.teacher_prompt_ids == own.teacher_prompt_ids  # the hinted prompt
+    assert params.background and params.adapter == "default" and params.stop_token_ids == {2}
+    assert (rewrite.kind, rewrite.reward, rewrite.hint) == ("opd", 0.0, HINT)
+    assert rewrite.prompt_ids == own.prompt_ids and rewrite.response_ids == RewritingEngine.ANSWER
+    assert rewrite.logprobs == [] and rewrite.version == "v7"  # weighed 1 by the trainer
+
+
+def test_a_good_turn_is_not_rewritten_and_a_failed_rewrite_costs_nothing_but_itself(tmp_path, smol_tokenizer):
+    _store(tmp_path / "c.db", smol_tokenizer)
+    engine = RewritingEngine()
+    j, _, samples = _judge(tmp_path / "c.db", smol_tokenizer, "t1", 1, engine=engine)
+    assert j.score == 1 and not engine.asked and [s.kind for s in samples] == ["rl"]
+    broken = RewritingEngine(fail=True)
+    j, _, samples = _judge(tmp_path / "c.db", smol_tokenizer, "t2", None, engine=broken)
+    assert j.score == -1 and len(broken.asked) == 1
+    assert [(s.kind, s.reward) for s in samples] == [("opd", -1.0)]  # judging went on without it

@@ -1,0 +1,52 @@
+"""The engine side of hint rewrites (clawrl/algo/rewrite.py): the served policy answers the hinted prompt.
+
+`engine_rewriter(engine, max_tokens)` gives the judge loop a `Rewriter`: given the teacher prompt's
+IDs and the turn, it samples one answer from the serving engine with the turn's adapter and the
+sampling the turn was served with (its temperature, top_p, top_k and penalties), as a background
+request (admitted only when no served request waits), and returns the sampled IDs and the version
+that wrote them. Engine failures propagate as `EngineError`; the loop logs them and goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from clawrl.algo.rewrite import turn_user
+from clawrl.engine.base import Engine, SamplingParams
+from clawrl.types import Turn
+
+REWRITE_MAX_TOKENS = 512  # a rewrite is about its answer's length (twice it, 128 at least), never past this
+Rewriter = Callable[[list[int], Turn], Awaitable[tuple[list[int], str]]]
+"""(teacher prompt IDs, turn) -> (the rewrite's token IDs, the version that wrote them)."""
+
+
+def engine_rewriter(engine: Engine, max_tokens: int) -> Rewriter:
+    async def rewrite(prompt_ids: list[int], turn: Turn) -> tuple[list[int], str]:
+        room = engine.max_context - len(prompt_ids) - 1
+        if room < 1:
+            return [], turn.policy_version
+        ids: list[int] = []
+        version = turn.policy_version
+        limit = min(max_tokens, room, max(128, 2 * len(turn.response_ids)))  # about the answer's length
+        async for event in engine.generate(prompt_ids, _params(turn, limit, engine)):
+            ids.append(event.token_id)
+            version = event.version
+        return ids, version
+
+    return rewrite
+
+
+def _params(turn: Turn, max_tokens: int, engine: Engine) -> SamplingParams:
+    s = turn.sampling or {}
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=turn.temperature,
+        top_p=float(s.get("top_p", 1.0)),
+        top_k=int(s.get("top_k", 0)),
+        repetition_penalty=float(s.get("repetition_penalty", 1.0)),
+        frequency_penalty=float(s.get("frequency_penalty", 0.0)),
+        presence_penalty=float(s.get("presence_penalty", 0.0)),
+        stop_token_ids=engine.stop_token_ids,
+        background=True,
+        adapter=turn_user(turn),
+    )
