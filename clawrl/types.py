@@ -192,6 +192,7 @@ class Experience:
     owner: str = DEFAULT_OWNER
     state: str = EXPERIENCE_ACTIVE
     seen: int = 1  # distinct turns that taught it
+    from_comment: bool = False  # taught by its owner's own rating comment (trusted at once; else 2 sessions)
     created_at: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.time)
     retired_at: float | None = None

@@ -126,6 +126,12 @@ class Config(Section):
             a == "auto" and self.server.users is not None and self.train.weights == "lora"
         )
 
+    @property
+    def memory_distills(self) -> bool:
+        """Whether a turn served with memory gives a distillation sample: `memory.distill`, and never
+        into a policy other users are served (with `server.users`, per-user adapters only)."""
+        return self.memory.distill and (self.server.users is None or self.per_user_adapters)
+
     def cache_dir(self) -> Path:
         """The folder holding converted models, resolved from config and environment."""
         if self.model.cache_dir:

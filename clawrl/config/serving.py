@@ -358,12 +358,20 @@ class MemoryConfig(Section):
         description="Learn experiences from judged hints and rating comments (a pure rule, no model call); "
         "they are listed by GET /v1/memory and `clawrl memory list` even while `enabled` is off.",
     )
+    free_form: bool = Field(
+        False,
+        description="Also learn free-form wishes ('Answer in French please.', 'I prefer bullet points.'), "
+        "not only the known complaints about form ('Way too long' -> 'Keep answers short and to the "
+        "point.'). "
+        "Off by default: a next message may come from a group chat, a forwarded mail or a bot, and a "
+        "free-form wish is any sentence that reads like an instruction (docs/security.md).",
+    )
     max_tokens: int = Field(
         128, gt=0, description="Token budget of a request's memory block (header and lines together)."
     )
     max_items: int = Field(8, ge=1, description="Most experiences in one request's memory block.")
     max_chars: int = Field(
-        MAX_CHARS, ge=20, le=1000, description="Cap of one experience's text: a longer one is cut at a word."
+        MAX_CHARS, ge=20, le=1000, description="Cap of one experience's text: a longer lesson is dropped."
     )
     merge_at: float = Field(
         MERGE_AT,

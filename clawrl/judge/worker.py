@@ -17,7 +17,9 @@ the loop waits before judging another turn, since its turn may not be on disk
 yet.
 
 A judgment with a hint, or a rating with a comment, then teaches memory (`memory.learn`): the
-lessons `clawrl.memory.lessons` finds become or merge into experiences (`Store.learn`). That
+lessons `clawrl.memory.lessons` finds become or merge into experiences (`Store.learn`), those of
+the comment marked as the user's own word; a lesson over the cap or with a control character is
+dropped and logged with its reason. That
 runs after the judgment is written, and a failure there is logged and counted
 (`JudgeHealth.memory_failures`), never raised: it never blocks judging.
 
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections import Counter, deque
@@ -54,7 +57,7 @@ from clawrl.judge.queue import JudgeQueue
 from clawrl.judge.rewriter import Rewriter
 from clawrl.judge.scorer import LikelihoodJudge
 from clawrl.judge.votes import hint_vote, judgment, prm_vote, state_hint_vote
-from clawrl.memory import lessons
+from clawrl.memory.lessons import read
 from clawrl.store.db import Store
 from clawrl.store.writer import StoreWriter
 from clawrl.types import Feedback, Judgment, Sample, Turn, Vote
@@ -241,20 +244,19 @@ class JudgeLoop:
         if m is None or not m.learn:
             return
         try:
-            texts = dict.fromkeys(t for t in (j.hint, feedback.comment if feedback else None) if t)
-            found = dict.fromkeys(lesson for t in texts for lesson in lessons(t, max_chars=m.max_chars))
-            for lesson in found:
-                now = time.time()
-                args = (
-                    lesson,
-                    turn.id,
-                    turn.session_id,
-                    now,
-                    None,
-                    m.merge_at,
-                    m.max_chars,
-                )  # the session's user
-                await self.writer.write(self.store.learn, *args)
+            comment = feedback.comment if feedback else None
+            hint = j.hint if j.hint != comment else None  # a rating first: the comment is the hint
+            found: dict[str, bool] = {}  # lesson -> taught by the rating's comment
+            for text, by_comment in ((comment, True), (hint, False)):
+                got = read(text, max_chars=m.max_chars, free_form=m.free_form)
+                for sentence, reason in got.dropped:
+                    log.warning("memory item of %s dropped (%s): %r", turn.id, reason, sentence)
+                for lesson in got.kept:
+                    found.setdefault(lesson, by_comment)
+            for lesson, by_comment in found.items():
+                learn = functools.partial(self.store.learn, from_comment=by_comment)
+                args = (lesson, turn.id, turn.session_id, time.time(), None, m.merge_at, m.max_chars)
+                await self.writer.write(learn, *args)  # owner None: the session's user
                 self.lessons += 1
         except Exception:  # degrade on purpose: memory is a bonus, judging and serving must go on
             log.exception("learning from %s failed; its judgment stands", turn.id)

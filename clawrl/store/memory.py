@@ -5,9 +5,11 @@
 - `learn` writes one lesson of one turn in one transaction: the owner's experiences that share
   a word with it (the FTS5 index, best first) are compared by normalised-token similarity
   (`clawrl.memory.similar`); at `merge_at` or more the lesson merges into the most similar one
-  (its provenance gains the turn and session, `seen` counts distinct turns, `last_seen` moves),
-  else it is a new `active` experience. The text is capped (`clawrl.memory.lessons.cap`) here
-  too, so nothing longer than the cap is ever stored. A lesson merging into a `retired`
+  (its provenance gains the turn and session, `seen` counts distinct turns, `last_seen` moves,
+  `from_comment` is set once a rating comment taught it), else it is a new `active` experience
+  (injected only once trusted: two sessions, or a comment, clawrl/memory/block.py). The text is
+  capped (`clawrl.memory.lessons.cap`) here too, so nothing longer than the cap is ever stored
+  (the judge loop drops such a lesson before it gets here). A lesson merging into a `retired`
   experience leaves it retired: what a user erased is not learnt back.
 - `forget` retires an experience (never deletes it: the store only appends and updates) and
   marks its samples still `ready` `skipped` ("experience erased: ..."), in one transaction: the
@@ -33,7 +35,8 @@ from clawrl.store.rows import DISTILL_IDS, INSERT_SAMPLE, NOT_DISTILL, TURN_COLU
 from clawrl.types import DEFAULT_OWNER, EXPERIENCE_ACTIVE, EXPERIENCE_RETIRED, Experience, Sample, Turn
 
 EXPERIENCE_COLUMNS = (
-    "id, owner, text, state, turn_ids, session_ids, seen, created_at, last_seen, retired_at, gap, probed_at"
+    "id, owner, text, state, turn_ids, session_ids, seen, created_at, last_seen, retired_at, gap, probed_at, "
+    "from_comment"
 )
 MERGE_CANDIDATES = 20  # FTS hits compared with a new lesson
 _E = ", ".join(f"e.{c.strip()}" for c in EXPERIENCE_COLUMNS.split(","))
@@ -42,10 +45,13 @@ _FTS_HITS = (
     "WHERE experiences_fts MATCH ? AND e.owner = ? {state} ORDER BY bm25(experiences_fts) LIMIT ?"
 )
 _INSERT = (
-    "INSERT INTO experiences (owner, text, state, turn_ids, session_ids, seen, created_at, last_seen) "
-    "VALUES (?, ?, ?, ?, ?, 1, ?, ?)"
+    "INSERT INTO experiences (owner, text, state, turn_ids, session_ids, seen, created_at, last_seen, "
+    "from_comment) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?)"
 )
-_MERGE = "UPDATE experiences SET turn_ids = ?, session_ids = ?, seen = ?, last_seen = ? WHERE id = ?"
+_MERGE = (
+    "UPDATE experiences SET turn_ids = ?, session_ids = ?, seen = ?, last_seen = ?, from_comment = ? "
+    "WHERE id = ?"
+)
 _DROP_SAMPLES = (
     "UPDATE samples SET status = 'skipped', status_reason = ?1 WHERE status = 'ready' AND "
     "(CASE WHEN json_valid(payload) THEN json_extract(payload, '$.experience_id') END = ?2 "
@@ -74,6 +80,7 @@ def experience_from_row(row: sqlite3.Row) -> Experience:
         retired_at=row["retired_at"],
         gap=row["gap"],
         probed_at=row["probed_at"],
+        from_comment=bool(row["from_comment"]),
     )
 
 
@@ -95,9 +102,10 @@ class MemoryStore:
         owner: str | None = None,
         merge_at: float = MERGE_AT,
         max_chars: int = MAX_CHARS,
+        from_comment: bool = False,
     ) -> Experience:
-        """Merge `lesson` (taught by `turn_id`) into the owner's most similar experience, or add it.
-        The owner is, unless named, the session's user (docs/users.md)."""
+        """Merge `lesson` (taught by `turn_id`; by its rating comment: `from_comment`) into the owner's
+        most similar experience, or add it. The owner is, unless named, the session's user (docs/users.md)."""
         text = cap(lesson, max_chars)
         with self._write() as conn:
             if owner is None:
@@ -109,19 +117,23 @@ class MemoryStore:
             key = best_match(text, ((e.id, e.text) for e in found), merge_at)
             if key is None:
                 ids = (json.dumps([turn_id]), json.dumps([session_id]))
-                cur = conn.execute(_INSERT, (owner, text, EXPERIENCE_ACTIVE, *ids, now, now))
+                cur = conn.execute(_INSERT, (owner, text, EXPERIENCE_ACTIVE, *ids, now, now, from_comment))
                 return Experience(text, [turn_id], [session_id], owner, created_at=now, last_seen=now,
-                                  id=int(cur.lastrowid or 0))  # fmt: skip
+                                  from_comment=from_comment, id=int(cur.lastrowid or 0))  # fmt: skip
             e = next(e for e in found if e.id == key)
-            if turn_id in e.turn_ids:
+            if turn_id in e.turn_ids and (e.from_comment or not from_comment):
                 return e  # the same turn judged again (a rating after the votes) teaches nothing new
+            if turn_id in e.turn_ids:  # ... but its rating's comment vouches for it now
+                conn.execute("UPDATE experiences SET from_comment = 1 WHERE id = ?", (e.id,))
+                e.from_comment = True
+                return e
+            e.from_comment = e.from_comment or from_comment
             e.turn_ids.append(turn_id)
             if session_id not in e.session_ids:
                 e.session_ids.append(session_id)
             e.seen, e.last_seen = e.seen + 1, max(e.last_seen, now)
-            conn.execute(
-                _MERGE, (json.dumps(e.turn_ids), json.dumps(e.session_ids), e.seen, e.last_seen, e.id)
-            )
+            ids = (json.dumps(e.turn_ids), json.dumps(e.session_ids))
+            conn.execute(_MERGE, (*ids, e.seen, e.last_seen, e.from_comment, e.id))
             return e
 
     def experiences(self, owner: str | None = DEFAULT_OWNER, state: str | None = None) -> list[Experience]:

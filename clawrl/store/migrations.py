@@ -42,6 +42,7 @@ from clawrl.store.schema import (
     M018_DELETE_TRIGGERS,
     M019_TURN_REASONING,
     M020_SAMPLE_ATTEMPTS,
+    M021_EXPERIENCE_FROM_COMMENT,
 )
 
 MIGRATIONS: list[tuple[str, str]] = [
@@ -65,6 +66,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m018_delete_triggers", M018_DELETE_TRIGGERS),
     ("m019_turn_reasoning", M019_TURN_REASONING),
     ("m020_sample_attempts", M020_SAMPLE_ATTEMPTS),
+    ("m021_experience_from_comment", M021_EXPERIENCE_FROM_COMMENT),
 ]
 
 _NAME = re.compile(r"m[0-9]{3}_[a-z0-9_]+")

@@ -475,3 +475,10 @@ ALTER TABLE turns ADD COLUMN chat_template_kwargs TEXT NULL;
 M020_SAMPLE_ATTEMPTS = """
 ALTER TABLE samples ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;
 """
+
+# An experience taught by its owner's own rating comment is injected from the next session on; one
+# learnt from next messages alone waits until a second session teaches it (clawrl/memory/block.py).
+# Existing rows start at 0: their source is not known, so they wait for two sessions too.
+M021_EXPERIENCE_FROM_COMMENT = """
+ALTER TABLE experiences ADD COLUMN from_comment INTEGER NOT NULL DEFAULT 0;
+"""

@@ -238,7 +238,10 @@ def build_judge(
         backend = OpenAIJudge(j.base_url, j.model, key, j.timeout_s)
     method = configured_method(config)
     teacher = teacher_prompt(renderer)
-    bare = bare_prompt(renderer) if config.memory.distill else None
+    bare = bare_prompt(renderer) if config.memory_distills else None
+    if config.memory.distill and bare is None:
+        log.info("memory distillation off: with users and train.adapters shared, one user's memory "
+                 "would be trained into the policy every user is served")  # fmt: skip
     served = lambda: engine.version  # noqa: E731
     rewrite = engine_rewriter(engine, REWRITE_MAX_TOKENS) if config.train.hint_rewrite else None
     return JudgeLoop(

@@ -24,6 +24,7 @@ CONTEXT = 512
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_model_dir):
     args = ["--model", str(tiny_model_dir), "--judge.backend", "feedback", "--memory.enabled", "true"]
+    args += ["--memory.free-form", "true"]  # "Answer in French please." is a free-form wish
     args += ["--model.max-context", str(CONTEXT)]
     s = RemoteServer(tmp_path_factory.mktemp("memory") / "run", args)
     yield s

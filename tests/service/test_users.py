@@ -29,6 +29,7 @@ def users_file(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_model_dir, users_file):
     args = ["--model", str(tiny_model_dir), "--judge.backend", "feedback", "--server.users", str(users_file)]
+    args += ["--memory.free-form", "true"]  # alice's "Answer in French please." is a free-form wish
     s = RemoteServer(tmp_path_factory.mktemp("users") / "run", args, env={"CLAWRL_API_KEY": ADMIN})
     yield s
     s.stop()
@@ -206,6 +207,7 @@ def test_a_user_removed_from_the_file_is_no_longer_served_and_their_data_stays(
     server.stop()
     users_file.write_text(json.dumps({"alice": KEYS["alice"]}))
     args = ["--model", str(tiny_model_dir), "--judge.backend", "feedback", "--server.users", str(users_file)]
+    args += ["--memory.free-form", "true"]  # alice's "Answer in French please." is a free-form wish
     again = RemoteServer(server.run_dir, args, env={"CLAWRL_API_KEY": ADMIN})
     try:
         with pytest.raises(openai.AuthenticationError):

@@ -294,7 +294,8 @@ def test_the_importance_weight_is_taken_against_the_bare_prompt(tiny_model_dir, 
 
     distilled = step(sample)
     assert distilled["mismatch"] == pytest.approx(expected, rel=1e-3)
-    assert abs(distilled["is_weight_mean"] - 1.0) > 0.01 and distilled["samples_memory"] == 1
+    # not 1: the tiny random model moves it by 0.006 with today's header (float32 noise is ~1e-7)
+    assert abs(distilled["is_weight_mean"] - 1.0) > 1e-3 and distilled["samples_memory"] == 1
     served = Sample(turn.id, "opd", turn.prompt_ids, turn.response_ids, mu, "v0", 1.0,
                     teacher_prompt_ids=turn.prompt_ids)  # fmt: skip
     on_policy = step(served)

@@ -60,14 +60,28 @@ def _rated(db: Path, comment: str = COMMENT) -> None:
 
 def test_a_rating_comment_teaches_its_wishes_not_its_facts(db):
     _rated(db)
-    j, health, learnt = _judge(db, memory=MemoryConfig())
+    j, health, learnt = _judge(db, memory=MemoryConfig(free_form=True))
     assert j.score == -1 and j.hint == COMMENT
     assert sorted(e.text for e in learnt) == [
         "Answer in French please.",
         "Keep answers short and to the point.",
     ]
-    assert all(e.turn_ids == ["t0"] and e.session_ids == ["s1"] for e in learnt)
+    assert all(e.turn_ids == ["t0"] and e.session_ids == ["s1"] and e.from_comment for e in learnt)
     assert health.lessons == 2 and health.memory_failures == 0
+
+
+def test_without_free_form_a_comment_teaches_only_the_known_complaints(db):
+    _rated(db)
+    learnt = _judge(db, memory=MemoryConfig())[2]
+    assert [e.text for e in learnt] == ["Keep answers short and to the point."]
+
+
+def test_a_lesson_with_a_control_character_is_dropped_and_logged(db, caplog):
+    _rated(db, "Answer in French\u202e please. Way too long.")
+    learnt = _judge(db, memory=MemoryConfig(free_form=True))[2]
+    assert [e.text for e in learnt] == ["Keep answers short and to the point."]
+    (record,) = [r for r in caplog.records if "dropped" in r.getMessage()]
+    assert "control character U+202E" in record.getMessage() and "t0" in record.getMessage()
 
 
 def test_memory_learn_off_learns_nothing(db):
