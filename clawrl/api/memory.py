@@ -4,8 +4,9 @@
     DELETE /v1/memory/{id}                               {"id", "object", "deleted": true, "state": "retired"}
 
 An experience is `{"id", "object": "memory.experience", "text", "state", "seen", "created_at",
-"last_seen", "retired_at", "gap", "probed_at", "turn_ids", "session_ids"}`, last seen first (`gap`:
-the retirement probe's last measure, null until one ran). An erased experience is
+"last_seen", "retired_at", "gap", "probed_at", "turn_ids", "session_ids", "from_comment"}`, last
+seen first (`gap`: the retirement probe's last measure, null until one ran; `from_comment`: taught
+by its owner's rating comment, so injected without a second session). An erased experience is
 retired, not deleted: it is never injected again, its pending samples are dropped, and it is
 still listed (state "retired") with its provenance. An unknown id, or one that is not the
 key's, is a 404. With users on (docs/users.md) the key's own are its user's; the admin key's are
