@@ -14,6 +14,11 @@ last `R_max + 1` positions, since only response tokens are scored:
     logits kept: [B, R_max + 1, V] -> row i's response predictions are its last R_i positions
                                       before the final one
 
+With `Padded.scored` (the trainer's batches: the positions the loss reads, a packed row's answers
+and not the messages between them), the LM head sees only those N positions' hidden states and
+the logits are [1, N, V]: a 30,000-token session with 640 answer tokens at Qwen3's 151,936-row
+vocabulary keeps 0.2 GB of bf16 logits, not 9 GB. The same numbers come out at those positions.
+
 It returns per-token logprobs and entropies *left-aligned* ([B, R_max], row i
 valid on its first R_i entries, like a right-padded batch), which is the
 layout of `policy_loss` and `batch_advantages`.
@@ -90,6 +95,9 @@ class Padded:
     # Per row, the grammar it was decoded under (clawrl/chat/grammar.py); None (a row or all): none.
     grammar: Sequence[dict | None] | None = None
     masks: Tensor | None = None  # the grammars' masks, once `grammar_masks` built them
+    # [B, R_max] bool, right-aligned as the targets: the positions the loss reads (a packed row's
+    # answers, not the messages between them: train/packing.py); None: every response position.
+    scored: Tensor | None = None
 
 
 def left_pad(prompts: Sequence[list[int]], responses: Sequence[list[int]], device: torch.device) -> Padded:
@@ -118,9 +126,12 @@ def score(
     """
     r_max = batch.targets.shape[1]
     allowed = grammar_masks(model, batch)
-    logits = response_logits(model, batch)
-    logp, entropy = chunked_token_logprobs(logits, batch.targets, temperatures, with_entropy, allowed)
-    del logits
+    if batch.scored is None:
+        logits = response_logits(model, batch)
+        logp, entropy = chunked_token_logprobs(logits, batch.targets, temperatures, with_entropy, allowed)
+        del logits
+    else:
+        logp, entropy = _scored_logprobs(model, batch, temperatures, with_entropy, allowed)
     if not entropy_grad:
         entropy = entropy.detach()
     align = _left_align_index(batch.lengths, r_max, logp.device)
@@ -153,6 +164,43 @@ def response_logits(model: nn.Module, batch: Padded) -> Tensor:
             use_cache=False,  # whole sequences are scored: no KV cache to keep
         )
     return out.logits
+
+
+def _scored_logprobs(
+    model: nn.Module, batch: Padded, temperatures: Tensor, with_entropy: bool, allowed: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """(logp, entropy) [B, R_max], right-aligned, from logits at `batch.scored`'s N positions only:
+    [1, N, V] (`scored_logits`) instead of [B, R_max + 1, V]. Elsewhere both are 0 (never read: the
+    loss masks those positions), without gradient."""
+    keep = batch.scored
+    assert keep is not None
+    logits = scored_logits(model, batch, keep)  # [1, N, V]
+    temps = torch.as_tensor(temperatures, device=logits.device)
+    temps = temps.reshape(-1, 1).expand(keep.shape)[keep][None] if temps.dim() else temps  # [1, N]
+    mask = allowed[keep][None] if allowed is not None else None
+    logp, entropy = chunked_token_logprobs(logits, batch.targets[keep][None], temps, with_entropy, mask)
+    del logits
+    out_logp = logp.new_zeros(keep.shape).masked_scatter(keep, logp[0])
+    return out_logp, entropy.new_zeros(keep.shape).masked_scatter(keep, entropy[0])
+
+
+def scored_logits(model: nn.Module, batch: Padded, keep: Tensor) -> Tensor:
+    """logits [1, N, V] at the N True entries of `keep` [B, R_max] (row-major), entry (i, j) the
+    prediction of target (i, j). The whole forward runs (the root's hooks, FSDP's included, a
+    softcap after the head), but a pre-hook on the LM head hands it only those positions' hidden
+    states: a packed session's head output and its gradient are its answers' size, not its own."""
+    r_max = batch.targets.shape[1]
+
+    def gather(_module: nn.Module, args: tuple) -> tuple:
+        hidden = args[0]  # [B, R_max + 1, H]: the kept positions; the last predicts nothing
+        return (hidden[:, :r_max][keep][None], *args[1:])
+
+    head = getattr(model, "module", model).get_output_embeddings()  # DDP keeps the model in .module
+    handle = head.register_forward_pre_hook(gather)
+    try:
+        return response_logits(model, batch)
+    finally:
+        handle.remove()
 
 
 def _left_align_index(lengths: list[int], r_max: int, device: torch.device) -> Tensor:

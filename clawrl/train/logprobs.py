@@ -57,7 +57,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         lse = torch.empty_like(logp)
         entropy = torch.zeros_like(logp)
         for lo, hi in _chunks(b, n, logits.shape[-1]):
-            z = _masked(logits[:, lo:hi].to(dtype) / temp, allowed, lo, hi)  # [B, c, V]
+            z = _masked(logits[:, lo:hi].to(dtype) / _at(temp, lo, hi), allowed, lo, hi)  # [B, c, V]
             lse[:, lo:hi] = torch.logsumexp(z, dim=-1)
             z -= lse[:, lo:hi, None]  # log p, in place
             logp[:, lo:hi] = z.gather(-1, targets[:, lo:hi, None])[..., 0]
@@ -78,7 +78,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         grad = torch.zeros_like(logits)
         b, n = targets.shape
         for lo, hi in _chunks(b, n, logits.shape[-1]):
-            z = _masked(logits[:, lo:hi].to(lse.dtype) / temp, ctx.allowed, lo, hi)
+            z = _masked(logits[:, lo:hi].to(lse.dtype) / _at(temp, lo, hi), ctx.allowed, lo, hi)
             logq = z - lse[:, lo:hi, None]  # log p [B, c, V]
             p = logq.exp()
             g = torch.zeros_like(p)
@@ -87,9 +87,14 @@ class _ChunkedLogprobs(torch.autograd.Function):
                 g.sub_(p * gl).scatter_add_(-1, targets[:, lo:hi, None], gl)
             if grad_entropy is not None and ctx.with_entropy:
                 g.sub_(p * (logq + entropy[:, lo:hi, None]) * grad_entropy[:, lo:hi, None])
-            grad[:, lo:hi] = g / temp
+            grad[:, lo:hi] = g / _at(temp, lo, hi)
             del z, logq, p, g
         return grad, None, None, None, None
+
+
+def _at(temp: Tensor, lo: int, hi: int) -> Tensor:
+    """The temperatures of positions lo:hi: [B or 1, 1, 1] (one a row) as it is, [B, T, 1] sliced."""
+    return temp if temp.shape[1] == 1 else temp[:, lo:hi]
 
 
 def _masked(z: Tensor, allowed: Tensor | None, lo: int, hi: int) -> Tensor:
@@ -116,7 +121,8 @@ def chunked_token_logprobs(
 ) -> tuple[Tensor, Tensor]:
     """(logp [B, T], entropy [B, T]) of targets [B, T] under softmax(logits[:, :T] / temperature).
 
-    As `loss.token_logprobs`: temperature is a float or a per-sequence [B] tensor, 0 means 1,
+    As `loss.token_logprobs`: temperature is a float, a per-sequence [B] tensor or a per-position
+    [B, T] one (positions gathered from several rows: train/batch.py), 0 means 1,
     half-precision logits are scored in float32, negative targets read as token 0. Without
     `with_entropy` the entropy is zeros (and not differentiable). `allowed` [B, T, W]: each
     position's grammar mask as int32 bitmask words (see the module docstring); None: no mask.
@@ -126,7 +132,12 @@ def chunked_token_logprobs(
     dtype = torch.promote_types(logits.dtype, torch.float32)
     temp = torch.as_tensor(temperature, dtype=dtype, device=logits.device)
     temp = torch.where(temp > 0, temp, torch.ones_like(temp))
-    temp = temp.reshape(-1, 1, 1) if temp.dim() == 1 else temp.reshape(1, 1, 1)
+    if temp.dim() == 2:
+        if tuple(temp.shape) != tuple(targets.shape):
+            raise ValueError(f"temperatures {tuple(temp.shape)} do not match targets {tuple(targets.shape)}")
+        temp = temp[..., None]
+    else:
+        temp = temp.reshape(-1, 1, 1) if temp.dim() == 1 else temp.reshape(1, 1, 1)
     if allowed is not None and tuple(allowed.shape[:2]) != tuple(targets.shape):
         raise ValueError(f"masks {tuple(allowed.shape)} do not match targets {tuple(targets.shape)}")
     return _ChunkedLogprobs.apply(logits, targets.clamp(min=0), temp, with_entropy, allowed)

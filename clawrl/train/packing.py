@@ -12,11 +12,14 @@ whole sequence so far (its first prompt, then everything up to the last answer i
 prefix of the sample's prompt, they share a temperature and a RoPE choice, and neither was decoded
 under a grammar (whose masks are replayed per response). The row's "response" is then everything
 from its first answer's first token to its last answer's last: the messages between answers are
-scored too, and masked out by the loss. `unpack` takes a row-major tensor [R, L] (what `score`
-returns for the rows, left-aligned) back to the samples' layout [S, T] (sample i's tokens first),
-by indexing, so gradients flow; everything after the scoring (advantages, importance weights,
-the loss) is per sample, unchanged. The teacher pass of an opd sample is its own sequence (the
-hint sits inside its prompt) and is not packed.
+in it, not scored (`loss_positions`) and masked out by the loss. `unpack` takes a row-major
+tensor [R, L] (what `score` returns for the rows, left-aligned) back to the samples' layout
+[S, T] (sample i's tokens first), by indexing, so gradients flow; everything after the scoring
+(advantages, importance weights, the loss) is per sample, unchanged. `loss_positions` marks
+the rows' answer tokens, the positions the loss reads: the LM head runs there only
+(train/batch.py: `Padded.scored`), so a 30,000-token session with short answers makes logits for
+its answers, not for the whole session. The teacher pass of an opd sample is its own sequence
+(the hint sits inside its prompt) and is not packed.
 """
 
 from __future__ import annotations
@@ -87,6 +90,19 @@ def _continues(out: Layout, row: int, samples: Sequence[Sample], s: Sample) -> b
         and s.prompt_ids[: len(prompt)] == prompt
         and s.prompt_ids[len(prompt) : n] == response
     )
+
+
+def loss_positions(layout: Layout, lengths: Sequence[int], device: torch.device) -> Tensor:
+    """[R, R_max] bool, right-aligned as `batch.left_pad`'s targets: True where a row's response
+    holds one of its samples' answers (`lengths[i]` tokens at `offsets[i]`); the messages between
+    a row's answers and the left padding are False."""
+    r_max = max(len(r) for r in layout.responses)
+    out = torch.zeros(len(layout.responses), r_max, dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        row = layout.row_of[i]
+        start = r_max - len(layout.responses[row]) + layout.offsets[i]
+        out[row, start : start + n] = True
+    return out.to(device)
 
 
 def unpack(rows: Tensor, layout: Layout, width: int) -> Tensor:

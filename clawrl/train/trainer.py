@@ -57,7 +57,7 @@ from clawrl.train.importance import WeightSums, truncated_weights
 from clawrl.train.lineage import steps_behind
 from clawrl.train.loss import policy_loss
 from clawrl.train.master import MasterWeights
-from clawrl.train.packing import pack_prefixes, unpack
+from clawrl.train.packing import loss_positions, pack_prefixes, unpack
 from clawrl.train.peaks import peak_memory
 from clawrl.train.shards import grad_norm_value
 from clawrl.train.sizing import CPU_MICRO_BATCH_TOKENS
@@ -311,6 +311,8 @@ class Trainer:
         first = [group[m[0]] for m in layout.members]
         batch.rope = [s.rope_scaled for s in first]  # as each was served (clawrl/model/rope.py)
         batch.grammar = [s.grammar for s in first]  # scored under the mask it was decoded under (alone)
+        # the LM head runs at the answers only, not at the messages between a session's answers
+        batch.scored = loss_positions(layout, [len(s.response_ids) for s in group], device)
         row_temps = torch.tensor([s.temperature for s in first], device=device)
         width = max(len(s.response_ids) for s in group)
         behaviour = pad_rows([s.logprobs for s in group], width, device)  # mu; [] for none recorded

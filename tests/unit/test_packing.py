@@ -119,3 +119,75 @@ def test_the_out_of_memory_retry_split_in_halves_and_unpacked_is_the_same_step(t
     assert halves["tokens_scored"] == sum(len(s.prompt_ids) + len(s.response_ids) for s in session())
     assert halves["tokens_scored"] > whole["tokens_scored"]  # unpacked
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(lora_whole, lora_halves, strict=True))
+
+
+def test_the_lm_head_runs_at_the_answers_only_with_the_whole_logits_figures(tiny_model_dir):
+    """A packed batch scored with logits at its answer tokens only (`Padded.scored`) gives the
+    answers' logprobs and entropies, and every parameter's gradient, of logits kept over the whole
+    response span (the messages between a session's answers included); the LM head's output has
+    one row per answer token. Rows at different temperatures: each position keeps its row's."""
+    from transformers import AutoModelForCausalLM
+
+    from clawrl.train.batch import left_pad, score
+    from clawrl.train.packing import loss_positions
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    samples = session()
+    layout = pack_prefixes(samples)
+    lengths = [len(s.response_ids) for s in samples]
+    width = max(lengths)
+    mask = torch.tensor([[1.0] * n + [0.0] * (width - n) for n in lengths])
+    temps = torch.tensor([0.7 if r == layout.row_of[1] else 1.3 for r in range(len(layout.members))])
+    rows_seen: list[int] = []
+    head = model.get_output_embeddings()
+    hook = head.register_forward_hook(lambda m, a, out: rows_seen.append(out.shape[1]))
+    results = []
+    for scored in (False, True):
+        batch = left_pad(layout.prompts, layout.responses, torch.device("cpu"))
+        batch.scored = loss_positions(layout, lengths, batch.targets.device) if scored else None
+        model.zero_grad()
+        logp, entropy = score(model, batch, temps, entropy_grad=True)
+        logp, entropy = unpack(logp, layout, width) * mask, unpack(entropy, layout, width) * mask
+        ((logp * torch.linspace(1, 2, width)).sum() + 0.1 * entropy.sum()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        results.append((logp.detach(), entropy.detach(), grads))
+    hook.remove()
+    (logp_all, ent_all, grads_all), (logp_ans, ent_ans, grads_ans) = results
+    assert rows_seen == [max(len(r) for r in layout.responses) + 1, sum(lengths)]  # 12 + 1, then 15
+    assert sum(lengths) < len(layout.members) * max(len(r) for r in layout.responses)  # fewer rows
+    assert torch.allclose(logp_all, logp_ans, atol=1e-6) and torch.allclose(ent_all, ent_ans, atol=1e-6)
+    assert (logp_ans[mask.bool()] < 0).all()
+    assert len(grads_all) > 10 and grads_all.keys() == grads_ans.keys()
+    for name, grad in grads_all.items():
+        assert torch.allclose(grad, grads_ans[name], rtol=1e-4, atol=1e-7), name
+
+
+def test_a_step_at_qwen3s_vocabulary_makes_the_logits_the_budget_counts(qwen3_model_dir):
+    """A 3-turn session of ~600 tokens at Qwen3's 151,936-row vocabulary, packed into one row:
+    each pass's LM head outputs one row per answer token (24), not per position from the first
+    answer on (400+), and those logits with their gradient are the memory budget's arithmetic
+    at 24 positions (clawrl/model/budget.py, bf16 as on a GPU)."""
+    import json
+
+    from clawrl.config import TrainConfig
+    from clawrl.model.budget import Shape
+
+    model, optimizer = _model(qwen3_model_dir, lr=1e-3)
+    gen = torch.Generator().manual_seed(0)
+    seq: list[int] = []
+    samples = []
+    for k in range(3):
+        seq += torch.randint(100, 150000, (200,), generator=gen).tolist()
+        answer = torch.randint(100, 150000, (8,), generator=gen).tolist()
+        samples.append(dataclasses.replace(turn(list(seq), answer, k), logprobs=[-11.9] * 8))
+        seq += answer
+    outputs: list[tuple[int, ...]] = []
+    head = model.get_output_embeddings()
+    hook = head.register_forward_hook(lambda m, a, out: outputs.append(tuple(out.shape)))
+    Trainer(model, optimizer, TrainConfig(kl_coef=0.1)).step(samples)
+    hook.remove()
+    assert outputs == [(1, 24, 151936)] * 2  # the reference (KL) and the policy, one row
+    shape = Shape.from_config(json.loads((qwen3_model_dir / "config.json").read_text()))
+    answers = sum(len(s.response_ids) for s in samples)
+    # bf16 logits and their gradient, four 32 MiB float32 chunks
+    assert shape.logits_bytes(answers) == 2 * (outputs[-1][1] * outputs[-1][2] * 2) + 4 * (32 << 20)
