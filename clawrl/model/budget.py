@@ -134,12 +134,13 @@ class Shape:
         return kept + 2 * tokens * layer * 2 + peft
 
     def logits_bytes(self, positions: int) -> int:
-        """The trainer's logits: `positions` + 1 kept in bf16 with their gradient, four 32 MiB chunks.
-        A pass keeps its rows' response spans (train/batch.py: R_max + 1 positions); a packed row's
-        span runs from its first answer to its last (train/packing.py) and a thinking answer can
-        fill its sample, so `Trainer.need` counts the whole pass: at 16,384 tokens and Qwen3's
-        151,936-row vocabulary 9.3 GiB, where a 512-token answer alone keeps 0.3 GiB."""
-        return 2 * (positions + 1) * self.vocab * 2 + 4 * (32 << 20)
+        """The trainer's logits at `positions` loss positions: bf16, their gradient, four 32 MiB
+        float32 chunks. A pass runs the LM head at the answer tokens only (train/batch.py:
+        `Padded.scored`), not at the messages between a packed session's answers, so a pass's
+        logits are [answer tokens, V]. A thinking answer can still fill its sample, so
+        `Trainer.need` counts the whole pass as answers: at 16,384 tokens and Qwen3's 151,936-row
+        vocabulary 9.3 GiB, where a 512-token answer alone keeps 0.3 GiB."""
+        return 2 * positions * self.vocab * 2 + 4 * (32 << 20)
 
 
 @dataclass(frozen=True)
