@@ -8,8 +8,7 @@ nothing to lift, and the uniform -1 spread the policy's mass instead (answer ent
 at v2). With the hint in its prompt the same model writes them often enough to learn from
 (3, 8 and 4 of 16 sampled answers; 0 of 16 without it). A rewrite sample is that answer:
 
-    a' ~ pi(. | s + hint)                     the served policy, sampled as the turn was, in
-                                              serving's idle gaps (a background request)
+    a' ~ pi(. | s + hint)                     the served policy, sampled as the turn was
     A_t = w_opd * clip(logp(a'_t | s + hint) - logp(a'_t | s), -c, c)    trained on the bare prompt s
 
 so the tokens the hint made likely (the `**`, the `1.`, the sign-off) are pushed up for the prompt

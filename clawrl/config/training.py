@@ -103,7 +103,7 @@ class TrainConfig(Section):
         False,
         description="For a turn judged with a hint and not good, the served policy also answers the "
         "hinted prompt, and that answer is distilled into the bare prompt as an extra `opd` sample "
-        "(clawrl/algo/rewrite.py): teaches what the policy never samples on its own. One background "
+        "(clawrl/algo/rewrite.py): teaches what the policy never samples on its own. One "
         "generation per such turn.",
     )
     w_rl: float = Field(1.0, ge=0, description="combine: weight of the reward advantage.")

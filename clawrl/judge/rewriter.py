@@ -2,9 +2,11 @@
 
 `engine_rewriter(engine, max_tokens)` gives the judge loop a `Rewriter`: given the teacher prompt's
 IDs and the turn, it samples one answer from the serving engine with the turn's adapter and the
-sampling the turn was served with (its temperature, top_p, top_k and penalties), as a background
-request (admitted only when no served request waits), and returns the sampled IDs and the version
-that wrote them. Engine failures propagate as `EngineError`; the loop logs them and goes on.
+sampling the turn was served with (its temperature, top_p, top_k and penalties), and returns the
+sampled IDs and the version that wrote them. It is an ordinary request, one more stream in the
+batch, not a background one: the local engine decodes background rows only while no served
+request is active, and under steady traffic (four users chatting) a rewrite waited there for good,
+holding up the judging of every turn behind it. Engine failures propagate as `EngineError`; the loop logs them and goes on.
 """
 
 from __future__ import annotations
@@ -47,6 +49,5 @@ def _params(turn: Turn, max_tokens: int, engine: Engine) -> SamplingParams:
         frequency_penalty=float(s.get("frequency_penalty", 0.0)),
         presence_penalty=float(s.get("presence_penalty", 0.0)),
         stop_token_ids=engine.stop_token_ids,
-        background=True,
         adapter=turn_user(turn),
     )
