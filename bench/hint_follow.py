@@ -1,0 +1,88 @@
+"""Does the model meet a persona's preference when the hint is in its prompt? The teacher's reach.
+
+Run: .venv/bin/python bench/hint_follow.py configs/personas/bold.toml [more.toml ...] [--tasks 8]
+                                          [--samples 2] [--model DIR]
+
+Every method that learns from the policy's own hindsight (opd's rescoring, rewrites, memory
+distillation) can teach only what the policy writes when it is told. For each persona file this
+samples answers to its first `--tasks` tasks as the server would (the model's own sampling
+defaults), once with the bare question and once with every check's first hint appended as the
+teacher prompt appends it (`[Hindsight hint] ...`, clawrl/algo/teacher.py), and prints how many of
+each met the persona's checks, the ratio of the two measured in the same run, and the mean score.
+A preference the hinted model never meets cannot be distilled from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from clawrl.algo.teacher import HINT_PREFIX  # noqa: E402
+from clawrl.eval.personas.file import load_persona  # noqa: E402
+from clawrl.eval.tasks import load_tasks  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("personas", nargs="+", type=Path)
+    parser.add_argument("--tasks", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=2)
+    parser.add_argument("--model", type=Path, help="a model folder (default: the embedded model)")
+    args = parser.parse_args()
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from clawrl.config import Config
+    from clawrl.model.load import ensure_embedded
+
+    folder = args.model or ensure_embedded(Config().cache_dir())
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    sampling = GenerationConfig.from_pretrained(folder)
+    torch.manual_seed(0)
+
+    def answer(question: str) -> str:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, return_tensors="pt"
+        )
+        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+        with torch.no_grad():
+            out = model.generate(
+                ids,
+                max_new_tokens=200,
+                do_sample=True,
+                temperature=sampling.temperature or 1.0,
+                top_p=sampling.top_p or 1.0,
+                pad_token_id=tokenizer.eos_token_id,
+            )
+        return tokenizer.decode(out[0][ids.shape[1] :], skip_special_tokens=True)
+
+    print("| persona | bare: met (mean score) | hinted: met (mean score) | hinted / bare met |")
+    print("| --- | --- | --- | --- |")
+    for path in args.personas:
+        persona = load_persona(path)
+        tasks = persona.tasks or load_tasks("math")
+        hint = " ".join(rule.hints[0] for rule in persona.rules)
+        row = []
+        for hinted in (False, True):
+            met, scores = 0, []
+            for task in tasks[: args.tasks]:
+                question = persona.first_message(task)
+                question = f"{question}\n\n{HINT_PREFIX}{hint}" if hinted else question
+                for _ in range(args.samples):
+                    score = persona.score(task, answer(question))
+                    met += score >= 1.0
+                    scores.append(score)
+            row.append((met, len(scores), sum(scores) / len(scores)))
+        (bm, n, bs), (hm, _, hs) = row
+        ratio = f"{hm / bm:.1f}x" if bm else ("-" if not hm else "from none")
+        print(f"| `{persona.name}` | {bm}/{n} ({bs:.2f}) | {hm}/{n} ({hs:.2f}) | {ratio} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
