@@ -11,7 +11,9 @@ Two kinds of figures, in one registry per app:
   `Snapshot`, cached for a second, its store part from the m005 running totals): the engine's counters,
   batch occupancy and prefix cache, judge votes by outcome, turns, samples by
   status, versions, the served version, the trainer's restarts and its latest
-  step. Nothing of this costs the serving path anything between scrapes.
+  step; with `server.users`, `clawrl_user_*` gauges labelled `user` for the
+  `per_user.TOP_USERS` busiest users (by turns), the rest summed as `user="other"`
+  (bounded cardinality, docs/users.md). Nothing of this costs the serving path anything between scrapes.
 
 Behind the API key when one is set (`Authorization: Bearer <key>`). Scrape it with a job
 `{job_name: clawrl, static_configs: [{targets: ['127.0.0.1:8000']}]}` (see docs/evaluation.md).
@@ -31,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.process_collector import ProcessCollector
 
 from clawrl.api.auth import Keys, bearer_guard
+from clawrl.api.per_user import UserRow, top_users
 from clawrl.api.state import PipelineState, Served, Snapshot, Stored, TrainerState
 from clawrl.engine.base import EngineStats
 from clawrl.judge.worker import JudgeHealth
@@ -164,6 +167,8 @@ class _PipelineCollector:
         yield from _trainer(snap.trainer)
         if snap.store is not None:
             yield from _store(snap.store)
+            if snap.store.users:
+                yield from _users(top_users(snap.store.users))
 
 
 def _gauge(name: str, doc: str, value: Any) -> Iterator[Metric]:
@@ -305,6 +310,36 @@ def _store(s: Stored) -> Iterator[Metric]:
     states.add_metric(["active"], c.memory_reactivated)
     yield states
     yield _counter("clawrl_versions_published", "Versions published after v0.", s.version_count - 1)
+
+
+def _users(rows: list[UserRow]) -> Iterator[Metric]:
+    """Per-user gauges: one label value a row (`top_users`: at most TOP_USERS + `other`)."""
+    served = GaugeMetricFamily(
+        "clawrl_user_served_version",
+        "The version a user's requests get (1, labelled).",
+        labels=["user", "version"],
+    )
+    samples = GaugeMetricFamily(
+        "clawrl_user_samples", "A user's samples by status.", labels=["user", "status"]
+    )
+    plain = {
+        "turns": GaugeMetricFamily("clawrl_user_turns", "Turns a user's sessions recorded.", labels=["user"]),
+        "versions": GaugeMetricFamily(
+            "clawrl_user_versions", "Versions published on a user's line.", labels=["user"]
+        ),
+        "held": GaugeMetricFamily("clawrl_user_versions_held", "A user's versions held.", labels=["user"]),
+        "memory": GaugeMetricFamily(
+            "clawrl_user_memory_items", "A user's live experiences.", labels=["user"]
+        ),
+    }
+    for row in rows:
+        if row.served:
+            served.add_metric([row.user, row.served], 1)
+        for status in ("ready", "trained", "skipped"):
+            samples.add_metric([row.user, status], getattr(row, status))
+        for key, family in plain.items():
+            family.add_metric([row.user], getattr(row, key))
+    yield from (served, samples, *plain.values())
 
 
 def _number(version: str) -> int | None:

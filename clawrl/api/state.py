@@ -27,6 +27,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from clawrl.api.per_user import UserRow, user_rows
 from clawrl.engine.base import Engine, EngineStats
 from clawrl.judge.worker import JudgeHealth, JudgeLoop
 from clawrl.store.db import Store
@@ -152,6 +153,7 @@ class Stored:
     sessions: list[dict[str, Any]]  # the newest `RECENT_SESSIONS`
     groups: list[dict[str, Any]] = field(default_factory=list)  # Track 2: the newest `RECENT_GROUPS`
     experiences: list[dict[str, Any]] = field(default_factory=list)  # memory: `RECENT_EXPERIENCES`
+    users: list[UserRow] = field(default_factory=list)  # with `server.users`: per user, busiest first
 
 
 @dataclass(frozen=True)
@@ -188,9 +190,11 @@ class PipelineState:
         store_path: Path | None = None,
         judge: JudgeLoop | None = None,
         trainer: TrainerSupervisor | None = None,
+        users: frozenset[str] | None = None,
         ttl: float = 1.0,
     ) -> None:
         self.engine, self.judge, self.trainer = engine, judge, trainer
+        self.users = users  # `server.users`' names (None: users off, no per-user figures)
         self.model, self.method = model, method
         self.max_batch_size, self.batch_size = max_batch_size, batch_size
         self.served = Served(engine.version)
@@ -225,8 +229,9 @@ class PipelineState:
             return snap
         async with self._lock:  # the reader connection is shared with `snapshot`
             sessions, experiences = await asyncio.to_thread(self._read_own, user)
+        own = [row for row in snap.store.users if row.user == user]  # another user's figures: the admin's
         return dataclasses.replace(
-            snap, store=dataclasses.replace(snap.store, sessions=sessions, experiences=experiences)
+            snap, store=dataclasses.replace(snap.store, sessions=sessions, experiences=experiences, users=own)
         )
 
     def _read_own(self, user: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -307,6 +312,7 @@ class PipelineState:
             sessions=r.recent_sessions(RECENT_SESSIONS),
             groups=[dataclasses.asdict(g) for g in r.recent_groups(RECENT_GROUPS)],
             experiences=[dataclasses.asdict(e) for e in r.recent_experiences(RECENT_EXPERIENCES, owner=None)],
+            users=[] if self.users is None else user_rows(self.users, r.per_user(), self.engine.version_of),
         )
 
 

@@ -75,10 +75,38 @@ class StatsStore:
         rows = self._read("SELECT * FROM sessions WHERE id = ?", (session_id,))
         return dict(rows[0]) if rows else None
 
+    def per_user(self) -> dict[str, dict[str, Any]]:
+        """Each figure by user, one grouped query a figure (`api/per_user.py` makes the rows): `turns`
+        (user -> n), `samples` (user -> status -> n), `versions` (user -> gate status -> published
+        versions, v0 not one), `memory` (owner -> experiences not retired). Each reads an index, not
+        a table; the turns' one whole, so unlike the rest of this module it grows with the run."""
+        turns = (
+            "SELECT s.user AS k, count(*) AS n FROM sessions s JOIN turns t ON t.session_id = s.id"
+            " GROUP BY s.user"
+        )
+        samples = "SELECT user AS k, status AS s, count(*) AS n FROM samples GROUP BY user, status"
+        versions = (
+            "SELECT user AS k, status AS s, count(*) AS n FROM versions WHERE name != 'v0' GROUP BY 1, 2"
+        )
+        memory = "SELECT owner AS k, count(*) AS n FROM experiences WHERE state != 'retired' GROUP BY owner"
+        return {
+            "turns": {r["k"]: r["n"] for r in self._read(turns)},
+            "samples": _nested(self._read(samples)),
+            "versions": _nested(self._read(versions)),
+            "memory": {r["k"]: r["n"] for r in self._read(memory)},
+        }
+
     def version_count(self) -> int:
         """How many versions exist, v0 included (a count, not the largest rowid: an erased user's
         versions are deleted, `clawrl users erase`; a few rows a version, a small table)."""
         return int(self._read("SELECT count(*) FROM versions")[0][0])
+
+
+def _nested(rows: list[sqlite3.Row]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for r in rows:
+        out.setdefault(r["k"], {})[r["s"]] = r["n"]
+    return out
 
 
 def _reward(row: sqlite3.Row) -> dict[str, int]:

@@ -127,6 +127,7 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
         store_path=store.path if store is not None else None,
         judge=judge,
         trainer=trainer,
+        users=user_names(config.server.users) if config.server.users else None,
     )
     metrics = Metrics(pipeline)
     if collector is not None:

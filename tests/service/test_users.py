@@ -101,6 +101,23 @@ def test_the_dashboard_lists_a_users_own_sessions_and_the_admin_all(server, answ
     assert sessions(ADMIN) == {"alice/main", "bob/main"}
 
 
+def test_per_user_figures_on_the_dashboard_and_in_metrics(server, answers):
+    def users(key: str) -> dict[str, dict]:
+        r = get(server, "/dashboard/state.json", key)
+        assert r.status_code == 200, r.text
+        return {u["user"]: u for u in r.json()["store"]["users"]}
+
+    assert set(users(KEYS["alice"])) == {"alice"}  # another user's figures are the admin's alone
+    every = users(ADMIN)
+    assert {"alice", "bob", "default"} <= set(every)
+    assert every["alice"]["turns"] >= 1 and every["bob"]["served"] == "v0"
+    r = get(server, "/metrics", ADMIN)
+    assert r.status_code == 200, r.text
+    for who in ("alice", "bob"):
+        assert f'clawrl_user_turns{{user="{who}"}}' in r.text
+        assert f'clawrl_user_samples{{status="ready",user="{who}"}}' in r.text
+
+
 def test_a_users_samples_carry_their_user(server, answers):
     """Rated answers become samples of their user's, which the trainer can take one user at a time."""
     for who in ("alice", "bob"):

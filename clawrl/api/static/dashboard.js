@@ -155,6 +155,7 @@ function render(st) {
   renderTrainer(st.trainer, versions, now);
   renderJudge(st.judge);
   renderEngine(st.engine);
+  renderUsers(store ? store.users || [] : []);
   renderVersions(store ? store.versions : [], now);
   renderGroups(store ? store.groups : [], now);
   renderExperiences(store ? store.experiences || [] : [], now);
@@ -243,6 +244,17 @@ function renderGroups(groups, now) {
     el("td", {}, ago(g.created_at, now))));
   fill("groups", table(["group", "env / task", "episodes", "status", "reason", "mean reward", "std", "samples",
     "started"], rows));
+}
+
+// Users (docs/users.md): shown with `server.users` only; a user's key sees its own row.
+function renderUsers(users) {
+  document.getElementById("users-panel").hidden = !users.length;
+  const rows = users.map((u) => el("tr", { "data-user": u.user },
+    el("td", {}, u.user), el("td", {}, u.served), el("td", {}, u.turns), el("td", {}, u.ready),
+    el("td", {}, u.trained), el("td", {}, u.skipped), el("td", {}, u.versions), el("td", {}, u.held),
+    el("td", {}, u.memory)));
+  fill("users", table(["user", "served", "turns", "samples ready", "trained", "skipped", "versions", "held",
+    "memory items"], rows));
 }
 
 // Memory (docs/memory.md): each experience with its provenance, the sessions that taught it linked.
