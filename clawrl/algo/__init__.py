@@ -21,9 +21,9 @@ unhinted one an `rl` sample if r != 0 (*). `Method.per_rating` says how many a r
 
 Besides the method, a turn served with a memory block gives a memory distillation sample
 (clawrl/algo/distill.py: an `opd` sample whose student prompt lacks the block and whose teacher
-prompt is the one served), whatever the method. With `train.hint_rewrite`, a turn judged with a hint and not good also
-gives a rewrite sample (clawrl/algo/rewrite.py: the policy's answer to the hinted prompt, distilled
-into the bare one), whatever the method. Side turns, aborted turns and turns without
+prompt is the one served), whatever the method. With `train.hint_rewrite`, a turn judged with a
+hint and not good also gives a rewrite sample (clawrl/algo/rewrite.py: the policy's answer to the
+hinted prompt, distilled into the bare one), whatever the method. Side turns, aborted turns and turns without
 response tokens never give samples. A new method is one small module here, added to `METHODS`.
 """
 

@@ -6,7 +6,8 @@ sampling the turn was served with (its temperature, top_p, top_k and penalties),
 sampled IDs and the version that wrote them. It is an ordinary request, one more stream in the
 batch, not a background one: the local engine decodes background rows only while no served
 request is active, and under steady traffic (four users chatting) a rewrite waited there for good,
-holding up the judging of every turn behind it. Engine failures propagate as `EngineError`; the loop logs them and goes on.
+holding up the judging of every turn behind it. Engine failures propagate as `EngineError`; the
+loop logs them and goes on.
 """
 
 from __future__ import annotations

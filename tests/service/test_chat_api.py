@@ -260,7 +260,10 @@ BAD_BODIES = [
     ({"messages": USER, "chat_template_kwargs": {"enable_thinking": "no"}}, "enable_thinking"),
     ({"messages": USER, "chat_template_kwargs": {"enable_thinking": 0}}, "enable_thinking"),
     ({"messages": USER, "chat_template_kwargs": {"tokenize": True}}, "tokenize"),
-    ({"messages": [*USER, {"role": "assistant", "content": "a", "reasoning_content": 5}]}, "reasoning_content"),
+    (
+        {"messages": [*USER, {"role": "assistant", "content": "a", "reasoning_content": 5}]},
+        "reasoning_content",
+    ),
     ({"messages": [*USER, {"role": "assistant", "content": "a", "reasoning": ["x"]}]}, "reasoning"),
 ]
 

@@ -62,7 +62,9 @@ def test_a_change_request_leans_the_vote_to_bad_as_a_cue_does():
 
 def test_the_requests_set_is_apart_from_the_other_sets_and_the_prompt():
     requests = load_requests()
-    kinds = {c: sum(case.category == c for case in requests) for c in ("change_request", "new_question", "thanks")}
+    kinds = {
+        c: sum(case.category == c for case in requests) for c in ("change_request", "new_question", "thanks")
+    }
     assert len(requests) >= 40 and kinds["change_request"] >= 20 and kinds["new_question"] >= 8, kinds
     replies = {reply_text(c.next_state, {}) for c in requests}
     others = {reply_text(c.next_state, {}) for c in load_cases() + load_heldout()}

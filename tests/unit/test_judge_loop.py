@@ -137,7 +137,7 @@ def test_a_failed_hinted_turn_is_rewritten_with_the_hint_and_distilled_into_the_
     own, rewrite = sorted(samples, key=lambda s: s.reward)
     assert (own.kind, own.reward) == ("opd", -1.0)
     assert own.response_ids == smol_tokenizer.encode("Four.", add_special_tokens=False)
-    (asked, params), = engine.asked
+    ((asked, params),) = engine.asked
     assert asked == rewrite.teacher_prompt_ids == own.teacher_prompt_ids  # the hinted prompt
     assert not params.background  # decoded beside served requests: a background row can wait for good
     assert params.adapter == "default" and params.stop_token_ids == {2}
