@@ -164,6 +164,9 @@ class Sample:
     # Memory distillation (clawrl/algo/distill.py): the experiences whose block the teacher prompt read
     # and the student prompt lacks; None: not a distillation sample.
     experience_ids: list[int] | None = None
+    # A hint rewrite (clawrl/algo/rewrite.py): its response is the policy's answer to the hinted prompt,
+    # so it trains beside its turn's own sample of the same kind, not instead of it.
+    rewrite: bool = False
     status: str = "ready"  # ready | training (claimed by a step) | trained | stale | skipped | superseded
     created_at: float = field(default_factory=time.time)
     id: int | None = None

@@ -18,7 +18,8 @@ so the trainer weighs it 1: a truncated importance weight min(exp(prox - mu), C)
 the teacher's own probability and cancel exactly the tokens the hint brought.
 
 Made for a judged turn with a hint whose answer did not satisfy (score -1 or 0), beside the
-method's own samples and superseded with them. Off by default (`train.hint_rewrite`): one
+method's own samples and superseded with them; marked `rewrite`, so training the turn's own `opd`
+sample does not skip it as the turn's second sample of that kind (clawrl/store/versions.py). Off by default (`train.hint_rewrite`): one
 generation per such turn, on the serving engine.
 """
 
@@ -53,6 +54,7 @@ def rewrite_sample(
         hint=judgment.hint,
         teacher_prompt_ids=list(teacher_prompt_ids),
         judgment_id=judgment.id,
+        rewrite=True,
     )
 
 

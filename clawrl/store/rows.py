@@ -108,6 +108,9 @@ DISTILL_IDS = "(CASE WHEN json_valid(payload) THEN json_extract(payload, '$.expe
 # True for a sample that is not a memory distillation sample: the rules that keep a turn trained once
 # per kind, and a newer judgment superseding older samples, leave those alone.
 NOT_DISTILL = f"({DISTILL_IDS} IS NULL)"
+# 1 for a hint rewrite (clawrl/algo/rewrite.py), 0 otherwise: a rewrite and its turn's own sample of the
+# same kind are each trained once (NULL for a payload that is not valid JSON, as above).
+REWRITE = "(CASE WHEN json_valid(payload) THEN coalesce(json_extract(payload, '$.rewrite'), 0) END)"
 # session_id and user are copied from the turn (?1 is turn_id) and its session, so per-session
 # counts and one user's samples need no join.
 INSERT_SAMPLE = (

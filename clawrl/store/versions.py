@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from clawrl.store.errors import StoreError
-from clawrl.store.rows import NOT_DISTILL
+from clawrl.store.rows import NOT_DISTILL, REWRITE
 from clawrl.types import DEFAULT_USER, Version
 
 _COLUMNS = "name, step, created_at, path, metrics, parent, status, canary"
@@ -119,10 +119,11 @@ class VersionStore:
 
 _TRAIN = "UPDATE samples SET status = 'trained' WHERE id = ? AND status IN ('training', 'ready')"
 # Ready samples of the same turn and kind as the trained sample ?2, from a newer judgment (a memory
-# distillation sample is a kind of its own here: one per turn, beside the method's).
+# distillation sample is a kind of its own here: one per turn, beside the method's; so is a hint rewrite).
 _SKIP_LATER = (
     "UPDATE samples SET status = 'skipped', status_reason = ?1 WHERE status = 'ready' AND id != ?2 "
-    f"AND (turn_id, kind, {NOT_DISTILL}) = (SELECT turn_id, kind, {NOT_DISTILL} FROM samples WHERE id = ?2)"
+    f"AND (turn_id, kind, {NOT_DISTILL}, {REWRITE}) = "
+    f"(SELECT turn_id, kind, {NOT_DISTILL}, {REWRITE} FROM samples WHERE id = ?2)"
 )
 
 

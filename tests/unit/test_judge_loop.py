@@ -16,7 +16,7 @@ from clawrl.judge.worker import JudgeLoop
 from clawrl.store.db import Store
 from clawrl.store.writer import StoreWriter
 from clawrl.testing import make_turn
-from clawrl.types import Feedback
+from clawrl.types import Feedback, Version
 
 HINT = "Answer with the number alone, on one line."
 NEXT_STATE = [{"role": "user", "content": "No, redo it: just the number."}]
@@ -144,6 +144,18 @@ def test_a_failed_hinted_turn_is_rewritten_with_the_hint_and_distilled_into_the_
     assert (rewrite.kind, rewrite.reward, rewrite.hint) == ("opd", 0.0, HINT)
     assert rewrite.prompt_ids == own.prompt_ids and rewrite.response_ids == RewritingEngine.ANSWER
     assert rewrite.logprobs == [] and rewrite.version == "v7"  # weighed 1 by the trainer
+    assert rewrite.rewrite and not own.rewrite
+
+
+def test_a_rewrite_trains_beside_its_turns_own_sample(tmp_path, smol_tokenizer):
+    """Training the turn's opd sample does not skip its rewrite as a second sample of that kind."""
+    _store(tmp_path / "c.db", smol_tokenizer)
+    _, _, samples = _judge(tmp_path / "c.db", smol_tokenizer, "t0", rating=None, engine=RewritingEngine())
+    own, rewrite = sorted(samples, key=lambda s: s.reward)
+    with Store.open(tmp_path / "c.db") as store:
+        store.claim_samples([own.id])
+        store.publish_version(Version(name="v1", step=1, path=str(tmp_path)), trained=[own.id])
+        assert store.sample_status(rewrite.id) == ("ready", None)
 
 
 def test_a_good_turn_is_not_rewritten_and_a_failed_rewrite_costs_nothing_but_itself(tmp_path, smol_tokenizer):

@@ -45,6 +45,7 @@ def sample(turn_id: str = "t0", kind: str = "rl", **kw) -> Sample:
         grammar={"kind": "tool_call", "lark": 'start: "{" "}"'},
         logprobs_exact=False,
         experience_id=7,
+        rewrite=True,
         status="ready",
         created_at=1_700_000_002.25,
     )
