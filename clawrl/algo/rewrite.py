@@ -19,8 +19,8 @@ the teacher's own probability and cancel exactly the tokens the hint brought.
 
 Made for a judged turn with a hint whose answer did not satisfy (score -1 or 0), beside the
 method's own samples and superseded with them; marked `rewrite`, so training the turn's own `opd`
-sample does not skip it as the turn's second sample of that kind (clawrl/store/versions.py). Off by default (`train.hint_rewrite`): one
-generation per such turn, on the serving engine.
+sample does not skip it as the turn's second sample of that kind (clawrl/store/versions.py). Off
+by default (`train.hint_rewrite`): one generation per such turn, on the serving engine.
 """
 
 from __future__ import annotations
