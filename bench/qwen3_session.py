@@ -39,6 +39,7 @@ from bench.common import start_server  # noqa: E402
 from clawrl.config import Config, TrainConfig  # noqa: E402
 from clawrl.model.tiny import build_tiny_model  # noqa: E402
 from clawrl.store.db import Store  # noqa: E402
+from clawrl.testing import scripted_qwen3  # noqa: E402
 from clawrl.types import Sample  # noqa: E402
 
 OPEN, CLOSE, END, NEWLINE, BLANK = 151667, 151668, 151645, 198, 271  # <think> </think> <|im_end|> \n \n\n
@@ -56,34 +57,6 @@ def chain(tokenizer) -> list[int]:
         if token not in ids:
             ids.append(token)
     return ids
-
-
-def scripted_qwen3(source: Path, out: Path) -> Path:
-    """A copy of the tiny Qwen3 that answers by `chain`: the residual stream at a position is its
-    token's embedding (every layer's weights zero); the i-th chain token's embedding is the i-th unit
-    vector and the (i+1)-th's output row 10 times it, so after the final norm the next chain token
-    scores 80 and every other 0."""
-    import torch
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig, Qwen3ForCausalLM
-
-    ids = chain(AutoTokenizer.from_pretrained(source))
-    config = AutoConfig.from_pretrained(source)
-    assert len(ids) <= config.hidden_size, "one unit vector per chain token"
-    config.tie_word_embeddings = False
-    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.zero_()
-        model.model.norm.weight.fill_(1.0)
-        for i, (token, following) in enumerate(zip(ids[:-1], ids[1:], strict=True)):
-            model.model.embed_tokens.weight[token, i] = 1.0
-            model.lm_head.weight[following, i] = 10.0
-    model.generation_config = GenerationConfig.from_pretrained(source)
-    model.save_pretrained(out)
-    for path in source.iterdir():
-        if not (out / path.name).exists():
-            (out / path.name).symlink_to(path)
-    return out
 
 
 def system_prompt(session: int, tokens: int) -> str:
@@ -182,9 +155,10 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="clawrl-bench-qwen3-") as tmp_name:
         tmp = Path(tmp_name)
-        model = scripted_qwen3(
-            build_tiny_model("qwen3", tmp / "tiny", Config().cache_dir()), tmp / "scripted"
-        )
+        tiny = build_tiny_model("qwen3", tmp / "tiny", Config().cache_dir())
+        from transformers import AutoTokenizer
+
+        model = scripted_qwen3(tiny, tmp / "scripted", chain(AutoTokenizer.from_pretrained(tiny)))
         on = serve_sessions(model, tmp / "on", True, args)
         off = serve_sessions(model, tmp / "off", False, args)
         rows = {think: packing(model, samples_of(tmp / "on", think)) for think in (True, False)}

@@ -1,6 +1,7 @@
 """Helpers shared by the tests and the benchmarks (which must not import the tests).
 
 - `make_tiny_model`: a tiny random Llama with a real tokenizer, so fast tests still tokenise for real;
+- `scripted_qwen3`: a copy of the tiny Qwen3 that always answers one token chain (a think block on demand);
 - `Publisher`: publishes LoRA versions the way the trainer does (a checkpoint folder, then a store row);
 - `make_turn`: a turn with every field set to something a round trip could get wrong;
 - `preloaded`: a preloader (clawrl/cli/preload.py) for the `clawrl` processes started meanwhile.
@@ -31,6 +32,34 @@ def make_tiny_model(out: Path, tokenizer_dir: Path) -> Path:
     from clawrl.model.tiny import tiny_llama
 
     return tiny_llama(out, tokenizer_dir)
+
+
+def scripted_qwen3(source: Path, out: Path, chain: list[int]) -> Path:
+    """A copy of the tiny Qwen3 at `source` that answers by `chain` (distinct IDs): every layer's weights
+    are zero, so the residual stream at a position is its token's embedding; the i-th chain token's
+    embedding is the i-th unit vector and the (i+1)-th's output row 10 times it. After the final norm
+    (x * 8 for a unit vector of width 64) the next chain token scores 80, every other token 0."""
+    import torch
+    from transformers import AutoConfig, GenerationConfig, Qwen3ForCausalLM
+
+    config = AutoConfig.from_pretrained(source)
+    if len(chain) > config.hidden_size:
+        raise ValueError(f"a chain of {len(chain)} tokens needs a width of that many ({config.hidden_size})")
+    config.tie_word_embeddings = False
+    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()
+        model.model.norm.weight.fill_(1.0)
+        for i, (token, following) in enumerate(zip(chain[:-1], chain[1:], strict=True)):
+            model.model.embed_tokens.weight[token, i] = 1.0
+            model.lm_head.weight[following, i] = 10.0
+    model.generation_config = GenerationConfig.from_pretrained(source)
+    model.save_pretrained(out)
+    for path in source.iterdir():
+        if not (out / path.name).exists():
+            (out / path.name).symlink_to(path)
+    return out
 
 
 class Publisher:

@@ -9,13 +9,13 @@ without its reasoning, still pairs with it; bad `chat_template_kwargs` are 400s.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from clawrl.store.db import Store
+from clawrl.testing import scripted_qwen3
 from tests.conftest import RemoteServer, vllm_args
 from tests.timing import wait_for
 
@@ -27,35 +27,9 @@ ANSWER = CHAIN[1:]
 REASONING, CONTENT = "Let me think.", "Hello!"
 
 
-def scripted_qwen3(source: Path, out: Path) -> Path:
-    """A copy of the tiny Qwen3 that answers by `CHAIN`: every layer's weights are zero, so the
-    residual stream at a position is its token's embedding; the embedding of the i-th chain token is
-    the i-th unit vector, and the output row of the (i+1)-th is 10 times it. After the final norm
-    (x * 8 for a unit vector of width 64) the next chain token scores 80, every other token 0."""
-    import torch
-    from transformers import AutoConfig, GenerationConfig, Qwen3ForCausalLM
-
-    config = AutoConfig.from_pretrained(source)
-    config.tie_word_embeddings = False
-    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.zero_()
-        model.model.norm.weight.fill_(1.0)
-        for i, (token, following) in enumerate(zip(CHAIN[:-1], CHAIN[1:], strict=True)):
-            model.model.embed_tokens.weight[token, i] = 1.0
-            model.lm_head.weight[following, i] = 10.0
-    model.generation_config = GenerationConfig.from_pretrained(source)
-    model.save_pretrained(out)
-    for path in source.iterdir():
-        if not (out / path.name).exists():
-            (out / path.name).symlink_to(path)
-    return out
-
-
 @pytest.fixture(scope="module")
 def thinker(tmp_path_factory, qwen3_model_dir):
-    folder = scripted_qwen3(qwen3_model_dir, tmp_path_factory.mktemp("scripted-qwen3"))
+    folder = scripted_qwen3(qwen3_model_dir, tmp_path_factory.mktemp("scripted-qwen3"), CHAIN)
     run_dir = tmp_path_factory.mktemp("thinking") / "run"
     server = RemoteServer(run_dir, ["--model", str(folder), "--judge.enabled", "false"])
     yield server
@@ -182,7 +156,7 @@ def test_other_template_variables_pass_through(thinker):
 @pytest.fixture(scope="module")
 def vllm_thinker(tmp_path_factory, qwen3_model_dir, vllm_python):
     """The scripted Qwen3 behind a gateway on vLLM, which starts its own vLLM server for it."""
-    folder = scripted_qwen3(qwen3_model_dir, tmp_path_factory.mktemp("scripted-qwen3-vllm"))
+    folder = scripted_qwen3(qwen3_model_dir, tmp_path_factory.mktemp("scripted-qwen3-vllm"), CHAIN)
     run_dir = tmp_path_factory.mktemp("thinking-vllm") / "run"
     start = ["--engine.vllm.start", "true", "--engine.vllm.python", vllm_python, "--judge.enabled", "false"]
     server = RemoteServer(run_dir, vllm_args(folder, *start), timeout=300)
