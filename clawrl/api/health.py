@@ -87,6 +87,7 @@ class HealthReport:
             return OFF
         limits = self.guard.model_dump(
             include={"max_drop", "max_accuracy_drop", "max_kl", "hold_on_collapse"}
-            | {"collapse_min_entropy_ratio", "collapse_max_self_rouge_l", "collapse_max_drift"}
+            | {"collapse_min_entropy_ratio", "collapse_max_entropy_ratio", "collapse_max_self_rouge_l"}
+            | {"collapse_max_drift"}
         )
         return {"status": "on" if self.guard.enabled else "off"} | limits | to_json(self.watcher.guard())

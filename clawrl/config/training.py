@@ -300,6 +300,13 @@ class GuardConfig(Section):
         description="Mark a version as collapsing when the mean per-token entropy along its greedy answers "
         "to the canary prompts falls below this fraction of the base model's.",
     )
+    collapse_max_entropy_ratio: float = Field(
+        1.5,
+        gt=1,
+        description="Mark a version as spreading when the mean per-token entropy along its greedy answers "
+        "to the canary prompts rises above this multiple of the base model's (batches of only negative "
+        "rewards push a policy that way).",
+    )
     collapse_max_self_rouge_l: float = Field(
         0.85,
         ge=0,

@@ -31,9 +31,10 @@ def limits_of(config: dict[str, Any]) -> Limits:
     guard = config.get("guard") or {}
     default = Limits()
     return Limits(
-        guard.get("collapse_min_entropy_ratio", default.min_entropy_ratio),
-        guard.get("collapse_max_self_rouge_l", default.max_self_rouge_l),
-        guard.get("collapse_max_drift", default.max_drift),
+        min_entropy_ratio=guard.get("collapse_min_entropy_ratio", default.min_entropy_ratio),
+        max_self_rouge_l=guard.get("collapse_max_self_rouge_l", default.max_self_rouge_l),
+        max_drift=guard.get("collapse_max_drift", default.max_drift),
+        max_entropy_ratio=guard.get("collapse_max_entropy_ratio", default.max_entropy_ratio),
     )
 
 
@@ -53,7 +54,14 @@ def collapse_rows(entry: dict[str, Any], limits: Limits) -> list[dict[str, Any]]
         figures = _figures(version, canary)
         rouge = held_out.get(version)
         crossed = list(figures.get("crossed") or [])
-        if judge(None, None, rouge, held_out.get(start), None, limits).crossed:
+        if judge(
+            entropy=None,
+            base_entropy=None,
+            rouge=rouge,
+            base_rouge=held_out.get(start),
+            drifted=None,
+            limits=limits,
+        ).crossed:
             crossed.append("held_out_self_rouge_l")
         status = canary[version]["status"] if version in canary else "served"
         rows.append(
@@ -93,7 +101,8 @@ def collapse_panel(report: dict[str, Any]) -> list[str]:
     hold = "holds" if limits.get("hold_on_collapse") else "marks, does not hold,"
     lines = [
         "",
-        f"Collapse panel (limits: answer entropy at least {limits['min_entropy_ratio']:g} of v0's, "
+        f"Collapse panel (limits: answer entropy at least {limits['min_entropy_ratio']:g} of v0's "
+        f"and at most {limits.get('max_entropy_ratio', Limits().max_entropy_ratio):g}×, "
         f"self-ROUGE-L at most {limits['max_self_rouge_l']:g}, logprob drift at most "
         f"{limits['max_drift']:g} nats/token; the canary gate {hold} a version past one). Entropy, "
         "canary self-ROUGE-L and drift: the canary's, on its fixed prompts; held-out: between the "

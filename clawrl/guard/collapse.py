@@ -6,7 +6,10 @@ the base model (v0):
 
     entropy_ratio = H_version / H_base      H: the mean per-token entropy (nats) of the
                                             model's distribution along its own greedy
-                                            answers; collapse when below `min_entropy_ratio`
+                                            answers; collapse when below `min_entropy_ratio`;
+                                            a spread (the policy growing random, as batches of
+                                            only negative rewards push it) when above
+                                            `max_entropy_ratio`
     self_rouge_l  = mean over pairs i < j of ROUGE-L(answer_i, answer_j)
                                             between the version's answers to *different*
                                             prompts; collapse when above `max_self_rouge_l`
@@ -22,8 +25,10 @@ ROUGE-L (Lin, 2004) is the F-measure of the longest common subsequence of two wo
 sequences: P = LCS / len(b), R = LCS / len(a), F = 2PR / (P + R). Words are lowercased
 whitespace-separated tokens. Two empty answers are identical (1.0); one empty answer
 shares nothing with a non-empty one (0.0). The default limits (0.6, 0.85, 2 nats) are the
-ones peers watch while personalising; a figure that is None (no base entropy to compare
-with, fewer than two answers) crosses nothing.
+ones peers watch while personalising; the spread's 1.5 is ours: issue 53's runs on preferences
+the model never writes unprompted served versions at 1.35-1.39x v0's entropy and held one at
+1.6x. A figure that is None (no base entropy to compare with, fewer than two answers) crosses
+nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from typing import Any
 
 from clawrl.types import HELD
 
-ENTROPY, SELF_ROUGE_L, DRIFT = "entropy", "self_rouge_l", "drift"
+ENTROPY, SPREAD, SELF_ROUGE_L, DRIFT = "entropy", "spread", "self_rouge_l", "drift"
 
 
 @dataclass(frozen=True)
@@ -42,11 +47,13 @@ class Limits:
     min_entropy_ratio: float = 0.6
     max_self_rouge_l: float = 0.85
     max_drift: float = 2.0
+    max_entropy_ratio: float = 1.5
 
 
 @dataclass(frozen=True)
 class Collapse:
-    """A version's collapse figures and which limits they cross (`ENTROPY`, `SELF_ROUGE_L`, `DRIFT`)."""
+    """A version's collapse figures and which limits they cross (`ENTROPY`, `SPREAD`, `SELF_ROUGE_L`,
+    `DRIFT`)."""
 
     entropy: float | None
     base_entropy: float | None
@@ -143,13 +150,28 @@ def judge(
             f"answer entropy {entropy:.3f} is {ratio:.2f} of the base's {base_entropy:.3f} "
             f"(min {limits.min_entropy_ratio:g})"
         )
+    if ratio is not None and ratio > limits.max_entropy_ratio:
+        crossed.append(SPREAD)
+        reasons.append(
+            f"answer entropy {entropy:.3f} is {ratio:.2f} of the base's {base_entropy:.3f} "
+            f"(max {limits.max_entropy_ratio:g}): the policy spreads"
+        )
     if rouge is not None and rouge > limits.max_self_rouge_l and (base_rouge is None or rouge > base_rouge):
         crossed.append(SELF_ROUGE_L)
         reasons.append(f"self-ROUGE-L {rouge:.3f} between answers > {limits.max_self_rouge_l:g}")
     if drifted is not None and drifted > limits.max_drift:
         crossed.append(DRIFT)
         reasons.append(f"logprob drift {drifted:.3f} nats/token on the probes > {limits.max_drift:g}")
-    return Collapse(entropy, base_entropy, ratio, rouge, base_rouge, drifted, tuple(crossed), tuple(reasons))
+    return Collapse(
+        entropy=entropy,
+        base_entropy=base_entropy,
+        entropy_ratio=ratio,
+        self_rouge_l=rouge,
+        base_self_rouge_l=base_rouge,
+        drift=drifted,
+        crossed=tuple(crossed),
+        reasons=tuple(reasons),
+    )
 
 
 def hold(status: str, reason: str | None, found: Collapse, hold_on_collapse: bool) -> tuple[str, str | None]:

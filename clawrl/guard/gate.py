@@ -166,7 +166,10 @@ class Canary:
         """The collapse figures of `new` against the base, judged by the guard's limits."""
         c = self.cfg
         limits = collapse.Limits(
-            c.collapse_min_entropy_ratio, c.collapse_max_self_rouge_l, c.collapse_max_drift
+            min_entropy_ratio=c.collapse_min_entropy_ratio,
+            max_self_rouge_l=c.collapse_max_self_rouge_l,
+            max_drift=c.collapse_max_drift,
+            max_entropy_ratio=c.collapse_max_entropy_ratio,
         )
         rouge, base_rouge = new.self_rouge_l, base.self_rouge_l
         drifted = collapse.drift(new.probe_logprobs, base.probe_logprobs)

@@ -57,6 +57,18 @@ def test_the_verdict_names_each_crossed_limit_and_why():
     assert judge(1.8, 2.0, 0.96, 0.95, 0.1, Limits()).crossed == ("self_rouge_l",)
 
 
+def test_a_policy_spreading_past_the_limit_is_marked_as_such():
+    # issue 53's runs: batches of only negative rewards served versions at 1.35-1.39x v0's entropy
+    assert judge(2.7, 2.0, 0.3, 0.25, 0.4, Limits()).crossed == ()
+    assert judge(3.0, 2.0, 0.3, 0.25, 0.4, Limits()).crossed == ()  # at the limit is not past it
+    spread = judge(3.2, 2.0, 0.3, 0.25, 0.4, Limits())
+    assert spread.crossed == ("spread",)
+    assert spread.reasons == (
+        "answer entropy 3.200 is 1.60 of the base's 2.000 (max 1.5): the policy spreads",
+    )
+    assert judge(3.2, 2.0, 0.3, 0.25, 0.4, Limits(max_entropy_ratio=2.0)).crossed == ()
+
+
 def test_a_crossed_limit_holds_only_when_hold_on_collapse_and_keeps_the_canarys_reason():
     found = judge(1.8, 2.0, 0.3, 0.25, 2.5, Limits())
     assert hold("passed", None, found, hold_on_collapse=False) == ("passed", None)

@@ -269,6 +269,7 @@ def test_the_collapse_panel_shows_each_versions_figures_and_marks_the_crossed_li
         "min_entropy_ratio": 0.6,
         "max_self_rouge_l": 0.85,
         "max_drift": 2.0,
+        "max_entropy_ratio": 1.5,
         "hold_on_collapse": True,
     }
     rows = report["methods"]["rl"]["collapse"]
@@ -279,7 +280,8 @@ def test_the_collapse_panel_shows_each_versions_figures_and_marks_the_crossed_li
     ]
     assert [r["held_out_self_rouge_l"] for r in rows] == [0.3, 0.5, 0.9]
     text = markdown(report)
-    assert "Collapse panel (limits: answer entropy at least 0.6 of v0's, self-ROUGE-L at most 0.85" in text
+    limits = "answer entropy at least 0.6 of v0's and at most 1.5×, self-ROUGE-L at most 0.85"
+    assert f"Collapse panel (limits: {limits}" in text
     assert "the canary gate holds a version past one" in text
     assert "| v0 | served | 2.000 (1.00×) | 0.200 | 0.300 | 0.000 | - |" in text
     assert "| v1 | passed | 1.800 (0.90×) | 0.250 | 0.500 | 0.300 | - |" in text
