@@ -78,11 +78,19 @@ class GroupRelative:
         """The samples of one complete group, or why it is dropped."""
         rewards = [e.reward for e in episodes if e.reward is not None]
         if len(rewards) < 2:
-            return GroupOutcome(GROUP_DROPPED, f"{len(rewards)} episode(s) with a reward", None, None, [])
+            return GroupOutcome(
+                status=GROUP_DROPPED,
+                reason=f"{len(rewards)} episode(s) with a reward",
+                mean=None,
+                std=None,
+                samples=[],
+            )
         mean = sum(rewards) / len(rewards)
         std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
         if max(rewards) - min(rewards) < EQUAL:
-            return GroupOutcome(GROUP_DROPPED, f"equal rewards ({rewards[0]:g})", mean, std, [])
+            return GroupOutcome(
+                status=GROUP_DROPPED, reason=f"equal rewards ({rewards[0]:g})", mean=mean, std=std, samples=[]
+            )
         scored = [e for e in episodes if e.reward is not None]
         weights = self._weights(scored)
         samples = []
@@ -92,7 +100,7 @@ class GroupRelative:
             if self.normalize_std:
                 a /= std + self.eps
             samples += self._episode_samples(episode, a, weight)
-        return GroupOutcome(GROUP_USED, None, mean, std, samples)
+        return GroupOutcome(status=GROUP_USED, reason=None, mean=mean, std=std, samples=samples)
 
     def _weights(self, episodes: Sequence[EpisodeTurns]) -> list[float]:
         if not self.episode_weighting:

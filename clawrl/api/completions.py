@@ -157,7 +157,9 @@ class ChatService:
             model=self.model_name,
             prompt_ids=prompt.prompt_ids,
         )
-        return Prepared(req, messages, tools, prompt, params, completion)
+        return Prepared(
+            request=req, messages=messages, tools=tools, prompt=prompt, params=params, completion=completion
+        )
 
     async def begin(self, prep: Prepared, hints: Hints, memory: bool | None = None) -> None:
         """Resolve the session (and record the previous turn's next state) before decoding; then add
@@ -355,18 +357,20 @@ class ChatService:
     def _turn(self, prep: Prepared, finish_reason: str):
         assert prep.resolution is not None
         return build_turn(
-            prep.resolution,
-            prep.completion,
-            prep.messages,
-            prep.tools,
-            prep.params.temperature,
-            prep.created_at,
-            prep.first_token_at,
-            finish_reason,
-            prep.params.grammar,
-            sampling_record(prep.params, self.engine.processed_logprobs, prep.completion.cached_version),
-            prep.memory,
-            prep.prompt.template_kwargs,
+            r=prep.resolution,
+            c=prep.completion,
+            messages=prep.messages,
+            tools=prep.tools,
+            temperature=prep.params.temperature,
+            created_at=prep.created_at,
+            first_token_at=prep.first_token_at,
+            finish_reason=finish_reason,
+            grammar=prep.params.grammar,
+            sampling=sampling_record(
+                prep.params, self.engine.processed_logprobs, prep.completion.cached_version
+            ),
+            memory=prep.memory,
+            template_kwargs=prep.prompt.template_kwargs,
         )
 
 

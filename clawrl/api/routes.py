@@ -58,7 +58,11 @@ def v1_router(keys: Keys) -> APIRouter:
         caller = caller_of(request)
         session_id = caller.session_id(body.session_id) if body.session_id is not None else None
         turn, fid = await collector.feedback(
-            body.response_id, session_id, body.rating, body.comment, caller.owner
+            response_id=body.response_id,
+            session_id=session_id,
+            rating=body.rating,
+            comment=body.comment,
+            owner=caller.owner,
         )
         return {
             "object": "feedback",

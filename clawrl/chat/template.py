@@ -205,7 +205,13 @@ class ChatRenderer:
         kwargs = self.kwargs(template_kwargs)
         text = self._apply(chat, shown, kwargs) + plan.forced_prefix
         ids = self._tokenizer.encode(text, add_special_tokens=False)
-        return RenderedPrompt(list(ids), plan.tool_names, plan.forced_prefix, text, kwargs)
+        return RenderedPrompt(
+            prompt_ids=list(ids),
+            tool_names=plan.tool_names,
+            forced_prefix=plan.forced_prefix,
+            prompt_text=text,
+            template_kwargs=kwargs,
+        )
 
     def kwargs(self, template_kwargs: dict[str, Any] | None) -> dict[str, Any]:
         """The template's extra variables for a render: the defaults, then the request's."""

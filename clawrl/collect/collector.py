@@ -20,6 +20,7 @@ that was never recorded, `RecordingRefused` while the store cannot take the writ
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -77,14 +78,14 @@ class Collector:
             last = s.last_turn
             self.tracker.restore(
                 Restored(
-                    s.id,
-                    s.source,
-                    s.turn_count,
-                    s.updated_at,
-                    last.id if last else None,
-                    last.messages if last else [],
-                    last.answer_message() if last else None,
-                    s.user,
+                    session_id=s.id,
+                    source=s.source,
+                    turn_count=s.turn_count,
+                    last_active=s.updated_at,
+                    last_turn_id=last.id if last else None,
+                    messages=last.messages if last else [],
+                    answer=last.answer_message() if last else None,
+                    user=s.user,
                 )
             )
         log.info("tracking %d open sessions from the store", len(self.tracker))
@@ -173,7 +174,15 @@ class Collector:
         Another user's answer is NotRecorded, as an unknown one is (docs/users.md)."""
         self._admit(most=0)  # its turn may still be waiting; and its id must be known to answer
         try:
-            turn, fid = await self.db(self._write_feedback, response_id, session_id, rating, comment, owner)
+            write = functools.partial(
+                self._write_feedback,
+                response_id=response_id,
+                session_id=session_id,
+                rating=rating,
+                comment=comment,
+                owner=owner,
+            )
+            turn, fid = await self.db(write)
         except TRANSIENT as exc:  # never kept for later: the reply carries the rating's id
             self.writer.failed(exc)
             raise RecordingRefused(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from collections import Counter
 from typing import Any, Protocol
@@ -120,9 +121,15 @@ class EpisodeBook:
             reason = f"{short}; {outcome.reason}" if outcome.reason else short
             outcome = dataclasses.replace(outcome, reason=reason)
         stats = (outcome.mean, outcome.std)
-        await self.writer.write(
-            self.store.close_group, group_id, outcome.status, outcome.reason, stats, outcome.samples
+        close = functools.partial(
+            self.store.close_group,
+            group_id=group_id,
+            status=outcome.status,
+            reason=outcome.reason,
+            stats=stats,
+            samples=outcome.samples,
         )
+        await self.writer.write(close)
         self.closed[outcome.status] += 1
         self.samples += len(outcome.samples)
         log.info(
@@ -137,10 +144,12 @@ class EpisodeBook:
 
     async def _outcome(self, episodes: list[Episode]) -> GroupOutcome:
         if not all(e.train for e in episodes):
-            return GroupOutcome(GROUP_EVAL, "evaluation episodes", None, None, [])
+            return GroupOutcome(
+                status=GROUP_EVAL, reason="evaluation episodes", mean=None, std=None, samples=[]
+            )
         if self.method is None:
             reason = f"the server's method is {self.method_name!r}, not grpo"
-            return GroupOutcome(GROUP_DROPPED, reason, None, None, [])
+            return GroupOutcome(status=GROUP_DROPPED, reason=reason, mean=None, std=None, samples=[])
         sessions = [e.session_id for e in episodes]
         if self.method.wants_prm and self.judge is not None:
             await self.judge.settled(sessions)

@@ -46,7 +46,14 @@ class MemoryBook:
             self.failures += 1
             log.warning("serving without memory: %s", exc)
             return None
-        return recall(found, messages, session_id, c.max_tokens, self.count, c.max_items)
+        return recall(
+            experiences=found,
+            messages=messages,
+            session_id=session_id,
+            budget=c.max_tokens,
+            count=self.count,
+            max_items=c.max_items,
+        )
 
     async def experiences(
         self, state: str | None = None, owner: str | None = DEFAULT_OWNER

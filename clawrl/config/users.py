@@ -72,7 +72,7 @@ def parse_users(text: str, admin_key: str | None) -> dict[str, str]:
     by_key: dict[str, str] = {}
     names: set[str] = set()
     for name, key in pairs:
-        _check(name, key, names, by_key, admin_key)
+        _check(name=name, key=key, names=names, by_key=by_key, admin=admin_key)
         names.add(name)
         by_key[key] = name
     return by_key

@@ -156,7 +156,14 @@ def reading(
     bias = _normalised({label: math.exp(lp) for label, lp in content_free.items()})
     calibrated = _normalised({label: raw[label] / max(bias[label], 1e-12) for label in raw})
     leaned = _normalised({label: q * (CUE_ODDS if label == -1 else 1.0) for label, q in calibrated.items()})
-    return Reading(variant, raw, calibrated, _vote(leaned if cue else calibrated), cue, _vote(calibrated))
+    return Reading(
+        variant=variant,
+        raw=raw,
+        calibrated=calibrated,
+        value=_vote(leaned if cue else calibrated),
+        cue=cue,
+        plain=_vote(calibrated),
+    )
 
 
 def cue_of(reply: str) -> str | None:

@@ -226,11 +226,11 @@ class JudgeLoop:
         if not votes and feedback is None:
             return None  # nothing to judge on yet (the feedback judge waits for a rating)
         j = judgment(
-            turn.id,
-            self.name,
-            votes,
-            feedback.rating if feedback else None,
-            feedback.comment if feedback else None,
+            turn_id=turn.id,
+            judge=self.name,
+            votes=votes,
+            feedback_rating=feedback.rating if feedback else None,
+            feedback_comment=feedback.comment if feedback else None,
         )
         samples = self.method.samples(turn, j, self.teacher) + await self._rewrite(turn, j)
         await self.writer.write(self.store.insert_judgment, j, samples)  # one transaction; supersedes older
@@ -272,7 +272,9 @@ class JudgeLoop:
         except (EngineError, ValueError) as exc:  # degrade on purpose: a bonus sample
             log.warning("the hint rewrite of %s failed (%s); judging goes on", turn.id, exc)
             return []
-        sample = rewrite_sample(turn, j, teacher_ids, response_ids, version)
+        sample = rewrite_sample(
+            turn=turn, judgment=j, teacher_prompt_ids=teacher_ids, response_ids=response_ids, version=version
+        )
         self.rewrites += sample is not None
         return [sample] if sample is not None else []
 

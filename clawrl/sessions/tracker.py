@@ -178,19 +178,19 @@ class SessionTracker:
         session.turn_count += 1
         self._touch(session, now)
         return Resolution(
-            session.id,
-            session.source,
-            is_new,
-            turn_type,
-            index,
-            taken.turn_id if taken else None,
-            next_state or None,
-            hints.done,
-            hashes[-1],
-            len(messages),
-            taken,
-            session.user,
-            how if taken else None,
+            session_id=session.id,
+            source=session.source,
+            is_new=is_new,
+            turn_type=turn_type,
+            turn_index=index,
+            previous_turn_id=taken.turn_id if taken else None,
+            next_state=next_state or None,
+            done=hints.done,
+            history=hashes[-1],
+            history_len=len(messages),
+            taken_tip=taken,
+            user=session.user,
+            next_state_match=how if taken else None,
         )
 
     def answered(self, resolution: Resolution, turn_id: str, answer: Message, now: float) -> None:
@@ -312,7 +312,13 @@ class SessionTracker:
 
 
 def _tip(turn_id: str, prompt: str, prompt_len: int, answer: Message) -> Tip:
-    return Tip(turn_id, prompt, prompt_len + 1, extend_hash(prompt, answer), _call_names(answer))
+    return Tip(
+        turn_id=turn_id,
+        prompt=prompt,
+        length=prompt_len + 1,
+        answer=extend_hash(prompt, answer),
+        calls=_call_names(answer),
+    )
 
 
 def _call_names(message: Message) -> tuple[str, ...]:

@@ -112,7 +112,11 @@ class MemoryStore:
                 row = conn.execute("SELECT user FROM sessions WHERE id = ?", (session_id,)).fetchone()
                 owner = row[0] if row is not None else DEFAULT_OWNER
             found = _fts(
-                lambda sql, args: conn.execute(sql, args).fetchall(), text, owner, "", MERGE_CANDIDATES
+                read=lambda sql, args: conn.execute(sql, args).fetchall(),
+                text=text,
+                owner=owner,
+                state="",
+                limit=MERGE_CANDIDATES,
             )
             key = best_match(text, ((e.id, e.text) for e in found), merge_at)
             if key is None:
@@ -163,7 +167,9 @@ class MemoryStore:
     def recall_candidates(self, text: str, owner: str = DEFAULT_OWNER, limit: int = 50) -> list[Experience]:
         """Active experiences a request may get: those sharing a word with `text` (best first), then the
         most often seen, at most `limit` of each."""
-        hits = _fts(self._read, text, owner, f"AND e.state = '{EXPERIENCE_ACTIVE}'", limit)
+        hits = _fts(
+            read=self._read, text=text, owner=owner, state=f"AND e.state = '{EXPERIENCE_ACTIVE}'", limit=limit
+        )
         rows = self._read(
             f"SELECT {EXPERIENCE_COLUMNS} FROM experiences WHERE owner = ? AND state = ? "
             "ORDER BY seen DESC, last_seen DESC LIMIT ?",

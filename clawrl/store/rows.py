@@ -67,7 +67,13 @@ def turn_from_row(row: sqlite3.Row) -> Turn:
 
 
 def feedback_from_row(row: sqlite3.Row) -> Feedback:
-    return Feedback(row["turn_id"], row["rating"], row["comment"], row["created_at"], row["id"])
+    return Feedback(
+        turn_id=row["turn_id"],
+        rating=row["rating"],
+        comment=row["comment"],
+        created_at=row["created_at"],
+        id=row["id"],
+    )
 
 
 JUDGMENT_COLUMNS = "id, turn_id, created_at, score, hint, votes, judge"

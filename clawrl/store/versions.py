@@ -32,14 +32,14 @@ _NUMBER = "CAST(substr(name, instr(name, '/') + 2) AS INTEGER)"  # N of `vN` and
 
 def _version(row: sqlite3.Row) -> Version:
     return Version(
-        row["name"],
-        row["step"],
-        row["path"],
-        json.loads(row["metrics"] or "{}"),
-        row["parent"],
-        row["created_at"],
-        row["status"],
-        json.loads(row["canary"]) if row["canary"] else None,
+        name=row["name"],
+        step=row["step"],
+        path=row["path"],
+        metrics=json.loads(row["metrics"] or "{}"),
+        parent=row["parent"],
+        created_at=row["created_at"],
+        status=row["status"],
+        canary=json.loads(row["canary"]) if row["canary"] else None,
     )
 
 
