@@ -109,7 +109,7 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
     if store is not None:
         writer = StoreWriter(config.collect.retry_every_s, config.collect.max_pending_writes)
         if config.judge.enabled:
-            judge = build_judge(config, store, writer, engine, tokenizer)
+            judge = build_judge(config=config, store=store, writer=writer, engine=engine, tokenizer=tokenizer)
         collector = build_collector(config, store, writer, judge)
         method = configured_method(config)
         grpo = method if isinstance(method, GroupRelative) else None
@@ -132,37 +132,37 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
     metrics = Metrics(pipeline)
     if collector is not None:
         watcher = VersionWatcher(
-            engine,
-            collector.store,
-            collector.db,
-            config.train.swap_poll_s,
-            metrics.swapped,
-            served_users(config),
+            engine=engine,
+            store=collector.store,
+            db=collector.db,
+            poll_s=config.train.swap_poll_s,
+            on_swap=metrics.swapped,
+            users=served_users(config),
         )
     services: list[Service] = [engine]
     services += [x for x in (collector, judge, episodes, watcher, trainer) if x is not None]
     routes = Routes(
         chat=ChatService(
-            engine,
-            tokenizer,
-            s.served_model_name,
-            s.default_max_tokens,
-            collector,
-            memory if config.memory.enabled else None,
+            engine=engine,
+            tokenizer=tokenizer,
+            served_model_name=s.served_model_name,
+            default_max_tokens=s.default_max_tokens,
+            collector=collector,
+            memory=memory if config.memory.enabled else None,
             template_kwargs=config.model.chat_template_kwargs,
         ),
         pipeline=pipeline,
         metrics=metrics,
         health=HealthReport(
-            engine,
-            s.served_model_name,
-            collector,
-            judge,
-            trainer,
-            watcher,
-            config.guard,
-            pipeline,
-            config.run_dir,
+            engine=engine,
+            model=s.served_model_name,
+            collector=collector,
+            judge=judge,
+            trainer=trainer,
+            watcher=watcher,
+            guard=config.guard,
+            pipeline=pipeline,
+            run_dir=config.run_dir,
             memory=memory is not None and config.memory.enabled,
         ),
         affinity_keys=config.collect.affinity_keys,
@@ -170,7 +170,9 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
         max_body_bytes=s.max_body_bytes,
         episodes=episodes,
         memory=memory,
-        eraser=None if collector is None else eraser(config, collector, engine, watcher, trainer),
+        eraser=None
+        if collector is None
+        else eraser(config=config, collector=collector, engine=engine, watcher=watcher, trainer=trainer),
     )
     return create_app(
         routes,
@@ -218,7 +220,14 @@ def build_collector(config: Config, store: Store, writer: StoreWriter, judge: Ju
         c.max_open_sessions,
         injected=InjectedContext(c.context_patterns),
     )
-    return Collector(store, tracker, c.idle_timeout_s, c.expire_every_s, writer, judge)
+    return Collector(
+        store=store,
+        tracker=tracker,
+        idle_timeout=c.idle_timeout_s,
+        expire_every=c.expire_every_s,
+        writer=writer,
+        judge=judge,
+    )
 
 
 def build_judge(
@@ -246,7 +255,17 @@ def build_judge(
     served = lambda: engine.version  # noqa: E731
     rewrite = engine_rewriter(engine, REWRITE_MAX_TOKENS) if config.train.hint_rewrite else None
     return JudgeLoop(
-        store, writer, backend, method, teacher, j, likelihood, served, config.memory, bare, rewrite=rewrite
+        store=store,
+        writer=writer,
+        backend=backend,
+        method=method,
+        teacher=teacher,
+        config=j,
+        likelihood=likelihood,
+        served=served,
+        memory=config.memory,
+        bare=bare,
+        rewrite=rewrite,
     )
 
 

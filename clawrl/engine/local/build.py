@@ -63,7 +63,14 @@ def build_local_engine(config: Config) -> tuple[LocalEngine, Any]:
     gpu = cuda_index(m.device, torch.cuda.is_available())
     if gpu is not None:
         cap_process(f"cuda:{gpu}", e.gpu_share)  # before the weights: all this process holds counts
-    loaded = load_model(folder, m.device, m.dtype, context, m.rope_scaling, m.scale_rope)
+    loaded = load_model(
+        path=folder,
+        device=m.device,
+        dtype=m.dtype,
+        max_context=context,
+        rope_scaling=m.rope_scaling,
+        scale_rope=m.scale_rope,
+    )
     log.info("loaded %s on %s (context %d)", folder, loaded.model.device, loaded.max_context)
     budget = prefix_cache_budget(e.prefix_cache_mb, loaded.model)
     cache = PrefixCache(budget, e.prefix_cache_across_versions) if budget else None

@@ -117,12 +117,12 @@ class LocalEngine:
         self.device = next(model.parameters()).device
         self.prefix_cache = prefix_cache
         self._queue = Scheduler(
-            max_batch_size,
-            max_prefill_tokens,
-            max_background_rows,
-            prefill_chunk,
-            background_share,
-            kv_tokens,
+            max_batch=max_batch_size,
+            prefill_budget=max_prefill_tokens,
+            max_background=max_background_rows,
+            chunk=prefill_chunk,
+            background_share=background_share,
+            kv_tokens=kv_tokens,
         )
         self._batch = DecodeBatch(model, self.device)
         self._wake = asyncio.Event()
@@ -172,14 +172,14 @@ class LocalEngine:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
         penalties = Penalties(params.repetition_penalty, params.frequency_penalty, params.presence_penalty)
         sampler = RowSampler.create(
-            params.temperature,
-            params.top_p,
-            params.top_logprobs,
-            params.seed,
-            self.device,
-            params.top_k,
-            penalties,
-            prompt_ids,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_logprobs=params.top_logprobs,
+            seed=params.seed,
+            device=self.device,
+            top_k=params.top_k,
+            penalties=penalties,
+            prompt_ids=prompt_ids,
         )
         req = Request(list(prompt_ids), params, sampler)
         if params.grammar is not None and self.constrained_decoding:
@@ -417,9 +417,15 @@ class LocalEngine:
         scaled = req.scaled if first else None
         version = self.version_of(req.params.adapter)
         return TokenEvent(
-            s.token_id, s.logprob, version, s.top, finish, req.cached_tokens if first else 0, scaled,
-            req.cached_version if first else None,
-        )  # fmt: skip
+            token_id=s.token_id,
+            logprob=s.logprob,
+            version=version,
+            top_logprobs=s.top,
+            finish_reason=finish,
+            cached_tokens=req.cached_tokens if first else 0,
+            rope_scaled=scaled,
+            cached_version=req.cached_version if first else None,
+        )
 
     def _retire(self) -> None:
         rows = self._queue.rows

@@ -126,7 +126,9 @@ class PrefixCache:
             entry = self._entries[key]
             if len(entry.ids) <= len(ids) and _common_prefix(entry.ids, query) == len(entry.ids):
                 self._remove(key)  # the new entry holds all of it
-        self._entries[self._next] = _Entry(query, kv, version, nbytes, rope, user)
+        self._entries[self._next] = _Entry(
+            ids=query, kv=kv, version=version, nbytes=nbytes, rope=rope, user=user
+        )
         self._next += 1
         self._bytes += nbytes
         self.stats.inserted += 1

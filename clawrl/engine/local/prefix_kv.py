@@ -33,7 +33,13 @@ def keep_prefix(cache: PrefixCache | None, req: Request, version: str) -> None:
     if cache is None or req.kv_version != version:
         return
     kv = [(layer.keys, layer.values) for layer in req.cache.layers]
-    cache.insert(req.prompt_ids, kv, req.cached_version or version, rope_key(req), req.params.adapter)
+    cache.insert(
+        ids=req.prompt_ids,
+        kv=kv,
+        version=req.cached_version or version,
+        rope=rope_key(req),
+        user=req.params.adapter,
+    )
 
 
 def rope_key(req: Request) -> str:

@@ -60,7 +60,14 @@ class RowSampler:
             generator = torch.Generator(device=device)
             generator.manual_seed(seed)
         penalty = PenaltyState(penalties, prompt_ids) if penalties.active else None
-        return cls(temperature, top_p, top_logprobs, generator, top_k, penalty)
+        return cls(
+            temperature=temperature,
+            top_p=top_p,
+            top_logprobs=top_logprobs,
+            generator=generator,
+            top_k=top_k,
+            penalty=penalty,
+        )
 
 
 @dataclass
