@@ -163,9 +163,16 @@ async def run_episode(
     try:
         env, prompt, tools = await _start(factory, row, settings)
         result.messages = list(prompt)
-        result.reason = await _turns(chat, env, tools, result, settings)
+        result.reason = await _turns(chat=chat, env=env, tools=tools, result=result, settings=settings)
         if result.reason in (ANSWERED, DONE):
-            result.reward = await episode_reward(env, reward_fn, prompt, result, row, settings.tool_timeout_s)
+            result.reward = await episode_reward(
+                env=env,
+                reward_fn=reward_fn,
+                prompt=prompt,
+                result=result,
+                row=row,
+                timeout=settings.tool_timeout_s,
+            )
         else:
             result.reward = 0.0
     except Dropped as exc:

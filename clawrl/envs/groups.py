@@ -122,13 +122,13 @@ class Runner:
     async def _episode(self, task: Task, group: GroupResult, index: int) -> EpisodeResult:
         async with self._slots:
             result = await run_episode(
-                self.client,
-                self.env.factory,
-                task.row,
-                task.id,
-                f"{group.id}-e{index}",
-                self.settings,
-                self.reward_fn,
+                chat=self.client,
+                factory=self.env.factory,
+                row=task.row,
+                task=task.id,
+                session_id=f"{group.id}-e{index}",
+                settings=self.settings,
+                reward_fn=self.reward_fn,
             )
         if self.post and self.shuffle is None:
             await self._post(result, group)
@@ -154,7 +154,9 @@ class Runner:
             )
             return
         try:
-            body = episode_body(result, group.id, group.size, self.env.name, self.train)
+            body = episode_body(
+                result=result, group_id=group.id, size=group.size, env=self.env.name, train=self.train
+            )
             if self.shuffle is not None:
                 body["reward"], body["info"]["true_reward"] = reward, result.reward
             answer = await self.client.post_episode(body)

@@ -85,9 +85,23 @@ def make_plan(args: Namespace) -> Plan:
     rows, text = _rows(args, env)
     # A Harbor verifier may take longer than a tool call: its task.toml says how long.
     tool_timeout = max(args.tool_timeout, env.min_tool_timeout_s)
-    settings = Settings(schedule, max_turns, args.max_tokens, tool_timeout, args.temperature)
+    settings = Settings(
+        schedule=schedule,
+        max_turns=max_turns,
+        max_tokens=args.max_tokens,
+        tool_timeout_s=tool_timeout,
+        temperature=args.temperature,
+    )
     tasks = [Task(task_id(row, i), row) for i, row in enumerate(rows)]
-    return Plan(env, reward_fn, tasks, text, settings, args.group_size, args.concurrency)
+    return Plan(
+        env=env,
+        reward_fn=reward_fn,
+        tasks=tasks,
+        tasks_text=text,
+        settings=settings,
+        group_size=args.group_size,
+        concurrency=args.concurrency,
+    )
 
 
 def _rows(args: Namespace, env: EnvSpec) -> tuple[list[dict[str, Any]], str]:
@@ -143,13 +157,13 @@ def run_train(config: Any, args: Namespace) -> dict[str, Any]:
         where = {"run_dir": str(run_dir), "config": cfg.dump()}
     extra = {"start": outcome.start, "versions_made": outcome.made, "stopped": outcome.stopped, **where}
     report = build_report(
-        "train",
-        plan.env.name,
-        plan.tasks_text,
-        outcome.groups,
-        plan.describe(args),
-        _command(),
-        outcome.wall_s,
+        mode="train",
+        env=plan.env.name,
+        tasks=plan.tasks_text,
+        groups=outcome.groups,
+        settings=plan.describe(args),
+        command=_command(),
+        wall_s=outcome.wall_s,
         **extra,
     )
     write_report(report, outcome.groups, args.out)
@@ -224,12 +238,19 @@ def run_eval(config: Any, args: Namespace) -> dict[str, Any]:
         where: dict[str, Any] = {"base_url": args.base_url}
     else:
         for version in pick_versions(args.run_dir, args.versions):
-            found, seconds = _serve_and_measure(config, args, plan, key, version)
+            found, seconds = _serve_and_measure(config=config, args=args, plan=plan, key=key, version=version)
             groups += found
             wall += seconds
         where = {"run_dir": str(args.run_dir)}
     report = build_report(
-        "eval", plan.env.name, plan.tasks_text, groups, plan.describe(args), _command(), wall, **where
+        mode="eval",
+        env=plan.env.name,
+        tasks=plan.tasks_text,
+        groups=groups,
+        settings=plan.describe(args),
+        command=_command(),
+        wall_s=wall,
+        **where,
     )
     write_report(report, groups, args.out)
     return report

@@ -73,13 +73,30 @@ async def run_experiment(
         seen.append(outcome)
     start, memory = str(health["version"]), memory_on(health)
     await measure_point(
-        client, persona, held_out, settings, start, start, started, memory=memory, into=outcome.points
-    )  # fmt: skip
+        client=client,
+        persona=persona,
+        tasks=held_out,
+        settings=settings,
+        start=start,
+        version=start,
+        started=started,
+        memory=memory,
+        into=outcome.points,
+    )
     if not trains(health):  # no trainer: nothing to pace the users to (sessions are counted instead)
         settings = replace(settings, samples_per_step=None)
-    traffic = Traffic(client, persona, train, method, settings)
+    traffic = Traffic(client=client, persona=persona, tasks=train, method=method, settings=settings)
     users = traffic.begin(start)
-    run = Run(client, persona, held_out, settings, traffic, users, outcome, started)
+    run = Run(
+        client=client,
+        persona=persona,
+        held_out=held_out,
+        settings=settings,
+        traffic=traffic,
+        users=users,
+        outcome=outcome,
+        started=started,
+    )
     try:
         if trains(health):
             await _follow(run, memory)
@@ -120,16 +137,33 @@ async def _follow(run: Run, memory: bool) -> None:
     start = version = outcome.points[0].version
     while outcome.points[-1].step < settings.steps:
         deadline = started + settings.max_wall_s
-        newer = await _next_version(client, traffic, users, version, deadline, outcome, start, settings.steps)
+        newer = await _next_version(
+            client=client,
+            traffic=traffic,
+            users=users,
+            current=version,
+            deadline=deadline,
+            outcome=outcome,
+            start=start,
+            steps=settings.steps,
+        )
         if newer is None:
             outcome.stopped = "held" if made(outcome, start) >= settings.steps else "timeout"
             return
         await traffic.pause()
         try:
             await measure_point(
-                client, persona, held_out, settings, start, newer, started,
-                memory=memory, sessions=traffic.opened, into=outcome.points,
-            )  # fmt: skip
+                client=client,
+                persona=persona,
+                tasks=held_out,
+                settings=settings,
+                start=start,
+                version=newer,
+                started=started,
+                memory=memory,
+                sessions=traffic.opened,
+                into=outcome.points,
+            )
         except NoAnswers as exc:
             unanswered(outcome, exc)
             return
@@ -163,9 +197,18 @@ async def follow_sessions(run: Run) -> None:
         await traffic.pause()
         try:
             await measure_point(
-                client, persona, held_out, settings, start, start, started,
-                memory=True, sessions=traffic.opened, step=step, into=outcome.points,
-            )  # fmt: skip
+                client=client,
+                persona=persona,
+                tasks=held_out,
+                settings=settings,
+                start=start,
+                version=start,
+                started=started,
+                memory=True,
+                sessions=traffic.opened,
+                step=step,
+                into=outcome.points,
+            )
         except NoAnswers as exc:
             unanswered(outcome, exc)
             return
@@ -202,16 +245,32 @@ async def measure_point(
     line (Ctrl-C, SIGTERM) finds it in the report."""
     label = f"{start}-{version}" + (f"-s{sessions}" if step is not None else "")
     bare = False if memory else None
-    scores, seen, answers = await measure(client, persona, tasks, settings.max_tokens, label, bare)
+    scores, seen, answers = await measure(
+        client=client, persona=persona, tasks=tasks, max_tokens=settings.max_tokens, label=label, memory=bare
+    )
     step = version_number(version) - version_number(start) if step is None else step
     elapsed = time.monotonic() - started
     alike = self_rouge_l([a for a in answers if a is not None])
-    point = Point(step, version, sum(scores) / len(scores), scores, seen, elapsed, alike, sessions)
+    point = Point(
+        step=step,
+        version=version,
+        score=sum(scores) / len(scores),
+        scores=scores,
+        answer_versions=seen,
+        elapsed_s=elapsed,
+        self_rouge_l=alike,
+        sessions=sessions,
+    )
     shown = f"held-out score {point.score:.3f}"
     if memory:
         point.scores_memory, *_ = await measure(
-            client, persona, tasks, settings.max_tokens, f"{label}-memory", True
-        )  # fmt: skip
+            client=client,
+            persona=persona,
+            tasks=tasks,
+            max_tokens=settings.max_tokens,
+            label=f"{label}-memory",
+            memory=True,
+        )
         point.score_memory = sum(point.scores_memory) / len(point.scores_memory)
         point.experiences = await client.experiences()
         shown += f" ({point.score_memory:.3f} with memory; experiences {point.experiences})"

@@ -71,7 +71,14 @@ def read_history(run_dir: Path) -> RunHistory:
 
 def _version_point(v: Any) -> VersionPoint:
     m = v.metrics
-    return VersionPoint(v.name, v.step, v.created_at, m.get("mean_reward"), m.get("loss"), m.get("samples"))
+    return VersionPoint(
+        name=v.name,
+        step=v.step,
+        created_at=v.created_at,
+        mean_reward=m.get("mean_reward"),
+        loss=m.get("loss"),
+        samples=m.get("samples"),
+    )
 
 
 def _method(run_dir: Path) -> str | None:

@@ -50,8 +50,14 @@ async def run_load(
     headers = {"authorization": f"Bearer {api_key}"}
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits, headers=headers) as http:
         start = time.perf_counter()
-        jobs = [_stream(http, i, max_tokens, None, result) for i in range(staying)]
-        jobs += [_stream(http, staying + i, max_tokens, leave_after, result) for i in range(leaving)]
+        jobs = [
+            _stream(http=http, i=i, max_tokens=max_tokens, leave_after=None, result=result)
+            for i in range(staying)
+        ]
+        jobs += [
+            _stream(http=http, i=staying + i, max_tokens=max_tokens, leave_after=leave_after, result=result)
+            for i in range(leaving)
+        ]
         await asyncio.gather(*jobs)
         result.wall_s = time.perf_counter() - start
     return result

@@ -147,7 +147,13 @@ def _turn(returncode: int, stdout: str, stderr: str) -> AgentTurn:
     meta = out.get("meta", {})
     text = "".join(p.get("text") or "" for p in out.get("payloads", []))
     usage = meta.get("agentMeta", {}).get("lastCallUsage", {})
-    return AgentTurn(text, meta.get("stopReason"), meta.get("durationMs", 0) / 1000, usage, out)
+    return AgentTurn(
+        text=text,
+        stop_reason=meta.get("stopReason"),
+        duration_s=meta.get("durationMs", 0) / 1000,
+        usage=usage,
+        raw=out,
+    )
 
 
 def installed_openclaw(cache_dir: Path) -> Path | None:

@@ -71,7 +71,15 @@ def make_plan(config: Any, args: Namespace) -> Plan:
         openclaw = find_openclaw(config.cache_dir())
     settings = make_settings(config, args)
     return Plan(
-        persona, methods, train, held_out, settings, args.out, run_root, openclaw, scripted.source.as_json()
+        persona=persona,
+        methods=methods,
+        train=train,
+        held_out=held_out,
+        settings=settings,
+        out=args.out,
+        run_root=run_root,
+        openclaw=openclaw,
+        persona_file=scripted.source.as_json(),
     )
 
 
@@ -139,9 +147,18 @@ def run_eval(config: Any, args: Namespace) -> dict[str, Any]:
         for method in plan.methods:
             seen: list[Outcome] = []
             try:
-                name, entry = _run_method(config, args.base_url, method, api_key, plan, seen)
+                name, entry = _run_method(
+                    config=config,
+                    base_url=args.base_url,
+                    method=method,
+                    api_key=api_key,
+                    plan=plan,
+                    seen=seen,
+                )
             except (KeyboardInterrupt, SystemExit):
-                _report_interrupted(config, args.base_url, plan, entries, seen)
+                _report_interrupted(
+                    config=config, base_url=args.base_url, plan=plan, entries=entries, seen=seen
+                )
                 raise
             entries[name] = entry
             report = _report(config, args.base_url, plan, entries)
@@ -164,9 +181,13 @@ def _run_method(
     """(method, its report entry): against the running server, or a fresh one. `seen` gets the
     outcome as soon as the experiment starts (what an interrupted run reports)."""
     if base_url is not None:
-        outcome = asyncio.run(_remote(base_url, api_key, method, plan, seen))
+        outcome = asyncio.run(
+            _remote(base_url=base_url, api_key=api_key, method=method, plan=plan, seen=seen)
+        )
         return outcome.method, method_entry(outcome, None)
-    outcome, run_dir = _fresh(config, method or config.method, api_key, plan, seen)
+    outcome, run_dir = _fresh(
+        config=config, method=method or config.method, api_key=api_key, plan=plan, seen=seen
+    )
     return outcome.method, _fresh_entry(outcome, run_dir)
 
 
@@ -204,7 +225,13 @@ def _report(
     served = {"base_url": base_url} if base_url is not None else config.dump()
     held_out = [t.id for t in plan.held_out]
     return build_report(
-        plan.persona.name, entries, plan.settings, held_out, command, served, persona_file=plan.persona_file
+        persona=plan.persona.name,
+        methods=entries,
+        settings=plan.settings,
+        held_out=held_out,
+        command=command,
+        config=served,
+        persona_file=plan.persona_file,
     )
 
 
@@ -215,7 +242,14 @@ async def _remote(
         _, served = check_learning(await client.health(), memory_only=True)
         if method is not None and method != served:
             raise EvalError(f"the server at {base_url} trains with method {served!r}, not {method!r}")
-        return await run_experiment(client, plan.persona, plan.train, plan.held_out, plan.settings, seen)
+        return await run_experiment(
+            client=client,
+            persona=plan.persona,
+            train=plan.train,
+            held_out=plan.held_out,
+            settings=plan.settings,
+            seen=seen,
+        )
 
 
 def _client(base_url: str, api_key: str | None, method: str | None, plan: Plan) -> EvalClient:
@@ -236,7 +270,9 @@ def _fresh(
     cfg = config.model_copy(update={"method": method, "run_dir": run_dir}, deep=True)
     print(f"clawrl eval: method {method}: starting a server in {run_dir}", flush=True)
     with ServerProcess.from_config(cfg, fresh=True) as server:
-        outcome = asyncio.run(_remote(server.url, api_key, method, plan, seen))
+        outcome = asyncio.run(
+            _remote(base_url=server.url, api_key=api_key, method=method, plan=plan, seen=seen)
+        )
     return outcome, run_dir
 
 

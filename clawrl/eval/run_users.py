@@ -83,11 +83,26 @@ def run_users_eval(config: Any, args: Namespace) -> dict[str, Any]:
         command = shlex.join(["clawrl", *sys.argv[1:]])
         held = [t.id for t in held_out]
         return build_users_report(
-            entries, method[0], adapters, settings, held, command, cfg.dump(), str(cfg.run_dir)
+            users=entries,
+            method=method[0],
+            adapters=adapters,
+            settings=settings,
+            held_out=held,
+            command=command,
+            config=cfg.dump(),
+            run_dir=str(cfg.run_dir),
         )
 
     try:
-        outcomes = _serve(cfg, keys, personas, train, held_out, settings, seen)
+        outcomes = _serve(
+            cfg=cfg,
+            keys=keys,
+            personas=personas,
+            train=train,
+            held_out=held_out,
+            settings=settings,
+            seen=seen,
+        )
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C or SIGTERM: keep what was measured
         if any(o.points for o in seen.values()):  # each user not done is marked "interrupted"
             write_users_report(report_of(seen), args.out)
@@ -157,7 +172,18 @@ def _serve(
 
     print(f"clawrl eval: users {', '.join(keys)}: starting a server in {cfg.run_dir}", flush=True)
     with ServerProcess.from_config(cfg, fresh=True) as server:
-        return asyncio.run(_together(server.url, cfg, keys, personas, train, held_out, settings, seen))
+        return asyncio.run(
+            _together(
+                url=server.url,
+                cfg=cfg,
+                keys=keys,
+                personas=personas,
+                train=train,
+                held_out=held_out,
+                settings=settings,
+                seen=seen,
+            )
+        )
 
 
 async def _together(
@@ -176,7 +202,9 @@ async def _together(
         for name, key in keys.items():
             client = await stack.enter_async_context(EvalClient(url, key))
             users.append(SimUser(name, personas[name], client, line_of(name, cfg.per_user_adapters)))
-        return await run_together(admin, users, train, held_out, settings, seen)
+        return await run_together(
+            admin=admin, users=users, train=train, held_out=held_out, settings=settings, seen=seen
+        )
 
 
 def _add_canary(entries: dict[str, dict[str, Any]], db: Path) -> None:

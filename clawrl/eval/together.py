@@ -78,7 +78,10 @@ async def run_together(
     measured; a user not done by then is marked `stopped = "interrupted"`."""
     started = time.monotonic()
     judge, method = check_learning(await admin.health())
-    tracks = [await _track(u, users, method, judge, train, settings) for u in users]
+    tracks = [
+        await _track(user=u, users=users, method=method, judge=judge, train=train, settings=settings)
+        for u in users
+    ]
     if seen is not None:
         seen.update({t.user.name: t.outcome for t in tracks})
     backlog = Backlog(backlog_size(settings, len({u.line for u in users})), settings.stall_s)
@@ -88,7 +91,9 @@ async def run_together(
             await t.traffic.share(backlog)
         for t in tracks:
             t.tasks = t.traffic.begin(t.start)
-        await _follow(admin, tracks, held_out, settings, started, backlog)
+        await _follow(
+            admin=admin, tracks=tracks, held_out=held_out, settings=settings, started=started, backlog=backlog
+        )
     except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
         for t in tracks:
             t.outcome.stopped = t.outcome.stopped if t.done else "interrupted"
@@ -108,10 +113,16 @@ async def _track(
     """`user`'s track: their traffic paced to their share of their line's steps."""
     share = per_step_share(settings.samples_per_step, sum(u.line == user.line for u in users))
     traffic = Traffic(
-        user.client, user.persona, train, method, dataclasses.replace(settings, samples_per_step=share)
+        client=user.client,
+        persona=user.persona,
+        tasks=train,
+        method=method,
+        settings=dataclasses.replace(settings, samples_per_step=share),
     )
     start = await user.client.version()
-    return Track(user, Outcome(method=method, judge=judge), traffic, start, start)
+    return Track(
+        user=user, outcome=Outcome(method=method, judge=judge), traffic=traffic, start=start, version=start
+    )
 
 
 def backlog_size(settings: Settings, lines: int) -> int | None:
@@ -156,7 +167,9 @@ async def _follow(
             if version_number(served) > version_number(t.version):
                 newer[t.user.name] = served
         if newer:
-            await _measure_newer(tracks, newer, held_out, settings, started)
+            await _measure_newer(
+                tracks=tracks, newer=newer, held_out=held_out, settings=settings, started=started
+            )
         await _hold(tracks, backlog, health, made_now)
         for t in tracks:
             if not t.done:
@@ -224,9 +237,16 @@ async def _measure(t: Track, held_out: list[Task], settings: Settings, started: 
     """`t`'s user's point at `t.version`, in their outcome before it is printed."""
     user = t.user
     await measure_point(
-        user.client, user.persona, held_out, settings, t.start, t.version, started, f"{user.name}: ",
+        client=user.client,
+        persona=user.persona,
+        tasks=held_out,
+        settings=settings,
+        start=t.start,
+        version=t.version,
+        started=started,
+        who=f"{user.name}: ",
         into=t.outcome.points,
-    )  # fmt: skip
+    )
 
 
 async def _finish(t: Track, stopped: str) -> None:

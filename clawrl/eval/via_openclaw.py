@@ -135,20 +135,28 @@ class OpenClawClient(EvalClient):
     ) -> Answer:
         home = self.folder / "homes" / session_id
         config = session_config(
-            f"{self.root}/v1", self.api_key, self.workspace, session_id, temperature, max_tokens, side, done,
-            memory, await self.thinks(),
-        )  # fmt: skip
+            base_url=f"{self.root}/v1",
+            api_key=self.api_key,
+            workspace=self.workspace,
+            session_id=session_id,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            side=side,
+            done=done,
+            memory=memory,
+            reasoning=await self.thinks(),
+        )
         write_home(home, config)
         before = len(await self._turns(session_id))
         agent_session = HELD_OUT_SESSION if side else session_id  # in the prompt OpenClaw writes
         try:
             reply = await run_agent_async(
-                self.openclaw,
-                home,
-                agent_session,
-                messages[-1]["content"],
-                self.turn_timeout_s,
-                self.workspace,
+                openclaw=self.openclaw,
+                home=home,
+                session=agent_session,
+                message=messages[-1]["content"],
+                timeout=self.turn_timeout_s,
+                cwd=self.workspace,
             )
         except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
             raise self._unanswered(f"openclaw: {exc}") from exc

@@ -50,7 +50,9 @@ def trainer_hooks(
     from clawrl.guard.gate import Canary
 
     share = group.broadcast if lockstep else None
-    canary = Canary.build(store, tokenizer, config.guard, policy.cfg.micro_batch_tokens, share)
+    canary = Canary.build(
+        store=store, tokenizer=tokenizer, cfg=config.guard, budget=policy.cfg.micro_batch_tokens, share=share
+    )
     if config.guard.on_hold != "rollback" or store is None:
         return canary.check, None
 

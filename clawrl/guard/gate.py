@@ -95,14 +95,29 @@ class Canary:
         # with tiny micro-batches (a test's 48 tokens) would otherwise decode the canary's answers a
         # few rows at a time, 16 generate calls where one does (9 s instead of 1 on a tiny model).
         budget = max(budget, KL_BUDGET)
-        return cls(store, items, cfg, budget, tokenizer, share, synced=share is not None)
+        return cls(
+            store=store,
+            items=items,
+            cfg=cfg,
+            budget=budget,
+            tokenizer=tokenizer,
+            share=share,
+            synced=share is not None,
+        )
 
     def measure(self, model: Any, probes: list[Encoded] | None = None) -> Measured:
         """`model`'s figures on the canary items; `probes` (the base's answers) scored too, or,
         without them, its own answers are its probes (the base's case, once per process)."""
         tok = self.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        greedy, entropies = greedy_answers(model, self.items, pad, tok.eos_token_id, self.budget, self.synced)
+        greedy, entropies = greedy_answers(
+            model=model,
+            items=self.items,
+            pad_id=pad,
+            eos_id=tok.eos_token_id,
+            budget=self.budget,
+            synced=self.synced,
+        )
         if self.share is not None:  # every rank packs the same answers into the same collective passes
             greedy, entropies = self.share((greedy, entropies))
         texts = [tok.decode(a, skip_special_tokens=True) for a in greedy]
@@ -114,7 +129,13 @@ class Canary:
         n, entropy = len(self.items), collapse.mean_entropy(entropies)
         rouge = collapse.self_rouge_l(texts)
         return Measured(
-            canary_score(logps[:n]), sum(right) / len(right), answers, texts, rouge, entropy, logps[n:]
+            score=canary_score(logps[:n]),
+            accuracy=sum(right) / len(right),
+            answers=answers,
+            texts=texts,
+            self_rouge_l=rouge,
+            entropy=entropy,
+            probe_logprobs=logps[n:],
         )
 
     def base(self, policy: Any) -> Measured:
@@ -143,7 +164,15 @@ class Canary:
             kl, tokens = forward_kl(lambda: nullcontext(policy.model), policy.trainer.reference, turns)
         c = self.cfg
         accuracy = (base.accuracy, new.accuracy)
-        verdict = decide(base.score, new.score, kl, c.max_drop, c.max_kl, accuracy, c.max_accuracy_drop)
+        verdict = decide(
+            base=base.score,
+            score=new.score,
+            kl=kl,
+            max_drop=c.max_drop,
+            max_kl=c.max_kl,
+            accuracy=accuracy,
+            max_accuracy_drop=c.max_accuracy_drop,
+        )
         watched = self.watch(base, new)
         status, reason = collapse.hold(verdict.status, verdict.reason, watched, c.hold_on_collapse)
         return status, {
@@ -173,4 +202,11 @@ class Canary:
         )
         rouge, base_rouge = new.self_rouge_l, base.self_rouge_l
         drifted = collapse.drift(new.probe_logprobs, base.probe_logprobs)
-        return collapse.judge(new.entropy, base.entropy, rouge, base_rouge, drifted, limits)
+        return collapse.judge(
+            entropy=new.entropy,
+            base_entropy=base.entropy,
+            rouge=rouge,
+            base_rouge=base_rouge,
+            drifted=drifted,
+            limits=limits,
+        )

@@ -41,7 +41,13 @@ def recheck(config: Config, store: Store, names: list[str] | None = None) -> Ite
     base = model_folder(m.path, config.cache_dir())
     context = served_context(m.path, m.max_context)
     policy = build_policy(
-        base, config.train, m.device, context, m.rope_scaling, keep_base=True, scale_rope=m.scale_rope
+        base_dir=base,
+        cfg=config.train,
+        device=m.device,
+        max_context=context,
+        rope_scaling=m.rope_scaling,
+        keep_base=True,
+        scale_rope=m.scale_rope,
     )
     tokenizer = transformers.AutoTokenizer.from_pretrained(base)
     canary = Canary.build(store, tokenizer, config.guard, policy.cfg.micro_batch_tokens)

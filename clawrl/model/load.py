@@ -233,7 +233,13 @@ def load_model(
         log.warning("%s: no rotary module found; RoPE is scaled at every position", path)
     windows = [w for w in (getattr(model.config, "max_position_embeddings", None), max_context) if w]
     context = min(windows) if windows else 2048  # a shorter max_context caps the window
-    return LoadedModel(model, tokenizer, path, context, _stop_ids(model, tokenizer))
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        path=path,
+        max_context=context,
+        stop_token_ids=_stop_ids(model, tokenizer),
+    )
 
 
 def _read(path: Path, config: Any, dtype: str, dev: torch.device) -> torch.nn.Module:

@@ -66,7 +66,12 @@ def check_task(task: HarborTask) -> Checked:
     if nothing != 0.0:
         reasons.append(f"doing nothing scores {nothing:g}")
     return Checked(
-        task.name, solution, solution_s, nothing, time.monotonic() - start, "; ".join(reasons) or None
+        name=task.name,
+        solution=solution,
+        solution_s=solution_s,
+        nothing=nothing,
+        nothing_s=time.monotonic() - start,
+        reason="; ".join(reasons) or None,
     )
 
 

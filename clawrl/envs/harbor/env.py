@@ -147,7 +147,9 @@ class HarborEnv:
             Mount(self._folder / "logs", "/logs", writable=True),
             *(more or []),
         ]
-        return self._sandbox.run(command, mounts, self.task.workdir, limits, self.task.env)
+        return self._sandbox.run(
+            command=command, mounts=mounts, cwd=self.task.workdir, limits=limits, env=self.task.env
+        )
 
     def _close(self) -> None:
         if self._folder is not None:

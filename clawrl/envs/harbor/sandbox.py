@@ -150,7 +150,7 @@ class Sandbox:
         limits: Limits,
         env: dict[str, str] | None = None,
     ) -> Outcome:
-        argv = self.argv(command, mounts, cwd, limits, env or {})
+        argv = self.argv(command=command, mounts=mounts, cwd=cwd, limits=limits, env=env or {})
         start = time.monotonic()
         try:
             # Run by descriptor: the sandbox's user may not be able to reach the cache folder's path.

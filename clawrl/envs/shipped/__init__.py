@@ -34,18 +34,18 @@ class Shipped:
 
 SHIPPED: dict[str, Shipped] = {
     "calculator": Shipped(
-        "clawrl.envs.shipped.calculator:CalculatorEnv",
-        "clawrl.envs.shipped.calculator_tasks:tasks",
-        "calculate,submit",
-        4,
-        ("train", "held_out", "held_out_numbers", "held_out_templates"),
+        env="clawrl.envs.shipped.calculator:CalculatorEnv",
+        tasks="clawrl.envs.shipped.calculator_tasks:tasks",
+        tool_choice="calculate,submit",
+        max_turns=4,
+        splits=("train", "held_out", "held_out_numbers", "held_out_templates"),
     ),
     "bfcl": Shipped(
-        "clawrl.envs.shipped.bfcl:BfclEnv",
-        "clawrl.envs.shipped.bfcl:tasks",
-        "required",
-        2,
-        ("train", "held_out"),
+        env="clawrl.envs.shipped.bfcl:BfclEnv",
+        tasks="clawrl.envs.shipped.bfcl:tasks",
+        tool_choice="required",
+        max_turns=2,
+        splits=("train", "held_out"),
     ),
 }
 

@@ -74,53 +74,53 @@ def _change(rng: random.Random) -> dict[str, int]:
 
 TRAIN_TEMPLATES = (
     Template(
-        "shop", "mul",
-        "{name} buys {a} {item}s at {b} dollars each. How many dollars does {name} pay in total?",
-        "{a} * {b}", _pick(a=(2, 9), b=(2, 20)),
+        id="shop", kind="mul",
+        text="{name} buys {a} {item}s at {b} dollars each. How many dollars does {name} pay in total?",
+        expression="{a} * {b}", numbers=_pick(a=(2, 9), b=(2, 20)),
     ),
     Template(
-        "left", "sub",
-        "{name} has {a} {item}s and gives {b} of them away. How many {item}s does {name} have left?",
-        "{a} - {b}", _pick(a=(20, 99), b=(2, 19)),
+        id="left", kind="sub",
+        text="{name} has {a} {item}s and gives {b} of them away. How many {item}s does {name} have left?",
+        expression="{a} - {b}", numbers=_pick(a=(20, 99), b=(2, 19)),
     ),
     Template(
-        "more", "add",
-        "A box holds {a} {item}s. {name} puts in {b} more. How many {item}s are in the box now?",
-        "{a} + {b}", _pick(a=(10, 99), b=(10, 99)),
+        id="more", kind="add",
+        text="A box holds {a} {item}s. {name} puts in {b} more. How many {item}s are in the box now?",
+        expression="{a} + {b}", numbers=_pick(a=(10, 99), b=(10, 99)),
     ),
     Template(
-        "share", "div",
-        "{name} shares {a} {item}s equally among {b} friends. How many {item}s does each friend get?",
-        "{a} / {b}", _share,
+        id="share", kind="div",
+        text="{name} shares {a} {item}s equally among {b} friends. How many {item}s does each friend get?",
+        expression="{a} / {b}", numbers=_share,
     ),
     Template(
-        "speed", "mul",
-        "A train travels at {a} km per hour for {b} hours. How many km does it travel?",
-        "{a} * {b}", _pick(a=(20, 90), b=(2, 6)),
+        id="speed", kind="mul",
+        text="A train travels at {a} km per hour for {b} hours. How many km does it travel?",
+        expression="{a} * {b}", numbers=_pick(a=(20, 90), b=(2, 6)),
     ),
     Template(
-        "save", "two_step",
-        "{name} saves {a} dollars every week for {b} weeks, then spends {c} dollars. "
+        id="save", kind="two_step",
+        text="{name} saves {a} dollars every week for {b} weeks, then spends {c} dollars. "
         "How many dollars are left?",
-        "{a} * {b} - {c}", _save,
+        expression="{a} * {b} - {c}", numbers=_save,
     ),
 )  # fmt: skip
 HELD_OUT_TEMPLATES = (
     Template(
-        "rows", "mul",
-        "A garden has {a} rows with {b} plants in each row. How many plants are in the garden?",
-        "{a} * {b}", _pick(a=(2, 12), b=(3, 15)),
+        id="rows", kind="mul",
+        text="A garden has {a} rows with {b} plants in each row. How many plants are in the garden?",
+        expression="{a} * {b}", numbers=_pick(a=(2, 12), b=(3, 15)),
     ),
     Template(
-        "pages", "sub",
-        "A book has {a} pages. {name} has read {b} pages. How many pages are left to read?",
-        "{a} - {b}", _pick(a=(50, 300), b=(5, 49)),
+        id="pages", kind="sub",
+        text="A book has {a} pages. {name} has read {b} pages. How many pages are left to read?",
+        expression="{a} - {b}", numbers=_pick(a=(50, 300), b=(5, 49)),
     ),
     Template(
-        "change", "two_step",
-        "Tickets cost {a} dollars each. {name} buys {b} tickets and pays with {c} dollars. "
+        id="change", kind="two_step",
+        text="Tickets cost {a} dollars each. {name} buys {b} tickets and pays with {c} dollars. "
         "How many dollars of change does {name} get?",
-        "{c} - {a} * {b}", _change,
+        expression="{c} - {a} * {b}", numbers=_change,
     ),
 )  # fmt: skip
 

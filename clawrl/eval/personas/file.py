@@ -35,7 +35,10 @@ class FilePersona(RulePersona):
         return pick(self.openings, self.name, task.id).format_map(_fields(task))
 
     def checks(self, task: Task, answer: str, turn: int = 1) -> list[Check]:
-        return [self._check(i, rule, task, answer, turn) for i, rule in enumerate(self.rules)]
+        return [
+            self._check(index=i, rule=rule, task=task, answer=answer, turn=turn)
+            for i, rule in enumerate(self.rules)
+        ]
 
     def _check(self, index: int, rule: Rule, task: Task, answer: str, turn: int) -> Check:
         measured = measure(rule, task, answer)
