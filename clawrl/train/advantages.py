@@ -114,7 +114,15 @@ def batch_advantages(
             raise ValueError(f"sample {i} has {n} response tokens, the batch only {student.shape[1]}")
         row_teacher = None if teacher is None else teacher[i, :n]
         row = student[i, :n]
-        out[i, :n] = advantages(sample.kind, sample.reward, row, row_teacher, w_rl, w_opd, opd_clip)
+        out[i, :n] = advantages(
+            kind=sample.kind,
+            reward=sample.reward,
+            student_logp=row,
+            teacher_logp=row_teacher,
+            w_rl=w_rl,
+            w_opd=w_opd,
+            opd_clip=opd_clip,
+        )
         if stats is not None and sample.kind == "opd":
             stats.add(opd_gap(student[i, :n], row_teacher))
     return out

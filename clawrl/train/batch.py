@@ -108,7 +108,13 @@ def left_pad(prompts: Sequence[list[int]], responses: Sequence[list[int]], devic
     mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=device)
     targets = torch.tensor([[0] * (r_max - len(r)) + r for r in responses], device=device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    return Padded(ids, mask, positions, targets, [len(r) for r in responses])
+    return Padded(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        targets=targets,
+        lengths=[len(r) for r in responses],
+    )
 
 
 def score(
@@ -128,10 +134,18 @@ def score(
     allowed = grammar_masks(model, batch)
     if batch.scored is None:
         logits = response_logits(model, batch)
-        logp, entropy = chunked_token_logprobs(logits, batch.targets, temperatures, with_entropy, allowed)
+        logp, entropy = chunked_token_logprobs(
+            logits=logits,
+            targets=batch.targets,
+            temperature=temperatures,
+            with_entropy=with_entropy,
+            allowed=allowed,
+        )
         del logits
     else:
-        logp, entropy = _scored_logprobs(model, batch, temperatures, with_entropy, allowed)
+        logp, entropy = _scored_logprobs(
+            model=model, batch=batch, temperatures=temperatures, with_entropy=with_entropy, allowed=allowed
+        )
     if not entropy_grad:
         entropy = entropy.detach()
     align = _left_align_index(batch.lengths, r_max, logp.device)
@@ -178,7 +192,13 @@ def _scored_logprobs(
     temps = torch.as_tensor(temperatures, device=logits.device)
     temps = temps.reshape(-1, 1).expand(keep.shape)[keep][None] if temps.dim() else temps  # [1, N]
     mask = allowed[keep][None] if allowed is not None else None
-    logp, entropy = chunked_token_logprobs(logits, batch.targets[keep][None], temps, with_entropy, mask)
+    logp, entropy = chunked_token_logprobs(
+        logits=logits,
+        targets=batch.targets[keep][None],
+        temperature=temps,
+        with_entropy=with_entropy,
+        allowed=mask,
+    )
     del logits
     out_logp = logp.new_zeros(keep.shape).masked_scatter(keep, logp[0])
     return out_logp, entropy.new_zeros(keep.shape).masked_scatter(keep, entropy[0])

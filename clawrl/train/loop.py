@@ -124,6 +124,7 @@ class TrainLoop:
         store: Store | None,
         policy: Policy,
         run_dir: Path,
+        *,
         group: Group | None = None,
         status: RankStatus | None = None,
         loggers: StepLoggers | None = None,
@@ -253,7 +254,7 @@ class TrainLoop:
         state = self.group.full_state(self.policy.model, self.policy.optimizer)  # FSDP: gathered to rank 0
         if not self._main:
             return False
-        return self._publish(batch, metrics, status, figures, state)
+        return self._publish(batch=batch, metrics=metrics, status=status, canary=figures, state=state)
 
     def _step(self, batch: list[Sample]) -> dict:
         """The step; out of memory, once more split in halves and unpacked; failed, the failure
@@ -353,11 +354,11 @@ class TrainLoop:
             untried = self.store.ready_samples(limit=n, untried=True, **mine)
             window += [s for s in untried if s.id not in known]
         t = triage(
-            window,
-            self.version,
-            self.cfg,
-            self.policy.vocab_size,
-            {v.name: v for v in self.store.versions(None)},  # ages by lineage (train/lineage.py)
+            samples=window,
+            current=self.version,
+            cfg=self.cfg,
+            vocab_size=self.policy.vocab_size,
+            lineage={v.name: v for v in self.store.versions(None)},  # ages by lineage (train/lineage.py)
         )
         if t.skipped and not t.usable and not self.store.count_samples("trained"):
             log.error(
@@ -392,9 +393,22 @@ class TrainLoop:
             name = claim_next(self.run_dir, latest.number, self.user)
             manifest = {"step": self.step + 1, "samples": ids, "metrics": metrics, "parent": self.version}
             manifest |= {"status": status, "canary": canary}
-            path = save_version(self.run_dir, name, self.policy.model, self.policy.optimizer, manifest, state)
+            path = save_version(
+                run_dir=self.run_dir,
+                version=name,
+                model=self.policy.model,
+                optimizer=self.policy.optimizer,
+                manifest=manifest,
+                state=state,
+            )
             version = Version(
-                name, self.step + 1, str(path), metrics, self.version, status=status, canary=canary
+                name=name,
+                step=self.step + 1,
+                path=str(path),
+                metrics=metrics,
+                parent=self.version,
+                status=status,
+                canary=canary,
             )
             self.store.publish_version(version, trained=ids)
             self._prune()
@@ -413,11 +427,11 @@ class TrainLoop:
         assert self.store is not None
         served = {self._target().name, self.store.served_version() or "v0"}
         pruning = choose(
-            self.store.versions(self.user),
-            served,
-            self.cfg.keep_versions,
-            self.cfg.weights == "full",
-            self._broken,
+            versions=self.store.versions(self.user),
+            served=served,
+            keep=self.cfg.keep_versions,
+            full=self.cfg.weights == "full",
+            inspect=self._broken,
         )
         try:
             freed = prune(self.run_dir, pruning)

@@ -111,7 +111,9 @@ def policy_loss(
     denominator of every mean (the whole step's count under micro-batching). `is_weight` [B, T]
     (detached) scales each token's surrogate: the truncated importance weight.
     """
-    keep = _check(logp, old_logp, advantages, mask, ref_logp, entropy)
+    keep = _check(
+        logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, ref_logp=ref_logp, entropy=entropy
+    )
     count = keep.sum()
     # An all-padding batch gives a zero loss (with a graph) rather than 0/0.
     denom = count.clamp(min=1).to(logp.dtype) if num_tokens is None else logp.new_tensor(float(num_tokens))

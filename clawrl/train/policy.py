@@ -106,11 +106,25 @@ def build_policy(
     sharded = group.lockstep  # FSDP: built on the meta device, each rank reads its shards (meta_load.py)
     dtype = "float32" if cfg.weights == "full" else "auto"
     dev = resolve_device(device)
-    loaded = load_model(Path(base_dir), device, dtype, max_context, rope_scaling, scale_rope, empty=sharded)
+    loaded = load_model(
+        path=Path(base_dir),
+        device=device,
+        dtype=dtype,
+        max_context=max_context,
+        rope_scaling=rope_scaling,
+        scale_rope=scale_rope,
+        empty=sharded,
+    )
     base = loaded.model
     on_gpu = dev.type == "cuda"
     size = sum(p.numel() for p in base.parameters())
-    cfg = resolve(cfg, size, getattr(base.config, "model_type", None), on_gpu, loaded.max_context)
+    cfg = resolve(
+        cfg=cfg,
+        parameters=size,
+        model_type=getattr(base.config, "model_type", None),
+        on_gpu=on_gpu,
+        window=loaded.max_context,
+    )
     reference: nn.Module | None = None
     if cfg.activation_checkpointing:  # recomputed layers give the same gradients (no dropout in them)
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -124,7 +138,9 @@ def build_policy(
         model = base
         if keep_base or cfg.kl_coef > 0 or cfg.opd_teacher == "reference" or cfg.replay_fraction > 0:
             rope = (max_context, rope_scaling, scale_rope)
-            reference = _reference(base, Path(base_dir), device, on_gpu, sharded, rope)
+            reference = _reference(
+                base=base, base_dir=Path(base_dir), device=device, on_gpu=on_gpu, sharded=sharded, rope=rope
+            )
         model.requires_grad_(True)
     model = group.shard(model)  # before the optimizer: under FSDP it holds the shards
     if reference is not None:
@@ -142,11 +158,15 @@ def build_policy(
     # weights each step (sqrt of its second moment), 4 bytes a parameter: 16 GB at 4B full, measured
     fused = True if on_gpu and not sharded else None
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused)
-    trainer = Trainer(model, optimizer, cfg, reference, group, master)
+    trainer = Trainer(
+        model=model, optimizer=optimizer, cfg=cfg, reference=reference, group=group, master=master
+    )
     initial = None
     if cfg.weights == "lora":
         initial = {n: p.detach().clone() for n, p in model.named_parameters() if ".lora_" in n}
-    return Policy(model, optimizer, trainer, base_dir, cfg, initial)
+    return Policy(
+        model=model, optimizer=optimizer, trainer=trainer, base_dir=base_dir, cfg=cfg, initial=initial
+    )
 
 
 def _reference(

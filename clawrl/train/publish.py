@@ -63,7 +63,11 @@ def rollback(store: Store, config: Config, target: str, user: str | None = None)
         files = _files_of(source, config)
         folder = None if files is None else copy_version(config.run_dir, name, files, manifest)
         version = Version(
-            name, source.step, str(folder) if folder else None, {"rollback_of": target, "samples": 0}, target
+            name=name,
+            step=source.step,
+            path=str(folder) if folder else None,
+            metrics={"rollback_of": target, "samples": 0},
+            parent=target,
         )
         store.publish_version(version, trained=[])
     return version
@@ -86,7 +90,9 @@ def export(store: Store, config: Config, name: str | None, out: Path) -> Path:
     with publish_lock(config.run_dir):  # the trainer prunes under it: not this version while it is read
         version = require_weights(store, find_version(store, name))
         folder = Path(version.path) if version.path else None
-        return export_merged(base, folder, out, context, m.rope_scaling)
+        return export_merged(
+            base_dir=base, version_dir=folder, out_dir=out, max_context=context, rope_scaling=m.rope_scaling
+        )
 
 
 def require_weights(store: Store, version: Version) -> Version:

@@ -220,7 +220,9 @@ class Trainer:
         summed = group.sum(dict(sums))
         weights = weights.reduced(group.sum, group.min)  # over the ranks
         took = time.perf_counter() - start
-        metrics = self._metrics(samples, summed, total, grad_norm_value(grad_norm), took)
+        metrics = self._metrics(
+            samples=samples, sums=summed, total=total, grad_norm=grad_norm_value(grad_norm), took=took
+        )
         peaks = {key: group.gather(mb) for key, mb in peak_memory(self.device).items()}  # per rank
         return metrics | weights.metrics() | gaps.metrics() | replayed | peaks
 
@@ -327,16 +329,27 @@ class Trainer:
             logp, entropy = score(self.wrapped, batch, row_temps, entropy_grad=cfg.entropy_coef > 0)
         logp, entropy = unpack(logp, layout, width), unpack(entropy, layout, width)
         student = logp.detach()
-        adv = batch_advantages(group, student, teachers, cfg.w_rl, cfg.w_opd, cfg.opd_clip, gaps)
+        adv = batch_advantages(
+            samples=group,
+            student=student,
+            teacher=teachers,
+            w_rl=cfg.w_rl,
+            w_opd=cfg.w_opd,
+            opd_clip=cfg.opd_clip,
+            stats=gaps,
+        )
         recorded = torch.tensor([bool(s.logprobs) for s in group], device=device)
-        weights, sums = truncated_weights(student, behaviour, mask, recorded, cfg.is_cap)
+        weights, sums = truncated_weights(
+            prox=student, behaviour=behaviour, mask=mask, recorded=recorded, cap=cfg.is_cap
+        )
+        # old_logp is the proximal policy: the ratio is 1 at the step's start, its gradient is logp's.
         terms = policy_loss(
-            logp,
-            student,  # the proximal policy: the ratio is 1 at the step's start, its gradient is logp's
-            adv,
-            mask,
-            ref,
-            entropy,
+            logp=logp,
+            old_logp=student,
+            advantages=adv,
+            mask=mask,
+            ref_logp=ref,
+            entropy=entropy,
             eps=cfg.eps,
             eps_high=cfg.eps_high,
             kl_coef=cfg.kl_coef,
