@@ -266,7 +266,15 @@ class VLLMEngine:
             # vLLM has one rotary table: the model's own, or the scaled one at every position (build.py).
             scaled = self.rope_scaled if first and i == 0 else None
             events.append(
-                TokenEvent(token, float(logprobs[i]), version, top, None, cached if i == 0 else 0, scaled)
+                TokenEvent(
+                    token_id=token,
+                    logprob=float(logprobs[i]),
+                    version=version,
+                    top_logprobs=top,
+                    finish_reason=None,
+                    cached_tokens=cached if i == 0 else 0,
+                    rope_scaled=scaled,
+                )
             )
         finish = choice.get("finish_reason")
         if finish is not None:
