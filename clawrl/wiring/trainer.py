@@ -175,7 +175,14 @@ def _train(config: Config, group: Group, parent_pid: int | None, steps: int | No
         # Rank 0 checks and publishes; under FSDP every rank runs the canary's passes with it.
         guarded = config.guard.enabled and (group.is_main or group.lockstep)
         policy = build_policy(
-            base, config.train, device, context, m.rope_scaling, group, guarded, scale_rope=m.scale_rope
+            base_dir=base,
+            cfg=config.train,
+            device=device,
+            max_context=context,
+            rope_scaling=m.rope_scaling,
+            group=group,
+            keep_base=guarded,
+            scale_rope=m.scale_rope,
         )
         # The group is its launcher's pid: the pid a rank is told to exit with (a rank forked through
         # `clawrl.forked` is not the launcher's child).
@@ -186,10 +193,24 @@ def _train(config: Config, group: Group, parent_pid: int | None, steps: int | No
         per_user = config.per_user_adapters
         # The retirement probe measures experiences on the one policy; with an adapter per user it
         # would judge one user's experiences on another's adapter: not run (docs/users.md).
-        probe = None if per_user else memory_probe(config, store, policy.model, base, group)
+        probe = (
+            None
+            if per_user
+            else memory_probe(config=config, store=store, model=policy.model, base=base, group=group)
+        )
         users = trained_users(config)
         loop = TrainLoop(
-            store, policy, config.run_dir, group, status, loggers, canary, on_hold, probe, users, per_user
+            store=store,
+            policy=policy,
+            run_dir=config.run_dir,
+            group=group,
+            status=status,
+            loggers=loggers,
+            canary=canary,
+            on_hold=on_hold,
+            after_publish=probe,
+            users=users,
+            per_user=per_user,
         )
         loop.resume()
         loop.run(exit_watch(parent_pid) if parent_pid is not None else lambda: False, steps)
