@@ -272,7 +272,13 @@ def cmd_train(config: Any, args: argparse.Namespace) -> int:
     setup_logging(level, logfile, bare_console=supervised)
     from clawrl.wiring.trainer import run_trainer
 
-    return run_trainer(config, args.exit_with_parent, args.launch, args.in_group, args.steps)
+    return run_trainer(
+        config=config,
+        parent_pid=args.exit_with_parent,
+        launch=args.launch,
+        in_group=args.in_group,
+        steps=args.steps,
+    )
 
 
 def _rank() -> int:
