@@ -250,16 +250,18 @@ def plan(
         raise BudgetRefused(f"model.device names GPU {server.gpu}, but {len(gpus)} are visible")
     weights, kv = dtype_bytes * params, shape.kv_bytes_per_token(dtype_bytes)
     b = Budget(
-        server.gpu,
-        server.share or ALONE_SHARE,
-        tuple(gpus),
-        weights,
-        kv,
-        server.window * kv,
-        server.floor(weights, kv),
+        server_gpu=server.gpu,
+        server_share=server.share or ALONE_SHARE,
+        gpu_bytes=tuple(gpus),
+        weights_bytes=weights,
+        kv_per_token=kv,
+        window_kv_bytes=server.window * kv,
+        server_floor=server.floor(weights, kv),
     )
     if trainer is not None:
-        b = _with_trainer(b, server, trainer, trainer.need(shape, params), params)
+        b = _with_trainer(
+            b=b, server=server, trainer=trainer, need=trainer.need(shape, params), params=params
+        )
     problems = _problems(b)
     if not problems:
         b, problems = _local_kv(b, server.prefix_cache_bytes)

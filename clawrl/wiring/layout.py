@@ -70,7 +70,15 @@ def trainer_beside(
         config.guard.enabled or t.kl_coef > 0 or t.opd_teacher == "reference" or t.replay_fraction > 0
     )
     shards = t.distributed.num_processes if t.distributed.strategy == "fsdp" else 1
-    return budget.Trainer(t.weights, tokens, t.lora.rank, reference, shards, device, t.gpu_share)
+    return budget.Trainer(
+        weights=t.weights,
+        tokens=tokens,
+        lora_rank=t.lora.rank,
+        reference=reference,
+        shards=shards,
+        device=device,
+        share=t.gpu_share,
+    )
 
 
 def _asked_device(config: Config) -> str | None:
@@ -100,8 +108,21 @@ def plan_budget(config: Config, folder: Path, gpu: int, gpus: tuple[int, ...]) -
     )
 
     def attempt(seq_len: int | None) -> budget.Budget:
-        trainer = trainer_beside(config, window, params, model_config.get("model_type"), seq_len)
-        b = budget.plan(shape, params, gpus, server, trainer, DTYPE_BYTES[config.model.dtype])
+        trainer = trainer_beside(
+            config=config,
+            window=window,
+            params=params,
+            model_type=model_config.get("model_type"),
+            seq_len=seq_len,
+        )
+        b = budget.plan(
+            shape=shape,
+            params=params,
+            gpus=gpus,
+            server=server,
+            trainer=trainer,
+            dtype_bytes=DTYPE_BYTES[config.model.dtype],
+        )
         return replace(b, train_seq_len=seq_len)
 
     try:

@@ -77,7 +77,16 @@ def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
         python = vllm_python(config)
 
         def launch(port: int) -> tuple[str, list[str]]:
-            command = vllm_command(python, folder, port, v, loaded.max_context, lora, rope, share)
+            command = vllm_command(
+                python=python,
+                model=folder,
+                port=port,
+                v=v,
+                max_context=loaded.max_context,
+                lora=lora,
+                rope=rope,
+                gpu_share=share,
+            )
             return f"http://127.0.0.1:{port}", command
 
         url, command = launch(v.port or free_port())
@@ -85,7 +94,7 @@ def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # A port clawrl chose may be taken before vLLM binds it: then it starts on another one.
         relaunch = None if v.port else lambda: launch(free_port())
-        server = VLLMServer(v, url, command, log_path, relaunch)
+        server = VLLMServer(v=v, url=url, command=command, log_path=log_path, relaunch=relaunch)
         log.info("starting vLLM on %s (up to %.0f s): %s", folder, v.startup_timeout_s, " ".join(command))
     else:
         assert v.url is not None  # checked by the config
