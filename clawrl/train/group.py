@@ -1,6 +1,6 @@
 """The trainer's process group: one process, or N ranks under accelerate.
 
-The trainer code is one path for both. A `Group` says which rank this process
+The trainer code is one path for both. A `RankGroup` says which rank this process
 is, and does the few collective things a step needs:
 
 - `broadcast(obj)`: rank 0's object on every rank (the loop's plan for the
@@ -68,7 +68,7 @@ def split_by_tokens(lengths: Sequence[int], parts: int) -> list[list[int]]:
     return [sorted(share) for share in shares]
 
 
-class Group:
+class RankGroup:
     """One process, alone: no collectives (today's trainer, unchanged)."""
 
     rank = 0
@@ -120,7 +120,7 @@ class Group:
         pass
 
 
-class AccelerateGroup(Group):
+class AccelerateGroup(RankGroup):
     """This process as one rank of a group launched by torch's elastic launcher, through accelerate.
 
     gloo on a CPU, NCCL on GPUs; mixed precision (`cfg.mixed_precision`) on GPUs only.
@@ -237,8 +237,8 @@ def strategy_refusal(cfg: DistributedConfig) -> str | None:
     )
 
 
-def open_group(cfg: DistributedConfig, world: int, device: str = "auto") -> Group:
+def open_group(cfg: DistributedConfig, world: int, device: str = "auto") -> RankGroup:
     """The group of a process started as one of `world` ranks (1: a plain process)."""
     if world <= 1:
-        return Group(device)
+        return RankGroup(device)
     return FsdpGroup(cfg) if cfg.strategy == "fsdp" else AccelerateGroup(cfg)

@@ -93,7 +93,7 @@ from clawrl.model.gpu import release_cached
 from clawrl.store.db import Store
 from clawrl.train.checkpoints import CheckpointError, claim_next, publish_lock, save_version, set_aside
 from clawrl.train.failures import MAX_FAILURES, failure_reason, pick
-from clawrl.train.group import Group
+from clawrl.train.group import RankGroup
 from clawrl.train.loggers import StepLoggers
 from clawrl.train.policy import Policy
 from clawrl.train.prune import choose, prune
@@ -125,7 +125,7 @@ class TrainLoop:
         policy: Policy,
         run_dir: Path,
         *,
-        group: Group | None = None,
+        group: RankGroup | None = None,
         status: RankStatus | None = None,
         loggers: StepLoggers | None = None,
         canary: Check | None = None,

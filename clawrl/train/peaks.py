@@ -5,7 +5,7 @@ memory: a CPU trainer's whole footprint (interpreter, libraries, weights, optimi
 activations), and on a GPU the host side of it. `peak_gpu_mb`: torch's CUDA allocator peak on this
 rank's GPU (tensors only; the CUDA context and the allocator's cache come on top), on a GPU only.
 
-A group of ranks records one figure per rank (`Group.gather`, rank 0 first): what FSDP divides
+A group of ranks records one figure per rank (`RankGroup.gather`, rank 0 first): what FSDP divides
 (bench/fsdp_memory.py compares 2 ranks with one process). Both are high-water marks: a step's
 figure is the peak of everything before it, the load included; the gather of the whole state for a
 version (rank 0, FSDP: `train/shards.py`) comes after a step's figures, so it shows in the next's.

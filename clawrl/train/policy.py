@@ -31,7 +31,7 @@ from torch import nn
 from clawrl.config import TrainConfig
 from clawrl.model.load import load_model, resolve_device
 from clawrl.train.checkpoints import load_folder
-from clawrl.train.group import Group
+from clawrl.train.group import RankGroup
 from clawrl.train.master import MasterWeights
 from clawrl.train.meta_load import fill_sharded, fill_shards
 from clawrl.train.sizing import resolve
@@ -86,7 +86,7 @@ def build_policy(
     device: str = "auto",
     max_context: int | None = None,
     rope_scaling: str = "yarn",
-    group: Group | None = None,
+    group: RankGroup | None = None,
     keep_base: bool = False,
     scale_rope: str = "past_window",
 ) -> Policy:
@@ -102,7 +102,7 @@ def build_policy(
     # (PEFT casts it); full: the model in bf16, as served, AdamW on float32 masters of its weights
     # (train/master.py), so small updates are not rounded away; FSDP keeps float32 shards as the
     # masters and computes in bf16 itself (train/shards.py).
-    group = group or Group()
+    group = group or RankGroup()
     sharded = group.lockstep  # FSDP: built on the meta device, each rank reads its shards (meta_load.py)
     dtype = "float32" if cfg.weights == "full" else "auto"
     dev = resolve_device(device)
@@ -186,7 +186,7 @@ def _reference(
     return reference.eval().requires_grad_(False)
 
 
-def _bf16_masters(precision: str, on_gpu: bool, group: Group) -> bool:
+def _bf16_masters(precision: str, on_gpu: bool, group: RankGroup) -> bool:
     """Whether full fine-tuning computes in bf16 on float32 masters here (`train.precision`)."""
     if group.lockstep:  # FSDP: its mixed precision keeps float32 shards as the masters already
         return False

@@ -52,7 +52,7 @@ from clawrl.model.gpu import release_cached
 from clawrl.model.heap import mapped_large_allocations, release_free_memory
 from clawrl.train.advantages import GapStats, batch_advantages
 from clawrl.train.batch import even_out, halves, left_pad, pack, pad_rows, score
-from clawrl.train.group import Group, split_by_tokens
+from clawrl.train.group import RankGroup, split_by_tokens
 from clawrl.train.importance import WeightSums, truncated_weights
 from clawrl.train.lineage import steps_behind
 from clawrl.train.loss import policy_loss
@@ -137,7 +137,7 @@ class Trainer:
         optimizer: torch.optim.Optimizer,
         cfg: TrainConfig,
         reference: torch.nn.Module | None = None,
-        group: Group | None = None,
+        group: RankGroup | None = None,
         master: MasterWeights | None = None,
     ) -> None:
         self.model = model
@@ -145,7 +145,7 @@ class Trainer:
         self.optimizer = optimizer
         self.cfg = cfg
         self.frozen = reference
-        self.group = group or Group()
+        self.group = group or RankGroup()
         self.wrapped = self.group.prepare(model)
         self.device = next(model.parameters()).device
         # Float32 (master) weights on a GPU: forwards autocast to bf16 (`_autocast`).

@@ -49,7 +49,7 @@ from clawrl.model.gpu import cap_process, cuda_index
 from clawrl.model.load import ModelNotFound, model_folder, served_context
 from clawrl.store.db import Store, StoreError
 from clawrl.store.locks import TRAINER_LOCK, FolderLocked, hold
-from clawrl.train.group import Group, open_group, strategy_refusal
+from clawrl.train.group import RankGroup, open_group, strategy_refusal
 from clawrl.train.loggers import StepLoggers
 from clawrl.train.loop import TrainLoop
 from clawrl.train.memory_probe import MemoryProbe
@@ -62,7 +62,7 @@ LOCK = TRAINER_LOCK
 
 
 def memory_probe(
-    config: Config, store: Store | None, model: torch.nn.Module, base: Path, group: Group
+    config: Config, store: Store | None, model: torch.nn.Module, base: Path, group: RankGroup
 ) -> Callable[[Version], None] | None:
     """The retirement probe run after servable versions (clawrl/train/memory_probe.py), or None: memory
     off (`memory.enabled`: nothing is injected, so nothing to retire), `memory.probe` off, not the rank
@@ -153,7 +153,7 @@ def _launcher(config: Config, parent_pid: int | None, steps: int | None) -> int:
         lock.close()
 
 
-def _train(config: Config, group: Group, parent_pid: int | None, steps: int | None) -> int:
+def _train(config: Config, group: RankGroup, parent_pid: int | None, steps: int | None) -> int:
     if config.train.batch_size < group.world:  # a rank without a sample could not join the reduction
         log.error("train.batch_size %d < the group's %d ranks", config.train.batch_size, group.world)
         return 2

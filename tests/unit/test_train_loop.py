@@ -19,7 +19,7 @@ from clawrl.engine.local.merge import full_weights_loader
 from clawrl.store.db import Store
 from clawrl.testing import make_turn
 from clawrl.train.checkpoints import copy_version
-from clawrl.train.group import Group
+from clawrl.train.group import RankGroup
 from clawrl.train.loop import TrainLoop
 from clawrl.train.policy import build_policy
 from clawrl.train.publish import export, rollback
@@ -572,7 +572,7 @@ def test_the_memory_retirement_probe_runs_every_probe_every_steps_with_memory_on
     config.memory.distilled_below = 1e9
     wish = store.learn("Keep answers short and to the point.", "t0", "s1", now=1.0)
     policy = build_policy(config.model.path, config.train, "cpu")
-    probe = memory_probe(config, store, policy.model, Path(config.model.path), Group())
+    probe = memory_probe(config, store, policy.model, Path(config.model.path), RankGroup())
     loop = TrainLoop(store, policy, config.run_dir, after_publish=probe)
     loop.resume()
     add(store, 8)
@@ -583,7 +583,7 @@ def test_the_memory_retirement_probe_runs_every_probe_every_steps_with_memory_on
     assert probed.state == "distilled" and probed.gap > 0 and probed.probed_at is not None
     assert store.recall_candidates("short answers") == []
     config.memory.probe = False
-    assert memory_probe(config, store, policy.model, Path(config.model.path), Group()) is None
+    assert memory_probe(config, store, policy.model, Path(config.model.path), RankGroup()) is None
 
 
 def test_no_memory_probe_while_memory_is_off(run):
@@ -592,7 +592,7 @@ def test_no_memory_probe_while_memory_is_off(run):
     config, store = run
     assert config.memory.enabled is False and config.memory.probe is True
     policy = build_policy(config.model.path, config.train, "cpu")
-    assert memory_probe(config, store, policy.model, Path(config.model.path), Group()) is None
+    assert memory_probe(config, store, policy.model, Path(config.model.path), RankGroup()) is None
 
 
 def test_probe_every_under_one_is_refused_at_start_naming_the_field(tmp_path, capsys):
