@@ -68,7 +68,7 @@ Several ranks (`train.distributed.num_processes` > 1, `train/group.py`): rank 0
 alone reads and marks samples in the store, loads versions first, writes
 checkpoints, runs the canary and publishes (under FSDP every rank runs the canary with it, and
 joins the gather of the whole state that rank 0 writes). Each pass it broadcasts whether to stop, then a
-`Plan` (follow a version; train these samples); the other ranks load the
+`PassPlan` (follow a version; train these samples); the other ranks load the
 version it names from the run folder (shared by all ranks) and train their
 share of the same samples. The other ranks never touch the store. Rank 0
 broadcasts a plan at every poll, so no rank waits in a collective for long.
@@ -108,7 +108,7 @@ Check = Callable[[Policy], tuple[str, dict]]  # the canary: the policy's weights
 
 
 @dataclass
-class Plan:
+class PassPlan:
     """One pass, as rank 0 decided it for every rank."""
 
     at: tuple[str, int]  # the version and step rank 0 is at (after its last publish)
@@ -293,7 +293,7 @@ class TrainLoop:
             else "each is tried again beside samples that never failed",
         )
 
-    def _plan(self) -> Plan:
+    def _plan(self) -> PassPlan:
         """Rank 0: follow a version published elsewhere, then the next batch, if a full one is ready."""
         assert self.store is not None
         was = self.user
@@ -324,13 +324,13 @@ class TrainLoop:
             if self._waiting_for != waiting:
                 log.info("waiting for samples: %d/%d ready", waiting, self.cfg.batch_size)
                 self._waiting_for = waiting
-            return Plan((self.version, self.step), follow)
+            return PassPlan((self.version, self.step), follow)
         self._waiting_for = None
         claimed = set(self.store.claim_samples([s.id for s in batch if s.id is not None]))
         if len(claimed) < len(batch):  # superseded or left out since read: plan again next pass
             self.store.release_samples(sorted(claimed))
-            return Plan((self.version, self.step), follow)
-        return Plan((self.version, self.step), follow, batch)
+            return PassPlan((self.version, self.step), follow)
+        return PassPlan((self.version, self.step), follow, batch)
 
     def _choose_user(self) -> dict[str, int]:
         """With an adapter per user: the user the next step is for (train/rotation.py), and each user's
