@@ -39,7 +39,7 @@ from clawrl.envs.training import train
 
 
 @dataclass
-class Plan:
+class EnvPlan:
     """What a `clawrl envs` command will run, checked before any server starts."""
 
     env: EnvSpec
@@ -62,7 +62,7 @@ class Plan:
         }
 
 
-def make_plan(args: Namespace) -> Plan:
+def make_plan(args: Namespace) -> EnvPlan:
     """Load and check everything the run needs; ValueError or EnvsError with a message for the user."""
     for name in ("max_tokens", "concurrency", "group_size"):
         if getattr(args, name) < 1:
@@ -93,7 +93,7 @@ def make_plan(args: Namespace) -> Plan:
         temperature=args.temperature,
     )
     tasks = [Task(task_id(row, i), row) for i, row in enumerate(rows)]
-    return Plan(
+    return EnvPlan(
         env=env,
         reward_fn=reward_fn,
         tasks=tasks,
@@ -170,7 +170,7 @@ def run_train(config: Any, args: Namespace) -> dict[str, Any]:
     return report
 
 
-async def _train(url: str, key: str | None, plan: Plan, args: Namespace) -> Any:
+async def _train(url: str, key: str | None, plan: EnvPlan, args: Namespace) -> Any:
     from tqdm import tqdm
 
     bar = tqdm(total=args.steps, desc="new versions", unit="version", file=sys.stderr, dynamic_ncols=True)
@@ -194,7 +194,7 @@ async def _train(url: str, key: str | None, plan: Plan, args: Namespace) -> Any:
 
 
 def _runner(
-    client: EnvClient, plan: Plan, trained: bool, on_episode: Callable[[EpisodeResult], None]
+    client: EnvClient, plan: EnvPlan, trained: bool, on_episode: Callable[[EpisodeResult], None]
 ) -> Runner:
     """The group runner of `plan`; `trained` false posts evaluation episodes."""
     return Runner(
@@ -278,7 +278,7 @@ def pick_versions(run_dir: Path, text: str | None) -> list[str]:
 
 
 def _serve_and_measure(
-    config: Any, args: Namespace, plan: Plan, key: str | None, version: str
+    config: Any, args: Namespace, plan: EnvPlan, key: str | None, version: str
 ) -> tuple[list[GroupResult], float]:
     from clawrl.launcher import ServerProcess
 
@@ -302,7 +302,7 @@ def export_version(run_dir: Path, version: str, out: Path) -> Path:
 
 
 async def _measure(
-    url: str, key: str | None, plan: Plan, label: str | None
+    url: str, key: str | None, plan: EnvPlan, label: str | None
 ) -> tuple[list[GroupResult], float]:
     """One greedy episode per task, posted as an evaluation episode (`train` false, never trained on);
     `label` names the version (a fresh server serving an exported version says v0)."""
