@@ -34,7 +34,7 @@ from clawrl.store.db import Store, StoreError
 
 
 @dataclass
-class Plan:
+class EvalPlan:
     """What `clawrl eval` will do, checked before any server starts."""
 
     persona: Persona
@@ -48,7 +48,7 @@ class Plan:
     persona_file: dict[str, str] | None = None  # the persona file's path, sha256 and tasks, for the report
 
 
-def make_plan(config: Any, args: Namespace) -> Plan:
+def make_plan(config: Any, args: Namespace) -> EvalPlan:
     """Check the options; ValueError with a message for the user when they do not fit."""
     if args.base_url is not None and args.model is not None:
         raise ValueError("--model is for the servers eval starts; --base-url evaluates a running one")
@@ -70,7 +70,7 @@ def make_plan(config: Any, args: Namespace) -> Plan:
 
         openclaw = find_openclaw(config.cache_dir())
     settings = make_settings(config, args)
-    return Plan(
+    return EvalPlan(
         persona=persona,
         methods=methods,
         train=train,
@@ -175,7 +175,7 @@ def _run_method(
     base_url: str | None,
     method: str | None,
     api_key: str | None,
-    plan: Plan,
+    plan: EvalPlan,
     seen: list[Outcome],
 ) -> tuple[str, dict[str, Any]]:
     """(method, its report entry): against the running server, or a fresh one. `seen` gets the
@@ -200,7 +200,7 @@ def _fresh_entry(outcome: Outcome, run_dir: Path) -> dict[str, Any]:
 
 
 def _report_interrupted(
-    config: Any, base_url: str | None, plan: Plan, entries: dict[str, dict[str, Any]], seen: list[Outcome]
+    config: Any, base_url: str | None, plan: EvalPlan, entries: dict[str, dict[str, Any]], seen: list[Outcome]
 ) -> None:
     """Ctrl-C or SIGTERM mid-method: write the report with what that method measured (marked
     `stopped: "interrupted"`) beside the methods already done; nothing if it measured nothing."""
@@ -218,7 +218,7 @@ def _report_interrupted(
 
 
 def _report(
-    config: Any, base_url: str | None, plan: Plan, entries: dict[str, dict[str, Any]]
+    config: Any, base_url: str | None, plan: EvalPlan, entries: dict[str, dict[str, Any]]
 ) -> dict[str, Any]:
     command = shlex.join(["clawrl", *sys.argv[1:]])
     # A running server's config is its own (in its run folder); ours would only mislead.
@@ -236,7 +236,7 @@ def _report(
 
 
 async def _remote(
-    base_url: str, api_key: str | None, method: str | None, plan: Plan, seen: list[Outcome]
+    base_url: str, api_key: str | None, method: str | None, plan: EvalPlan, seen: list[Outcome]
 ) -> Outcome:
     async with _client(base_url, api_key, method, plan) as client:
         _, served = check_learning(await client.health(), memory_only=True)
@@ -252,7 +252,7 @@ async def _remote(
         )
 
 
-def _client(base_url: str, api_key: str | None, method: str | None, plan: Plan) -> EvalClient:
+def _client(base_url: str, api_key: str | None, method: str | None, plan: EvalPlan) -> EvalClient:
     """The bare API, or the OpenClaw agent with its homes under OUT/openclaw/METHOD."""
     if plan.openclaw is None:
         return EvalClient(base_url, api_key)
@@ -262,7 +262,7 @@ def _client(base_url: str, api_key: str | None, method: str | None, plan: Plan) 
 
 
 def _fresh(
-    config: Any, method: str, api_key: str | None, plan: Plan, seen: list[Outcome]
+    config: Any, method: str, api_key: str | None, plan: EvalPlan, seen: list[Outcome]
 ) -> tuple[Outcome, Path]:
     from clawrl.launcher import ServerProcess
 
