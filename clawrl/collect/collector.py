@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class JudgeQueue(Protocol):
+class JudgeFeed(Protocol):
     """What the collector tells the judge (`clawrl.judge.worker.JudgeLoop`)."""
 
     def submit(self, turn_id: str, session_id: str) -> None:
@@ -56,7 +56,7 @@ class Collector:
         idle_timeout: float,
         expire_every: float,
         writer: StoreWriter,
-        judge: JudgeQueue | None = None,
+        judge: JudgeFeed | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
