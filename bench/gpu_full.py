@@ -7,7 +7,7 @@ written as the trainer writes it and read back. Baseline: as many LoRA steps (cl
 on the same samples, measured first in the same run; a ratio is of the fastest steps. Checked (the
 run stops otherwise): every step's loss and gradient norm finite, each bf16 weight its master
 rounded once (on a GPU), the version read back equal to the weights trained. Memory: the peak
-beside the trainer's arithmetic in the memory budget (`clawrl/model/budget.py`, `Trainer.need`),
+beside the trainer's arithmetic in the memory budget (`clawrl/model/budget.py`, `TrainerNeed.need`),
 which `clawrl serve` reserves before loading.
 
     .venv/bin/python bench/gpu_full.py [--shape 4b | --shape tiny] [--steps 3] [--json out.json]
@@ -93,9 +93,9 @@ def round_trip(policy: Any, run_dir: Path) -> dict[str, Any]:
 
 
 def need_mb(shape: Shape, params: int, weights: str, tokens: int) -> float:
-    from clawrl.model.budget import Trainer
+    from clawrl.model.budget import TrainerNeed
 
-    return Trainer(weights=weights, tokens=tokens).need(shape, params) / 2**20  # type: ignore[arg-type]
+    return TrainerNeed(weights=weights, tokens=tokens).need(shape, params) / 2**20  # type: ignore[arg-type]
 
 
 def run_shape(name: str, tokenizer_dir: Path, device: str, steps: int) -> dict[str, Any]:

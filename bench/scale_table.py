@@ -313,7 +313,7 @@ def budget_table(shapes: list[Shape], a: Assumptions) -> list[str]:
         for method, gpus in BUDGET_SETUPS:
             adapter = shape.lora_params(a.lora_rank) if method == "lora" else 0
             server = budget.Server(0, window, adapter_params=adapter)
-            trainer = budget.Trainer(method, a.seq, a.lora_rank)  # type: ignore[arg-type]
+            trainer = budget.TrainerNeed(method, a.seq, a.lora_rank)  # type: ignore[arg-type]
             try:
                 b = budget.plan(shape, shape.params(), (a.gpu_bytes,) * gpus, server, trainer)
             except budget.BudgetRefused as exc:

@@ -138,13 +138,13 @@ class Shape:
         float32 chunks. A pass runs the LM head at the answer tokens only (train/batch.py:
         `Padded.scored`), not at the messages between a packed session's answers, so a pass's
         logits are [answer tokens, V]. A thinking answer can still fill its sample, so
-        `Trainer.need` counts the whole pass as answers: at 16,384 tokens and Qwen3's 151,936-row
+        `TrainerNeed.need` counts the whole pass as answers: at 16,384 tokens and Qwen3's 151,936-row
         vocabulary 9.3 GiB, where a 512-token answer alone keeps 0.3 GiB."""
         return 2 * positions * self.vocab * 2 + 4 * (32 << 20)
 
 
 @dataclass(frozen=True)
-class Trainer:
+class TrainerNeed:
     """What the trainer beside the server will hold (its config, resolved)."""
 
     weights: Literal["lora", "full"]
@@ -241,7 +241,7 @@ def plan(
     params: int,
     gpus: tuple[int, ...],
     server: Server,
-    trainer: Trainer | None,
+    trainer: TrainerNeed | None,
     dtype_bytes: int = 2,
 ) -> Budget:
     """The layout of a server (and a trainer beside it) on `gpus` (each one's total bytes, by
@@ -270,7 +270,7 @@ def plan(
     return b
 
 
-def _with_trainer(b: Budget, server: Server, trainer: Trainer, need: int, params: int) -> Budget:
+def _with_trainer(b: Budget, server: Server, trainer: TrainerNeed, need: int, params: int) -> Budget:
     """A GPU each (the trainer's share ALONE_SHARE unless configured), or one GPU for both: the
     trainer its need with the margin (or its configured share), the server the rest."""
     where = _trainer_gpu(trainer, server.gpu, len(b.gpu_bytes), params)
@@ -282,7 +282,7 @@ def _with_trainer(b: Budget, server: Server, trainer: Trainer, need: int, params
     return replace(b, server_share=server_share, trainer_gpu=where, trainer_share=share, trainer_bytes=need)
 
 
-def _trainer_gpu(trainer: Trainer, server_gpu: int, count: int, params: int) -> int:
+def _trainer_gpu(trainer: TrainerNeed, server_gpu: int, count: int, params: int) -> int:
     if trainer.device is not None:
         name, _, index = trainer.device.partition(":")
         if name != "cuda" or not (index or "0").isdigit():
@@ -333,7 +333,7 @@ def _local_kv(b: Budget, prefix_cache: int | None) -> tuple[Budget, list[str]]:
     return b, []
 
 
-def _refusal(b: Budget, params: int, trainer: Trainer | None, problems: list[str]) -> str:
+def _refusal(b: Budget, params: int, trainer: TrainerNeed | None, problems: list[str]) -> str:
     text = (
         f"the model does not fit GPU {b.server_gpu} ({_gib(b.gpu_bytes[b.server_gpu])} GiB): "
         f"{params / 1e9:.2f}B parameters, weights {_gib(b.weights_bytes)} GiB, KV "

@@ -54,7 +54,7 @@ def plan_start(config: Config) -> Config:
 
 def trainer_beside(
     config: Config, window: int, params: int, model_type: str | None, seq_len: int | None = None
-) -> budget.Trainer | None:
+) -> budget.TrainerNeed | None:
     """What the trainer `clawrl serve` starts will hold, or None: none, or not on a GPU.
     `seq_len`: its longest sample, when not `train.max_seq_len` (else the served window)."""
     t = config.train
@@ -70,7 +70,7 @@ def trainer_beside(
         config.guard.enabled or t.kl_coef > 0 or t.opd_teacher == "reference" or t.replay_fraction > 0
     )
     shards = t.distributed.num_processes if t.distributed.strategy == "fsdp" else 1
-    return budget.Trainer(
+    return budget.TrainerNeed(
         weights=t.weights,
         tokens=tokens,
         lora_rank=t.lora.rank,

@@ -16,7 +16,7 @@ from clawrl.model.budget import (
     BudgetRefused,
     Server,
     Shape,
-    Trainer,
+    TrainerNeed,
     allocator_fraction,
     plan,
 )
@@ -37,7 +37,7 @@ def _plan(name: str, gpus=(H100,), weights="lora", tokens=16384, **kw):
     shape, params, window = _model(name)
     trainer_kw = {k: kw.pop(k) for k in ("device", "share", "shards") if k in kw}
     server = Server(0, window, adapter_params=shape.lora_params(16) if weights == "lora" else 0, **kw)
-    return plan(shape, params, gpus, server, Trainer(weights, tokens, **trainer_kw))
+    return plan(shape, params, gpus, server, TrainerNeed(weights, tokens, **trainer_kw))
 
 
 def test_the_shapes_give_the_parameter_counts_docs_scale_lists():
@@ -56,7 +56,7 @@ def test_a_qwen3_pass_counts_the_logits_of_every_position_it_may_keep():
     one_copy = 16384 * 151936 * 2  # bf16
     assert 4.9e9 < one_copy < 5.0e9
     for shape in (four, eight):
-        trainer = Trainer("lora", 16384)
+        trainer = TrainerNeed("lora", 16384)
         need = trainer.need(shape, shape.params())
         without = 2 * shape.params() + 16 * shape.lora_params(16) + shape.activation_bytes(16384, True)
         assert need - without == shape.logits_bytes(16384) > 2 * one_copy
@@ -116,7 +116,7 @@ def test_a_layout_that_cannot_fit_is_refused_with_the_numbers():
 def _plan_shares(server: float, trainer: float):
     shape, params, window = _model("qwen3-4b")
     return plan(
-        shape, params, (H100,), Server(0, window, share=server), Trainer("lora", 16384, share=trainer)
+        shape, params, (H100,), Server(0, window, share=server), TrainerNeed("lora", 16384, share=trainer)
     )
 
 
