@@ -5,8 +5,7 @@ method), the tests and the benchmarks. The server is exactly what a user runs,
 
     python -m clawrl serve [--config <run>/config.json | --run-dir <run>] --server.port P [args...]
 
-bound to 127.0.0.1 on a free port (forked from a pre-imported process when `$CLAWRL_PRELOAD` names
-one, as the test suite does: clawrl/forked.py). Given a `Config`, the launcher writes it to the run folder
+bound to 127.0.0.1 on a free port. Given a `Config`, the launcher writes it to the run folder
 first (API keys travel as environment variables: config.json masks them), so the run keeps
 the exact settings it was served with; later `args` override it as on the command line. The
 server's console output goes to `<run>/logs/serve.out` (or `log_path`).
@@ -32,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from clawrl import forked
 from clawrl.net import free_port
 
 if TYPE_CHECKING:
@@ -70,7 +68,7 @@ class ServerProcess:
         start_timeout_s: float = 600.0,
         request_timeout_s: float = 120.0,
     ) -> None:
-        self.proc: subprocess.Popen[bytes] | forked.ForkedProcess | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.run_dir = Path(run_dir)
         self.request_timeout_s = request_timeout_s
         self.vllm_url: str | None = None
@@ -91,7 +89,7 @@ class ServerProcess:
         self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         child_env = {**os.environ, **_secrets(config), **(env or {})}
         try:
-            self.proc = forked.spawn(self.command, child_env, cwd, self.log) or subprocess.Popen(
+            self.proc = subprocess.Popen(
                 self.command, stdout=self.log, stderr=subprocess.STDOUT, env=child_env, cwd=cwd
             )
             self._wait(start_timeout_s)

@@ -3,26 +3,16 @@
 - `make_tiny_model`: a tiny random Llama with a real tokenizer, so fast tests still tokenise for real;
 - `scripted_qwen3`: a copy of the tiny Qwen3 that always answers one token chain (a think block on demand);
 - `Publisher`: publishes LoRA versions the way the trainer does (a checkpoint folder, then a store row);
-- `make_turn`: a turn with every field set to something a round trip could get wrong;
-- `preloaded`: a preloader (clawrl/cli/preload.py) for the `clawrl` processes started meanwhile.
+- `make_turn`: a turn with every field set to something a round trip could get wrong.
 
 Imports torch and transformers lazily: importing this module costs nothing.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from clawrl.forked import ENV
 from clawrl.types import Turn, Version
 
 
@@ -134,34 +124,3 @@ def make_turn(turn_id: str = "chatcmpl-1", session_id: str = "s1", index: int = 
     )
     values.update(kw)
     return Turn(**values)
-
-
-@contextlib.contextmanager
-def preloaded(log: Path, timeout_s: float = 300.0) -> Iterator[str]:
-    """A preloader started from this process's environment, named in `$CLAWRL_PRELOAD` until the
-    block ends: every `clawrl serve` the launcher starts meanwhile (here or in a `clawrl` command
-    run from here) is forked from it, skipping ~7 s of imports. Its output goes to `log`. Yields
-    the socket's path; raises RuntimeError if it exits or is not ready within `timeout_s`."""
-    folder = tempfile.mkdtemp(prefix="clawrl-preload-")  # short: a socket's path has ~100 bytes
-    path = os.path.join(folder, "socket")
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "clawrl.cli.preload", path], stdout=out, stderr=subprocess.STDOUT
-        )
-    before = os.environ.get(ENV)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while not os.path.exists(path):  # bound once the imports are done
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the preloader did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.1)
-        os.environ[ENV] = path
-        yield path
-    finally:
-        if before is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = before
-        proc.terminate()
-        proc.wait()
-        shutil.rmtree(folder, ignore_errors=True)

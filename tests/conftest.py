@@ -11,6 +11,10 @@ random model itself; on "vllm" it attaches to the session's ONE vLLM server
 from the venv scripts/setup-vllm installs once) serving the embedded SmolLM2
 with the tiny model's 512-token window, so the same limits hold. The vLLM tests
 skip only when the package registry cannot be reached to install vLLM.
+
+Every `python -m clawrl ...` the tests start, directly or through the package (the launcher's
+servers, their trainers, a trainer group's ranks), is forked from one pre-imported process per
+worker (tests/preload), and a run that leaves a process behind fails, naming it (tests/strays.py).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,14 +31,15 @@ from typing import Any
 import pytest
 
 from clawrl.launcher import ServerProcess
-from clawrl.testing import make_tiny_model, preloaded
+from clawrl.testing import make_tiny_model
+from tests import strays
+from tests.preload import Preloader
 from tests.timing import limit
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTEXT = 512  # the tiny model's window; the session's vLLM server serves the same
-# `python -m clawrl` as a test runs it: through its stand-in `clawrl.forked`, which has the worker's
-# preloader fork the command (~7 s of imports skipped) or, with none, becomes it (exec).
-CLAWRL = (sys.executable, "-m", "clawrl.forked", "clawrl")
+CLAWRL = (sys.executable, "-m", "clawrl")  # forked from the worker's preloader (tests/preload)
+PRELOADER = pytest.StashKey[Preloader]()
 BOTH_ENGINES = pytest.mark.parametrize("engine", ["local", "vllm"], scope="module")
 
 
@@ -84,6 +90,42 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return FilesWithVllmTogether(config, log)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(strays, "clawrl-strays")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The worker's preloader starts importing while the tests are collected (tests/preload): ~55
+    servers a run, each ~7 s of imports saved. Only with one OpenMP thread (scripts/test's workers):
+    torch's import starts a thread pool otherwise, and a process with threads is not forked; and on
+    Linux only. Not in xdist's controller, which runs no test. CLAWRL_TEST_PRELOAD=0 starts each
+    process afresh."""
+    config = session.config
+    off = os.environ.get("CLAWRL_TEST_PRELOAD", "1") == "0" or os.environ.get("OMP_NUM_THREADS") != "1"
+    if off or sys.platform != "linux" or config.pluginmanager.hasplugin("dsession"):
+        return
+    log = Path(tempfile.mkdtemp(prefix="clawrl-preload-log-")) / "preload.log"
+    preloader = config.stash[PRELOADER] = Preloader(log)
+    config.stash[strays.KEPT] = preloader.own_pids  # kept to the end: the strays it forked show
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session: pytest.Session):
+    """The children of the tests get the preloader once it has imported."""
+    preloader = session.config.stash.get(PRELOADER, None)
+    if preloader is not None:
+        preloader.wait(limit(300))
+        os.environ.update(preloader.env)
+    return (yield)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """After the check for strays (tests/strays.py, at the session's end)."""
+    preloader = config.stash.get(PRELOADER, None)
+    if preloader is not None:
+        preloader.stop()
+
+
 class RemoteServer(ServerProcess):
     """The package's launcher (clawrl.launcher) with the tests' defaults: the trainer and the guard
     off unless `args` turn them on (a trainer would only add a torch import per server; a tiny random
@@ -107,21 +149,10 @@ class RemoteServer(ServerProcess):
             request_timeout_s=limit(120),
         )
 
-
-@pytest.fixture(scope="session", autouse=True)
-def preloaded_clawrl(tmp_path_factory: pytest.TempPathFactory):
-    """Every `clawrl serve` the tests start (through the launcher, here or inside a `clawrl`
-    command they run) is forked from one pre-imported process per worker (clawrl/forked.py):
-    ~55 servers a run, each ~7 s of imports saved. Only with one OpenMP thread (scripts/test's
-    workers): torch's import starts a thread pool otherwise, and a process with threads is not
-    forked; and on Linux only (it counts its native threads in /proc). CLAWRL_TEST_PRELOAD=0 starts
-    each server afresh."""
-    off = os.environ.get("CLAWRL_TEST_PRELOAD", "1") == "0" or os.environ.get("OMP_NUM_THREADS") != "1"
-    if off or sys.platform != "linux":
-        yield None
-        return
-    with preloaded(tmp_path_factory.mktemp("preload") / "preload.log", timeout_s=limit(300)) as path:
-        yield path
+    def own_pid(self) -> int:
+        """The server's own pid, which it writes in its run folder's lock: `proc` is its stand-in
+        when the preloader forked it (tests/preload)."""
+        return int((self.run_dir / "server.lock").read_text())
 
 
 @pytest.fixture(scope="session")

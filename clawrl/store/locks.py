@@ -4,8 +4,7 @@ A lock is an exclusive `flock` on a file in the run folder, held by an open file
 life: the kernel releases it when the process dies, however it dies (SIGKILL included), so a lock
 is never stale and nothing cleans up after a crash. The holder writes its pid into the file, so a
 process refused can say whose it is. The file is opened close-on-exec (Python's default), so a
-child the holder executes (the trainer, vLLM) does not inherit the lock; a process forked *from*
-the preloader (clawrl/forked.py) takes its own lock after the fork, as any process does.
+child the holder executes (the trainer, vLLM) does not inherit the lock.
 
 `flock` works on a local file system. A run folder on a network file system (NFS) may not honour
 it, and SQLite's locking, which the store relies on, is not safe there either: keep a run folder

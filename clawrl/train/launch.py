@@ -31,16 +31,15 @@ import threading
 from pathlib import Path
 
 from clawrl.config import Config
-from clawrl.forked import exit_watch
+from clawrl.exit_watch import exit_watch
 from clawrl.train.ranks import reset_group_dir
 
 log = logging.getLogger("clawrl.trainer")
 
 
 def rank_command(config_file: Path, run_dir: Path, steps: int | None) -> list[str]:
-    """What each rank runs (after `python -m`): `clawrl train` as one rank of this launcher's group,
-    through `clawrl.forked` (forked by a preloader where one is named, else exec'd: the same)."""
-    args = ["clawrl.forked", "clawrl", "train", "--config", str(config_file), "--run-dir", str(run_dir)]
+    """What each rank runs (after `python -m`): `clawrl train` as one rank of this launcher's group."""
+    args = ["clawrl", "train", "--config", str(config_file), "--run-dir", str(run_dir)]
     args += ["--launch", "none"]
     args += ["--in-group", "--exit-with-parent", str(os.getpid())]
     return args + ([] if steps is None else ["--steps", str(steps)])

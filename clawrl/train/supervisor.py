@@ -1,8 +1,7 @@
 """The server's side of the trainer process: start it, relay its log, restart it when it dies.
 
 `clawrl serve` runs `clawrl train --config <run_dir>/config.json --exit-with-parent <pid>`
-as a child process (forked from a preloader where `$CLAWRL_PRELOAD` names one, as in the test
-suite: clawrl/forked.py), created and awaited in the app's lifespan. Its output
+as a child process, created and awaited in the app's lifespan. Its output
 lines are relayed to the server's log (so training progress shows in the
 terminal and in `logs/server.log`). When it exits while the server runs, it
 is restarted after `restart_backoff_s`, doubling after each quick failure up to
@@ -38,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clawrl import forked
 from clawrl.config import TrainConfig
 from clawrl.train.ranks import read_ranks
 
@@ -84,7 +82,7 @@ class TrainerSupervisor:
         self.restarts = 0
         self.last_exit: int | None = None
         self.last_error: str | None = None
-        self._proc: asyncio.subprocess.Process | forked.AsyncForkedProcess | None = None
+        self._proc: asyncio.subprocess.Process | None = None
         self._task: asyncio.Task[None] | None = None
         self._restart_at: float | None = None
         self._stopping = False
@@ -154,7 +152,7 @@ class TrainerSupervisor:
             self._restart_at = None
 
     async def _run_once(self) -> None:
-        self._proc = await forked.spawn_async(self.command) or await asyncio.create_subprocess_exec(
+        self._proc = await asyncio.create_subprocess_exec(
             *self.command,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,

@@ -43,7 +43,7 @@ import transformers
 from clawrl.chat.template import ChatRenderer
 from clawrl.config import Config, launched_world_size
 from clawrl.config.users import user_names
-from clawrl.forked import exit_watch
+from clawrl.exit_watch import exit_watch
 from clawrl.guard import trainer_hooks
 from clawrl.model.gpu import cap_process, cuda_index
 from clawrl.model.load import ModelNotFound, model_folder, served_context
@@ -184,8 +184,7 @@ def _train(config: Config, group: RankGroup, parent_pid: int | None, steps: int 
             keep_base=guarded,
             scale_rope=m.scale_rope,
         )
-        # The group is its launcher's pid: the pid a rank is told to exit with (a rank forked through
-        # `clawrl.forked` is not the launcher's child).
+        # The group is its launcher's pid: the pid a rank is told to exit with.
         launcher = parent_pid if parent_pid is not None else os.getppid()
         status = RankStatus(config.run_dir, group.rank, launcher) if group.world > 1 else None
         loggers = StepLoggers(config.train.loggers if group.is_main else [], config.run_dir)

@@ -225,8 +225,9 @@ def test_sigkill_mid_conversation_loses_nothing(tmp_path, tiny_model_dir):
     os.kill(first.proc.pid, signal.SIGKILL)
     first.proc.wait(10)
     first.log.close()
-    # Under the preloader the killed stand-in takes the forked server with it a moment later; the
-    # second server may take the run folder once the first's lock is gone (clawrl/store/locks.py).
+    # Under the suite's preloader (tests/preload) the killed stand-in takes the forked server with it
+    # a moment later; the second server may take the run folder once the first's lock is gone
+    # (clawrl/store/locks.py).
     wait_for(lambda: holder(run_dir, SERVER_LOCK) is None, 30, "the killed server gone")
     second = RemoteServer(run_dir, ["--model", str(tiny_model_dir)])
     try:

@@ -90,7 +90,7 @@ def test_disk_full_keeps_serving_then_records_everything(start):
     before = {t.id for t in stored_turns(server)}
     assert before == set(conv.ids)
 
-    set_file_size_limit(server.proc.pid, 1)  # the disk is full
+    set_file_size_limit(server.own_pid(), 1)  # the disk is full
     try:
         during = [conv.turn(f"Again, {i}.") for i in range(4)]  # 2 writes each: the backlog (8) fills
         health = server.health()
@@ -106,7 +106,7 @@ def test_disk_full_keeps_serving_then_records_everything(start):
         assert rating.status_code == 503 and rating.json()["error"]["code"] == "store_unavailable"
         assert {t.id for t in stored_turns(server)} == before  # on disk: what was there, nothing torn
     finally:
-        set_file_size_limit(server.proc.pid, resource.RLIM_INFINITY)  # space comes back
+        set_file_size_limit(server.own_pid(), resource.RLIM_INFINITY)  # space comes back
 
     wait_for(lambda: store_health(server)["ok"], 30, "the store recovering after space returns")
     after = conv.turn("Thanks.")

@@ -1,7 +1,7 @@
 """One server per run folder (docs/several-processes.md): `clawrl serve` holds `server.lock` for its
 life; a second one on the same folder exits 2 naming the holder's pid, before it rewrites config.json
 or starts anything; once the first has exited (however: the kernel drops an flock with its process),
-a server starts there again. Through the preloader's forks, as every test server runs."""
+a server starts there again. Through the suite's preloader (tests/preload), as every test server runs."""
 
 from __future__ import annotations
 

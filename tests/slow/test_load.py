@@ -47,7 +47,7 @@ def test_24_streams_and_8_hang_ups_lose_nothing(tmp_path):
         asyncio.run(run_load(url, 1, 0, MAX_TOKENS, timeout=limit(600)))  # one answer: the model is warm
         wait_for(lambda: _idle(server), limit(120), "the engine to go idle after the first answer")
         before_turns = len(_turns(server))
-        start_mb = _rss_mb(server.proc.pid)
+        start_mb = _rss_mb(server.own_pid())
 
         result = asyncio.run(run_load(url, STAYING, LEAVING, MAX_TOKENS, timeout=limit(600)))
         assert result.failures == []
@@ -63,6 +63,6 @@ def test_24_streams_and_8_hang_ups_lose_nothing(tmp_path):
         turns = _turns(server)[before_turns:]
         finished = [t for t in turns if t.finish_reason == "length"]
         assert len(finished) >= STAYING and all(len(t.response_ids) == MAX_TOKENS for t in finished)
-        assert _rss_mb(server.proc.pid) <= 1.10 * start_mb
+        assert _rss_mb(server.own_pid()) <= 1.10 * start_mb
     finally:
         server.stop()

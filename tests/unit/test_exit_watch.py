@@ -1,16 +1,16 @@
-"""clawrl/forked.py's pure parts: a trainer's check that its server has exited."""
+"""clawrl/exit_watch.py: a trainer's check that its server has exited."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from clawrl.forked import exit_watch
+from clawrl.exit_watch import exit_watch
 from tests.timing import wait_for
 
 
 def test_the_exit_watch_says_when_a_process_has_exited_even_before_it_is_reaped():
-    """A trainer forked by the preloader is not its server's child: it watches the server's pid."""
+    """It watches the pid it is given, not this process's parent, and sees a zombie as gone."""
     proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     gone = exit_watch(proc.pid)
     try:

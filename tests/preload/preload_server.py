@@ -1,22 +1,25 @@
-"""`python -m clawrl.cli.preload SOCKET`: import clawrl's heavy libraries once, then fork one
-process per `clawrl` command asked for on the Unix socket SOCKET (clawrl/forked.py is the other end).
+"""`python tests/preload/preload_server.py SOCKET`: the suite's preloader. It imports clawrl's heavy
+libraries once (~7 s a process: docs/benchmarks.md), then forks one process per `clawrl` command a
+stand-in asks for on the Unix socket SOCKET (preload_client.py is the other end).
 
-Each request carries the command's arguments, environment and folder, and the file descriptors
-its output goes to (stdout, and stderr if apart). A waiter is forked for it, and the waiter forks
-the command: the command returns from `serve_forever` into this module's `__main__` block, which
-runs `clawrl.cli.main` as `python -m clawrl` would (its threads joined and its exit handlers run
-on the way out); the waiter sends the command's pid, then its exit status, and exits. This process
-reaps the waiters. A request marked `tied` has its command killed if the caller goes first.
+Each request carries the command's arguments, environment and folder, and its stdin, stdout and
+stderr. A waiter is forked for it, and the waiter forks the command: the command returns from
+`serve_forever` into this module's `__main__` block, which runs `clawrl.cli.main` as `python -m
+clawrl` would (its threads joined and its exit handlers run on the way out); the waiter sends the
+command's pid, then its exit status, and exits; if the stand-in goes first, it kills the command.
+This process reaps the waiters.
 
 It forks only while it is a single thread (nothing here starts one: imports only, no
-computation, so no OpenMP pool exists yet), and refuses a request whose import-time variables
-(`clawrl.forked.IMPORT_TIME`) differ from its own. Each command gets fresh random seeds. It
-exits when the process that started it does.
+computation, so no OpenMP pool exists yet), and refuses a request from another interpreter or
+whose import-time variables (`preload_client.IMPORT_TIME`) differ from its own. Each command gets
+fresh random seeds. It logs each command it forks and each refusal, and exits when the process
+that started it does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import random
 import select
@@ -27,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from clawrl.forked import ENV, import_time_env, receive_message, send_message
+from preload_client import import_time_env, receive_message, send_message
 
 ACCEPT_POLL_S = 1.0  # how often it looks whether the process that started it is gone
 
@@ -39,6 +42,7 @@ def import_heavy() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
     from transformers.models.llama import modeling_llama  # noqa: F401
 
+    import clawrl.cli  # noqa: F401
     import clawrl.wiring.server  # noqa: F401
     import clawrl.wiring.trainer  # noqa: F401
 
@@ -47,6 +51,8 @@ def refusal(request: dict[str, Any], own: dict[str, str], added: dict[str, str])
     """Why a request cannot be forked from this process (None if it can). `own`: the import-time
     variables it was started with; `added`: those its imports set (a caller that imported the same
     libraries has them too, with the same values)."""
+    if request.get("executable") != sys.executable:
+        return f"another interpreter ({request.get('executable')})"
     asked = import_time_env(request["env"])
     for key, value in added.items():
         if asked.get(key) == value:
@@ -62,7 +68,7 @@ def refusal(request: dict[str, Any], own: dict[str, str], added: dict[str, str])
 
 def serve_forever(path: str) -> tuple[dict[str, Any], list[int], dict[str, str]]:
     """Import, then accept requests on `path` until the parent goes; returns only in a forked
-    command: its request, the descriptors of its output, the variables the imports set."""
+    command: its request, its stdin, stdout and stderr, the variables the imports set."""
     own = import_time_env(os.environ)
     import_heavy()
     added = {k: v for k, v in import_time_env(os.environ).items() if own.get(k) != v}
@@ -79,13 +85,13 @@ def serve_forever(path: str) -> tuple[dict[str, Any], list[int], dict[str, str]]
             continue
         conn.settimeout(30)
         try:
-            request, fds = receive_message(conn, max_fds=2)  # stdout, and stderr if apart
+            request, fds = receive_message(conn, max_fds=3)
         except (OSError, ValueError):
             conn.close()
             continue
-        why = "an empty request" if request is None or not fds else refusal(request, own, added)
+        why = "an incomplete request" if request is None or len(fds) != 3 else refusal(request, own, added)
         if why is not None:
-            print(f"clawrl preload: refused ({why}); the caller starts a fresh interpreter", flush=True)
+            print(f"clawrl preload: refused ({why}); the command runs in its own interpreter", flush=True)
             _close(conn, fds)
             continue
         assert request is not None
@@ -97,31 +103,31 @@ def serve_forever(path: str) -> tuple[dict[str, Any], list[int], dict[str, str]]
             conn.settimeout(None)
             try:
                 pid = os.fork()
-            except OSError:  # no command: the caller sees the socket close, and starts one afresh
+            except OSError:  # no command: the stand-in sees the socket close, and runs it itself
                 os._exit(1)
             if pid == 0:
                 conn.close()
                 return request, fds, added
-            _wait_and_report(conn, fds, pid, bool(request.get("tied")))  # never returns
+            print(f"clawrl preload: forked {pid}: clawrl {' '.join(request['argv'])}", flush=True)
+            _wait_and_report(conn, fds, pid)  # never returns
         _close(conn, fds)
     sys.exit(0)
 
 
-def _wait_and_report(conn: socket.socket, fds: list[int], pid: int, tied: bool) -> None:
+def _wait_and_report(conn: socket.socket, fds: list[int], pid: int) -> None:
     for fd in fds:
         os.close(fd)
-    with contextlib.suppress(OSError):  # the caller went: the command runs on, as a started one would
+    with contextlib.suppress(OSError):  # the stand-in went: the command is killed just below
         send_message(conn, {"pid": pid})
-    if tied:
-        _kill_if_caller_goes(conn, pid)
+    _kill_if_stand_in_goes(conn, pid)
     _, status = os.waitpid(pid, 0)
     with contextlib.suppress(OSError):
         send_message(conn, {"exit": os.waitstatus_to_exitcode(status)})
     os._exit(0)
 
 
-def _kill_if_caller_goes(conn: socket.socket, pid: int) -> None:
-    """Until command `pid` exits: if the caller closes its end first (it sends nothing after its
+def _kill_if_stand_in_goes(conn: socket.socket, pid: int) -> None:
+    """Until command `pid` exits: if the stand-in closes its end first (it sends nothing after its
     request, so the socket turns readable only then), SIGKILL the command."""
     exited = os.pidfd_open(pid)
     if conn not in select.select([conn, exited], [], [])[0]:
@@ -136,34 +142,35 @@ def _close(conn: socket.socket, fds: list[int]) -> None:
     conn.close()
 
 
-def become(request: dict[str, Any], outputs: list[int], added: dict[str, str]) -> list[str]:
+def become(request: dict[str, Any], streams: list[int], added: dict[str, str]) -> list[str]:
     """In the forked command: its folder, environment (with what the imports set, as they would
-    have in it), output (stdout, then stderr if apart), signals and seeds; returns its arguments."""
+    have in it), stdin, stdout and stderr, signals and seeds; returns its arguments."""
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
     for key, value in added.items():
         os.environ.setdefault(key, value)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(outputs[0], 1)
-    os.dup2(outputs[-1], 2)
-    os.close(null)
-    for fd in outputs:
+    for target, fd in enumerate(streams):
+        os.dup2(fd, target)
         os.close(fd)
+    if request["unbuffered"]:  # `python -u`, as torch's elastic agent starts a rank
+        for name in ("stdout", "stderr"):
+            old = getattr(sys, name)
+            raw = io.FileIO(old.fileno(), "w", closefd=False)
+            setattr(sys, name, io.TextIOWrapper(raw, old.encoding, old.errors, write_through=True))
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     random.seed()  # each a fresh interpreter's: from the OS, not the preloader's copies
     sys.modules["numpy"].random.seed()
     sys.modules["torch"].seed()
     argv = list(request["argv"])
-    sys.argv = [str(Path(__file__).resolve().parents[1] / "__main__.py"), *argv]
+    sys.argv = [str(Path(sys.modules["clawrl"].__file__).parent / "__main__.py"), *argv]
     return argv
 
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit(f"usage: python -m clawrl.cli.preload SOCKET (then {ENV}=SOCKET for the callers)")
+        sys.exit("usage: python tests/preload/preload_server.py SOCKET")
     command = become(*serve_forever(sys.argv[1]))
     from clawrl.cli import main
 
