@@ -8,8 +8,8 @@
         optimizer.pt                                     the AdamW state dict
         manifest.json                                    {"version", "step", "samples", "metrics",
                                                           "created_at", "base_model", "parent"}
-        pruned.json                                      once pruned: {"files": [...], "at"}, the
-                                                         files the trainer removed (below)
+        pruned.json                                      once pruned: {"files": [...], "at", "why",
+                                                         "bf16"}, what the trainer removed (below)
 
 v0 is the base model and has no folder. The trainer writes a folder (`clawrl/train/checkpoints.py`:
 atomically, under the publish lock, never over an existing one) and then the version's
@@ -21,14 +21,16 @@ LoRA math is
 
     W = W_base + scale * B @ A     A: [r, in], B: [out, r], scale = alpha / r (alpha / sqrt(r): rsLoRA)
 
-Pruning (`clawrl/train/prune.py`, `train.keep_versions`) removes files from a published folder,
-never the folder: the trainer, under the publish lock, removes `optimizer.pt` past the newest
-versions, and a full-weight version's `*.safetensors` (and their index) once it is neither served,
-newest, held nor a rollback's source. `pruned.json` names what went, and is written before anything
-goes. A pruned folder keeps its manifest (and `config.json`), so its row, history and records still
-name it; a LoRA adapter is never pruned. A reader loads a folder without `optimizer.pt` with a fresh
-optimizer, and refuses a full-weight folder whose weights were pruned (`weights_pruned`): export and
-rollback of one fail with an error naming the versions whose weights are kept.
+Pruning (`clawrl/train/prune.py`, `train.keep_versions`, `train.keep_every`) removes files from a
+published folder, never the folder: the trainer, under the publish lock, removes `optimizer.pt` past
+the newest versions, and a version's weights (the adapter, or full `*.safetensors` and their index)
+once it is neither served, newest, the newest held, a rollback's source nor a kept N-th; an adapter
+kept for its weights alone is rewritten in bf16 (`"bf16"` in `pruned.json`). `pruned.json` names
+what went and why, and is written before anything goes. A pruned folder keeps its manifest (and
+its configs), so its row, history and records still name it. A reader loads a folder without
+`optimizer.pt` with a fresh optimizer, and refuses a folder whose weights were pruned
+(`weights_pruned`): export and rollback of one fail with an error naming the versions whose
+weights are kept.
 
 See docs/design.md, "The version folder".
 
@@ -132,14 +134,20 @@ def read_manifest(folder: Path) -> dict:
     return json.loads((Path(folder) / MANIFEST).read_text())
 
 
+def pruned_marker(folder: Path) -> dict:
+    """A version folder's `pruned.json`: {"files": removed, "at", "why", "bf16": files cast to bf16};
+    {} for one never pruned."""
+    marker = Path(folder) / PRUNED
+    return dict(json.loads(marker.read_text())) if marker.is_file() else {}
+
+
 def pruned_files(folder: Path) -> list[str]:
     """The files pruning removed from a version folder (`pruned.json`); [] for one never pruned."""
-    marker = Path(folder) / PRUNED
-    return list(json.loads(marker.read_text())["files"]) if marker.is_file() else []
+    return list(pruned_marker(folder).get("files", []))
 
 
 def weights_pruned(folder: Path) -> bool:
-    """True for a full-weight version whose model weights were pruned: it cannot be loaded any more."""
+    """True for a version whose weights (full or adapter) were pruned: it cannot be loaded any more."""
     return any(name != OPTIMIZER for name in pruned_files(folder))
 
 
@@ -237,6 +245,8 @@ def read_adapter(adapter_dir: Path) -> dict[str, LoraDelta]:
         raise AdapterError(f"{adapter_dir} holds a {config.get('peft_type')} adapter, not LORA")
     if used := [k for k in UNSUPPORTED if config.get(k)]:
         raise AdapterError(f"{adapter_dir}: merging adapters with {', '.join(used)} is not supported")
+    if not (adapter_dir / ADAPTER_WEIGHTS).is_file() and weights_pruned(adapter_dir):
+        raise AdapterError(f"{adapter_dir} holds no adapter weights (pruned: train.keep_versions)")
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in read_tensors(adapter_dir / ADAPTER_WEIGHTS).items():
         match = _LORA_KEY.match(key)

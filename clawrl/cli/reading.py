@@ -105,7 +105,26 @@ def _version_line(v: Any) -> str:
         shown = f"rollback of {m['rollback_of']} {shown}".strip()
     where = v.path or "base model"
     line = f"{v.name:<5} step {v.step:<4} samples {m.get('samples', '-')!s:<4} {shown} {where}".rstrip()
-    return line + _canary_text(v)
+    return line + _canary_text(v) + _pruned_text(v)
+
+
+def _pruned_text(v: Any) -> str:
+    """' | pruned optimizer.pt, adapter_model.safetensors: why' (and ' | adapter in bf16'), from the
+    folder's pruned.json (clawrl/train/prune.py); '' for a version never pruned or without a folder."""
+    from pathlib import Path
+
+    from clawrl.version_folder import pruned_marker
+
+    if v.path is None or not Path(v.path).is_dir():
+        return ""
+    marker = pruned_marker(Path(v.path))
+    text = ""
+    if marker.get("files"):
+        why = f": {marker['why']}" if marker.get("why") else ""
+        text += f" | pruned {', '.join(marker['files'])}{why}"
+    if marker.get("bf16"):
+        text += " | adapter in bf16"
+    return text
 
 
 def _canary_text(v: Any) -> str:

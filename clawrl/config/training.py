@@ -186,10 +186,18 @@ class TrainConfig(Section):
         2,
         gt=0,
         description="Disk: after each publish the trainer keeps the optimizer state of the newest "
-        "keep_versions versions and of the served one (it resumes from it) and removes older ones; with "
-        "full weights it also removes the weights of versions neither served, among the newest "
-        "keep_versions, held by the canary gate nor named by a rollback. LoRA adapters and every "
-        "version's manifest are kept (docs/training.md, 'Disk').",
+        "keep_versions versions and of the served one (it resumes from it) and removes older ones; it "
+        "also removes the weights (LoRA adapter or full) of versions neither served, among the newest "
+        "keep_versions, the newest held by the canary gate, rolled back to nor a multiple of keep_every. "
+        "An adapter kept for its weights alone is stored in bf16. Every version's manifest is kept "
+        "(docs/training.md, 'Disk').",
+    )
+    keep_every: int | None = Field(
+        None,
+        ge=0,
+        description="Disk: every version vN with N a multiple of this keeps its weights (a sparse "
+        "history to roll back to); 0: none. Default: 20 with LoRA (a bf16 adapter each), 0 with full "
+        "weights (a whole model each).",
     )
     poll_s: float = Field(2.0, gt=0, description="How often the trainer looks for ready samples.")
     nice: int = Field(
@@ -254,6 +262,12 @@ class TrainConfig(Section):
                 "train.replay_fraction > 0 runs in one trainer process only; set it to 0 with "
                 f"train.distributed.num_processes = {self.distributed.num_processes}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _keep_every_by_weights(self) -> TrainConfig:
+        if self.keep_every is None:  # resolved once: a sparse history of adapters, none of whole models
+            self.keep_every = 20 if self.weights == "lora" else 0
         return self
 
 

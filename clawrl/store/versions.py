@@ -110,9 +110,17 @@ class VersionStore:
         )
         return {r["user"]: r["name"] for r in rows}
 
-    def served_version(self) -> str | None:
-        """The version the server answered with last: the newest recorded turn's last one (None: no turn)."""
-        rows = self._read("SELECT versions FROM turns ORDER BY created_at DESC LIMIT 1")
+    def served_version(self, user: str | None = None) -> str | None:
+        """The version the server answered with last: the newest recorded turn's last one (None: no
+        turn); with `user`, the newest of that user's turns (an adapter per user: their own line)."""
+        if user is None:
+            rows = self._read("SELECT versions FROM turns ORDER BY created_at DESC LIMIT 1")
+        else:
+            rows = self._read(
+                "SELECT t.versions FROM turns t JOIN sessions s ON s.id = t.session_id "
+                "WHERE s.user = ? ORDER BY t.created_at DESC LIMIT 1",
+                (user,),
+            )
         versions = json.loads(rows[0]["versions"]) if rows else []
         return versions[-1] if versions else None
 

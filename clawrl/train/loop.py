@@ -36,9 +36,9 @@ Each pass:
    back to the last servable version (step 1); with `guard.on_hold =
    "rollback"` a copy of that version is published first, as `clawrl
    rollback` does.
-5. Still under the publish lock, after the publish: prune what `train.keep_versions` does not
-   keep (old optimizer state; old full weights neither served, newest, held nor a rollback's
-   source; `train/prune.py`).
+5. Still under the publish lock, after the publish: prune this user's line to what
+   `train.keep_versions` and `train.keep_every` keep (old optimizer state; old weights neither
+   served, newest, the newest held, rolled back to nor every N-th; `train/prune.py`).
 
 Why oldest first: a replayed backlog (bench/backlog.py, five seeds) left 412 samples stale
 newest first against 419 oldest first (2% fewer) and trained samples 1.46 versions behind
@@ -423,15 +423,17 @@ class TrainLoop:
         return True
 
     def _prune(self) -> None:
-        """Under the publish lock, after a publish: remove what `train.keep_versions` does not keep."""
+        """Under the publish lock, after a publish: prune this user's line of versions to what
+        `train.keep_versions` and `train.keep_every` keep (train/prune.py)."""
         assert self.store is not None
-        served = {self._target().name, self.store.served_version() or "v0"}
+        last = self.store.served_version(self.user if self.per_user else None)
         pruning = choose(
             versions=self.store.versions(self.user),
-            served=served,
+            served={self._target().name, last or "v0"},
             keep=self.cfg.keep_versions,
             full=self.cfg.weights == "full",
             inspect=self._broken,
+            every=self.cfg.keep_every or 0,
         )
         try:
             freed = prune(self.run_dir, pruning)
@@ -441,8 +443,9 @@ class TrainLoop:
             return
         if freed:
             log.info(
-                "pruned old versions (train.keep_versions = %d): %.1f MB freed",
+                "pruned old versions (train.keep_versions = %d, train.keep_every = %d): %.1f MB freed",
                 self.cfg.keep_versions,
+                self.cfg.keep_every or 0,
                 freed / 1e6,
             )
 
