@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from clawrl.cli.common import fail, with_store
+from clawrl.cli.dry_run import add_dry_run_arguments, cmd_dry_run
 from clawrl.cli.reading import cmd_canary, cmd_memory, cmd_records, cmd_versions
 from clawrl.cli.tiny import add_tiny_model_parser
 from clawrl.cli.users import add_users_parser
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--model", help="local Hugging Face model folder (default: embedded SmolLM2-135M-Instruct)"
     )
+    add_dry_run_arguments(serve)
     serve.set_defaults(run=cmd_serve)
     _train_parsers(sub)
     _records_parser(sub)
@@ -222,7 +224,11 @@ def setup_logging(level: str, logfile: Path, bare_console: bool = False) -> None
 def cmd_serve(config: Any, args: argparse.Namespace | None = None) -> int:
     """`clawrl serve`. One server per run folder: it holds `<run_dir>/server.lock` for its life
     (clawrl/store/locks.py), and a second one exits 2 naming the holder's pid before it writes
-    config.json or starts anything."""
+    config.json or starts anything. `--dry-run` prints the placement plan and exits (cli/dry_run.py)."""
+    if getattr(args, "dry_run", False):
+        return cmd_dry_run(config, args)
+    if getattr(args, "gpus", None) is not None:
+        return fail("--gpus describes a machine for --dry-run only; a server runs on the GPUs it has")
     server = config.server
     if not _is_loopback(server.host) and server.api_key is None:
         return fail(

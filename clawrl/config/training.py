@@ -42,6 +42,35 @@ class DistributedConfig(Section):
     main_process_port: int = Field(
         0, ge=0, le=65535, description="Rendezvous port of the group on 127.0.0.1; 0 picks a free one."
     )
+    gpus: list[int] | None = Field(
+        None,
+        description="Each rank's GPU, by rank (model.device's numbering); the launcher starts the ranks "
+        "with CUDA_VISIBLE_DEVICES set to them, so rank r takes the r-th. None: from the placement "
+        "plan at start (clawrl/model/placement.py, docs/scale.md): the GPUs other than the server's, "
+        "and the server's own for a last rank only where every GPU takes one; GPUs 0.. for a "
+        "`clawrl train` alone.",
+    )
+    gpu_shares: list[float] | None = Field(
+        None,
+        description="Each rank's share of its GPU's memory, by rank (as train.gpu_share is for one "
+        "process). None: from the placement plan at start: 0.9 alone on a GPU, its need with a margin "
+        "beside the server; train.gpu_share for every rank where that is set.",
+    )
+
+    @model_validator(mode="after")
+    def _one_gpu_and_share_a_rank(self) -> DistributedConfig:
+        n = self.num_processes
+        for name, values in (("gpus", self.gpus), ("gpu_shares", self.gpu_shares)):
+            if values is not None and len(values) != n:
+                raise ValueError(
+                    f"train.distributed.{name} {values} has {len(values)} entries, "
+                    f"train.distributed.num_processes is {n}: one a rank"
+                )
+        if self.gpus is not None and (min(self.gpus) < 0 or len(set(self.gpus)) < n):
+            raise ValueError(f"train.distributed.gpus {self.gpus}: GPU indices, one rank a GPU")
+        if self.gpu_shares is not None and not all(0 < s <= 1 for s in self.gpu_shares):
+            raise ValueError(f"train.distributed.gpu_shares {self.gpu_shares}: each share is in (0, 1]")
+        return self
 
 
 class TrainConfig(Section):
@@ -243,6 +272,11 @@ class TrainConfig(Section):
     )
     lora: LoraConfig = Field(default_factory=LoraConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+
+    def gpu_share_of(self, rank: int, world: int) -> float | None:
+        """The share rank `rank` of a group of `world` caps its process at (train.gpu_share alone)."""
+        shares = self.distributed.gpu_shares
+        return shares[rank] if world > 1 and shares is not None else self.gpu_share
 
     @model_validator(mode="after")
     def _every_rank_gets_a_sample(self) -> TrainConfig:

@@ -205,6 +205,10 @@ class Budget:
     kv_bytes: int = 0  # what the server's share leaves for KV (the local engine: prefix cache and batch)
     prefix_cache_bytes: int = 0  # the local engine: of kv_bytes, the prefix cache's part
     train_seq_len: int | None = None  # the trainer's longest sample, where the served window did not fit
+    # A group of ranks (placement.py), by rank: each one's GPU and share. trainer_gpu and
+    # trainer_share are then the rank's beside the server, else rank 0's.
+    rank_gpus: tuple[int, ...] = ()
+    rank_shares: tuple[float, ...] = ()
 
     @property
     def batch_kv_bytes(self) -> int:
@@ -292,7 +296,7 @@ def _trainer_gpu(trainer: TrainerNeed, server_gpu: int, count: int, params: int)
         return int(index or 0)
     if count >= 2 and params >= SPLIT_FROM and trainer.shards == 1:
         return next(i for i in range(count) if i != server_gpu)
-    return server_gpu  # a group of ranks (shards > 1) takes cuda:0.. by rank: rank 0 shares GPU 0
+    return server_gpu  # a group of ranks is placed rank by rank (placement.py), each with its device
 
 
 def _problems(b: Budget) -> list[str]:
@@ -314,7 +318,11 @@ def _problems(b: Budget) -> list[str]:
                 f"share {b.trainer_share:.2f} is {_gib(has)} GiB"
             )
         if shared and b.server_share + b.trainer_share > 1 + 1e-9:
-            problems.append(f"the two shares add up to {b.server_share + b.trainer_share:.2f} of one GPU")
+            problems.append(
+                f"the two shares add up to {b.server_share + b.trainer_share:.2f} of one GPU "
+                f"(the server's {b.server_share:.2f}: engine.gpu_share, the trainer's "
+                f"{b.trainer_share:.2f}: train.gpu_share), more than 1"
+            )
     return problems
 
 

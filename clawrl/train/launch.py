@@ -4,6 +4,9 @@
 accelerate`) becomes the group's launcher. It
 
 - holds the run folder's trainer lock for the group (the ranks are told so);
+- sets `CUDA_VISIBLE_DEVICES` to the GPUs of `train.distributed.gpus` (the placement plan's,
+  `clawrl/model/placement.py`) in rank order, so rank r's `cuda:LOCAL_RANK` is its planned GPU
+  (never GPU 0, the server's, unless the plan put it there);
 - writes the resolved config to `trainer-group/config.json` and empties the
   rank state files (`train/ranks.py`);
 - runs `accelerate launch --multi_gpu --num_processes N -m clawrl train ...`
@@ -32,9 +35,11 @@ from pathlib import Path
 
 from clawrl.config import Config
 from clawrl.exit_watch import exit_watch
+from clawrl.model.placement import visible_devices
 from clawrl.train.ranks import reset_group_dir
 
 log = logging.getLogger("clawrl.trainer")
+CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
 
 
 def rank_command(config_file: Path, run_dir: Path, steps: int | None) -> list[str]:
@@ -76,6 +81,9 @@ def launch_group(config: Config, parent_pid: int | None, steps: int | None) -> i
         "-m",
         *rank_command(config_file, config.run_dir, steps),
     ]
+    if dist.gpus is not None:  # the ranks inherit it (this process allocates nothing on a GPU)
+        os.environ[CUDA_VISIBLE] = visible_devices(tuple(dist.gpus), os.environ.get(CUDA_VISIBLE))
+        log.info("the ranks take GPUs %s (%s=%s)", dist.gpus, CUDA_VISIBLE, os.environ[CUDA_VISIBLE])
     if parent_pid is not None:
         _stop_when_gone(parent_pid)
     log.info("launching %d trainer ranks (%s)", dist.num_processes, dist.strategy)

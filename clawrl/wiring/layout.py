@@ -1,8 +1,10 @@
 """What `clawrl serve` decides at start, before it loads anything: which engine serves
 (`engine.kind = "auto"`, `clawrl/engine/choice.py`) and, on a GPU, the memory budget
-(`clawrl/model/budget.py`): the server's and the trainer's GPUs and shares, the local engine's
-prefix cache and batch KV. The decisions go into the config, which is written again to
-`<run_dir>/config.json`, so the trainer `clawrl serve` starts reads the same ones.
+(`clawrl/model/budget.py`) and its placement (`clawrl/model/placement.py`): the server's GPU, the
+trainer's or each of its ranks', every share, the local engine's prefix cache and batch KV. The
+decisions go into the config, which is written again to `<run_dir>/config.json`, so the trainer
+`clawrl serve` starts reads the same ones. `clawrl serve --dry-run` prints them (`dry_run`), on
+this machine's GPUs or on GPUs described (`--gpus 8x80`), and starts nothing.
 
 A start that cannot work is refused here (`StartRefused`, exit status 2) with the numbers,
 never left to an out-of-memory restart loop. On a CPU nothing changes but the engine kind
@@ -12,7 +14,7 @@ never left to an out-of-memory restart loop. On a CPU nothing changes but the en
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -20,7 +22,7 @@ from pydantic import ValidationError
 
 from clawrl.config import Config
 from clawrl.engine.registry import resolve_kind
-from clawrl.model import budget
+from clawrl.model import budget, placement
 from clawrl.model.gpu import cuda_index, gpu_totals, model_facts
 from clawrl.model.load import model_folder, served_context
 from clawrl.train.sizing import CONSERVATIVE, rule_for
@@ -33,23 +35,70 @@ class StartRefused(ValueError):
     """A configuration that cannot work on this machine; the message says why and what would."""
 
 
+@dataclass(frozen=True)
+class Planned:
+    """The plan and what it was made of, for `placement.describe`."""
+
+    budget: budget.Budget
+    server: budget.Server
+    trainer: budget.TrainerNeed | None
+    ranks: placement.Ranks
+    params: int
+
+
 def plan_start(config: Config) -> Config:
     """`config` with the engine kind and (on a GPU) the memory budget decided; StartRefused."""
-    gpu = cuda_index(config.model.device, torch.cuda.is_available())
+    config, planned = decide(config, None)
+    if planned is not None:
+        log.info("memory budget: %s", planned.budget.summary())
+        log.info("placement:\n%s", _described(config, planned))
+        config = with_budget(config, planned.budget)
+    return config
+
+
+def dry_run(config: Config, gpus: tuple[int, ...] | None) -> str:
+    """What `clawrl serve --dry-run` prints: the plan on `gpus` (each one's total bytes; None:
+    this machine's), or why there is none; StartRefused as a start would be."""
+    config, planned = decide(config, gpus)
+    if planned is None:
+        if cuda_index(config.model.device, True) is None:
+            return f"model.device {config.model.device}: the server and the trainer run on the CPU"
+        return "no GPU visible: the server and the trainer run on the CPU (describe GPUs with --gpus 8x80)"
+    return _described(config, planned)
+
+
+def decide(config: Config, gpus: tuple[int, ...] | None) -> tuple[Config, Planned | None]:
+    """`config` with the engine kind decided, and the plan on `gpus` (None: this machine's), or
+    None where nothing runs on a GPU; StartRefused."""
+    cuda = bool(gpus) if gpus is not None else torch.cuda.is_available()
+    gpu = cuda_index(config.model.device, cuda)
     try:
         config = resolve_kind(config, cuda=gpu is not None)
     except ValidationError as exc:  # "auto" chose vLLM and a vLLM rule refuses the rest
         reasons = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
         raise StartRefused(f"engine.kind 'auto' chose vLLM, but {reasons}") from exc
     if gpu is None:
-        return config
+        return config, None
     folder = model_folder(config.model.path, config.cache_dir())
     try:
-        b = plan_budget(config, folder, gpu, gpu_totals())
+        return config, plan_layout(config, folder, gpu, gpu_totals() if gpus is None else gpus)
     except budget.BudgetRefused as exc:
         raise StartRefused(str(exc)) from exc
-    log.info("memory budget: %s", b.summary())
-    return with_budget(config, b)
+
+
+def _described(config: Config, p: Planned) -> str:
+    trainer = f"{config.train.weights} trainer, {_topology(config)}" if p.trainer else "no trainer on a GPU"
+    head = f"{p.params / 1e9:.2f}B parameters on {len(p.budget.gpu_bytes)} GPU(s); {trainer}"
+    engine = config.engine.kind
+    text = placement.describe(
+        p.budget, server=p.server, trainer=p.trainer, ranks=p.ranks, params=p.params, engine=engine
+    )
+    return f"{head}\n{text}"
+
+
+def _topology(config: Config) -> str:
+    d = config.train.distributed
+    return "one process" if d.num_processes == 1 else f"{d.num_processes} {d.strategy.upper()} ranks"
 
 
 def trainer_beside(
@@ -90,7 +139,12 @@ SHORTEST_FIT = 8192  # the shortest trainer sample length tried before a layout 
 
 
 def plan_budget(config: Config, folder: Path, gpu: int, gpus: tuple[int, ...]) -> budget.Budget:
-    """The budget for this config and model folder on `gpus` (each one's total bytes).
+    """The budget for this config and model folder on `gpus` (each one's total bytes)."""
+    return plan_layout(config, folder, gpu, gpus).budget
+
+
+def plan_layout(config: Config, folder: Path, gpu: int, gpus: tuple[int, ...]) -> Planned:
+    """The budget and placement for this config and model folder on `gpus`, the server on `gpu`.
 
     With `train.max_seq_len` unset the trainer would train samples as long as the served window;
     where that does not fit beside the server (an 8B model's 40,960-token window on one 80 GB GPU),
@@ -107,7 +161,14 @@ def plan_budget(config: Config, folder: Path, gpu: int, gpus: tuple[int, ...]) -
         gpu, window, config.engine.gpu_share, None if mb is None else mb << 20, adapter_params=adapter
     )
 
-    def attempt(seq_len: int | None) -> budget.Budget:
+    d = config.train.distributed
+    ranks = placement.Ranks(
+        d.num_processes,
+        None if d.gpus is None else tuple(d.gpus),
+        None if d.gpu_shares is None else tuple(d.gpu_shares),
+    )
+
+    def attempt(seq_len: int | None) -> Planned:
         trainer = trainer_beside(
             config=config,
             window=window,
@@ -115,15 +176,16 @@ def plan_budget(config: Config, folder: Path, gpu: int, gpus: tuple[int, ...]) -
             model_type=model_config.get("model_type"),
             seq_len=seq_len,
         )
-        b = budget.plan(
+        b = placement.place(
             shape=shape,
             params=params,
             gpus=gpus,
             server=server,
             trainer=trainer,
+            ranks=ranks,
             dtype_bytes=DTYPE_BYTES[config.model.dtype],
         )
-        return replace(b, train_seq_len=seq_len)
+        return Planned(replace(b, train_seq_len=seq_len), server, trainer, ranks, params)
 
     try:
         return attempt(None)
@@ -157,10 +219,11 @@ def with_budget(config: Config, b: budget.Budget) -> Config:
             b.train_seq_len,
         )
         train["max_seq_len"] = b.train_seq_len
-    if b.trainer_gpu is not None:
+    if b.rank_gpus:  # a group: a GPU and a share a rank, handed out by its launcher
+        dist = {"gpus": list(b.rank_gpus), "gpu_shares": list(b.rank_shares)}
+        train["distributed"] = t.distributed.model_copy(update=dist)
+    elif b.trainer_gpu is not None:
         train |= {"device": _asked_device(config) or f"cuda:{b.trainer_gpu}", "gpu_share": b.trainer_share}
-        if t.distributed.num_processes > 1:
-            train["device"] = t.device  # a group's ranks take a GPU each, by rank
     return config.model_copy(
         update={"engine": e.model_copy(update=engine), "train": t.model_copy(update=train)}
     )

@@ -171,7 +171,8 @@ def _train(config: Config, group: RankGroup, parent_pid: int | None, steps: int 
         context = served_context(m.path, m.max_context)
         device = group.device if group.world > 1 else (config.train.device or m.device)
         if (gpu := cuda_index(device, torch.cuda.is_available())) is not None:
-            cap_process(f"cuda:{gpu}", config.train.gpu_share)  # its share of the memory budget
+            # its share of the memory budget (a rank's: train.distributed.gpu_shares)
+            cap_process(f"cuda:{gpu}", config.train.gpu_share_of(group.rank, group.world))
         # Rank 0 checks and publishes; under FSDP every rank runs the canary's passes with it.
         guarded = config.guard.enabled and (group.is_main or group.lockstep)
         policy = build_policy(

@@ -85,7 +85,7 @@ def test_with_two_gpus_server_and_trainer_take_one_each_from_4b():
     assert eight.server_share == eight.trainer_share == ALONE_SHARE
     assert _plan("qwen3-4b", two).trainer_gpu == 1
     assert _plan("qwen2.5-0.5b", two).trainer_gpu == 0  # small: they share GPU 0 as on one GPU
-    assert _plan("qwen3-8b", two, shards=2).trainer_gpu == 0  # a group of ranks: rank 0 beside the server
+    # a group of ranks is placed rank by rank, off the server's GPU: tests/unit/test_placement.py
 
 
 def test_vllm_is_started_with_the_servers_share_as_its_memory_utilization():

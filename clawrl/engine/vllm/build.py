@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any
 
 from clawrl.config import Config
@@ -33,6 +34,7 @@ from clawrl.model.load import (
     served_context,
     vllm_rope,
 )
+from clawrl.model.placement import visible_devices
 from clawrl.net import free_port
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,16 @@ def max_loras(config: Config) -> int:
     if not config.per_user_adapters:
         return config.engine.vllm.max_loras
     return max(config.engine.vllm.max_loras, len(user_names(config.server.users)) + 1)
+
+
+def server_gpus(config: Config) -> str | None:
+    """CUDA_VISIBLE_DEVICES of the vLLM clawrl starts: the placement plan's GPU for the server
+    (model.device) alone, so vLLM's device 0 is that GPU; None on a CPU (no plan: no share)."""
+    if config.engine.gpu_share is None:
+        return None
+    name, _, index = config.model.device.partition(":")
+    gpu = int(index or 0) if name == "cuda" else 0  # "auto" on a GPU is GPU 0
+    return visible_devices((gpu,), os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
@@ -94,7 +106,9 @@ def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # A port clawrl chose may be taken before vLLM binds it: then it starts on another one.
         relaunch = None if v.port else lambda: launch(free_port())
-        server = VLLMServer(v=v, url=url, command=command, log_path=log_path, relaunch=relaunch)
+        server = VLLMServer(
+            v=v, url=url, command=command, log_path=log_path, relaunch=relaunch, devices=server_gpus(config)
+        )
         log.info("starting vLLM on %s (up to %.0f s): %s", folder, v.startup_timeout_s, " ".join(command))
     else:
         assert v.url is not None  # checked by the config

@@ -127,8 +127,10 @@ class VLLMServer:
         command: list[str] | None = None,
         log_path: Path | None = None,
         relaunch: Relaunch | None = None,
+        devices: str | None = None,
     ) -> None:
         self.config = v
+        self.devices = devices  # CUDA_VISIBLE_DEVICES of a started server: the placement plan's GPU
         self.url = url.rstrip("/")
         self._command = command  # None: attached, nothing to start
         self._log_path = log_path
@@ -208,12 +210,15 @@ class VLLMServer:
     def _spawn(self) -> None:
         assert self._command is not None and self._log_path is not None
         self._log_start = self._log_path.stat().st_size if self._log_path.is_file() else 0
+        env = vllm_env(self.config)
+        if self.devices is not None:  # the placement plan's GPU: vLLM's device 0
+            env["CUDA_VISIBLE_DEVICES"] = self.devices
         with open(self._log_path, "ab") as out:  # the child keeps its own handle
             self._proc = subprocess.Popen(
                 self._command,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=vllm_env(self.config),
+                env=env,
                 start_new_session=True,
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 (one syscall, see _die_with_parent)
             )
