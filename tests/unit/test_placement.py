@@ -188,7 +188,18 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_dry_run_prints_the_plan_for_a_machine_described_and_refuses_bad_input(tmp_path):
+def _refused(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """`clawrl serve --dry-run ARGS` in this process: its exit status and what it printed on stderr."""
+    from clawrl.cli import main
+
+    try:
+        code = main(["serve", "--dry-run", *args])
+    except SystemExit as exc:  # argparse's error: a config that does not validate
+        code = int(exc.code or 0)
+    return code, capsys.readouterr().err
+
+
+def test_dry_run_prints_the_plan_for_a_machine_described_and_refuses_bad_input(tmp_path, capsys):
     folder = tmp_path / "qwen3-8b"
     folder.mkdir()
     (folder / "config.json").write_text((MODELS / "qwen3-8b.json").read_text())
@@ -224,7 +235,10 @@ def test_dry_run_prints_the_plan_for_a_machine_described_and_refuses_bad_input(t
         ),
     }
     for args, said in bad.items():
-        out = _serve(*base, "--gpus", "8x80", *args)
-        assert out.returncode == 2 and said in out.stderr, (args, out.stderr)
-    assert "1.5" in _serve(*base, "--gpus", "8x80", "--engine.gpu-share", "1.5").stderr
-    assert _serve(*base, "--gpus", "eight").returncode == 2
+        code, err = _refused(capsys, *base, "--gpus", "8x80", *args)
+        assert code == 2 and said in err, (args, err)
+    assert "1.5" in _refused(capsys, *base, "--gpus", "8x80", "--engine.gpu-share", "1.5")[1]
+    assert _refused(capsys, *base, "--gpus", "eight") == (
+        2,
+        "clawrl: error: --gpus 'eight': write COUNTxGiB, e.g. 8x80 (eight GPUs of 80 GiB)\n",
+    )
