@@ -245,6 +245,10 @@ def cmd_serve(config: Any, args: argparse.Namespace | None = None) -> int:
 
         if refused := strategy_refusal(config.train.distributed):
             return fail(refused)
+    from clawrl.store.filesystem import network_refusal
+
+    if config.collect.enabled and (refused := network_refusal(config.run_dir / "clawrl.db")):
+        return fail(refused)  # before the lock and config.json: nothing is written there
     from clawrl.store.locks import SERVER_LOCK, FolderLocked, hold
 
     try:

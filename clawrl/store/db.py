@@ -5,6 +5,7 @@ Errors (clawrl.store.errors, re-exported here):
     StoreError           base (a RuntimeError): no clawrl database there, schema too old, ...
     ├── StoreUnwritable  the file or its folder cannot be written (read-only, disk full)
     ├── StoreBusy        another connection held the database lock past the busy timeout
+    ├── StoreOnNetwork   opened for writing on a network file system (NFS, SMB, ...): refused
     ├── UnknownTurn      feedback, a judgment or a sample for a turn that was never recorded
     ├── UnknownSession   an episode for a session that was never recorded
     └── EpisodeConflict  an episode posted twice, or a group posted with two sizes
@@ -44,10 +45,12 @@ from clawrl.store.errors import (
     EpisodeConflict,
     StoreBusy,
     StoreError,
+    StoreOnNetwork,
     StoreUnwritable,
     UnknownSession,
     UnknownTurn,
 )
+from clawrl.store.filesystem import network_refusal
 from clawrl.store.memory import MemoryStore
 from clawrl.store.rows import (
     INSERT_TURN,
@@ -71,6 +74,7 @@ __all__ = [
     "Store",
     "StoreBusy",
     "StoreError",
+    "StoreOnNetwork",
     "StoreUnwritable",
     "UnknownSession",
     "UnknownTurn",
@@ -154,7 +158,8 @@ class Store(TrainingStore, VersionStore, StatsStore, EpisodeStore, MemoryStore, 
         """Open the database at `path`, creating and migrating it unless `readonly`.
 
         Raises StoreUnwritable, naming the path, when a writable store cannot be
-        written; StoreError when a read-only open finds no clawrl database.
+        written; StoreOnNetwork when it would be written on a network file system
+        (clawrl/store/filesystem.py); StoreError when a read-only open finds no clawrl database.
         `busy_timeout_s`: how long a write waits for another connection's lock
         before it fails with StoreBusy.
         """
@@ -168,6 +173,8 @@ class Store(TrainingStore, VersionStore, StatsStore, EpisodeStore, MemoryStore, 
 
     @classmethod
     def _open_writable(cls, path: Path, busy_timeout_s: float) -> Store:
+        if refused := network_refusal(path):
+            raise StoreOnNetwork(refused)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

@@ -3,6 +3,7 @@
     StoreError           base (a RuntimeError): no clawrl database there, schema too old, ...
     ├── StoreUnwritable  the file or its folder cannot be written (read-only, disk full)
     ├── StoreBusy        another connection held the database lock past the busy timeout
+    ├── StoreOnNetwork   opened for writing on a network file system (NFS, SMB, ...): refused
     ├── UnknownTurn      feedback, a judgment or a sample for a turn that was never recorded
     ├── UnknownSession   an episode for a session that was never recorded
     └── EpisodeConflict  an episode posted twice, or a group posted with two sizes
@@ -23,6 +24,11 @@ class StoreUnwritable(StoreError):
 
 class StoreBusy(StoreError):
     """Another connection (another process) held the database's write lock for too long."""
+
+
+class StoreOnNetwork(StoreError):
+    """The database file is on a network file system, where SQLite's WAL mode does not work
+    (clawrl/store/filesystem.py); not a passing refusal: the run folder must move."""
 
 
 class UnknownTurn(StoreError):
