@@ -81,14 +81,23 @@ class Publisher:
             for name, p in self.model.named_parameters():
                 if "lora_B" in name:
                     p.normal_(0, 0.5)
-        return save_version(self.run_dir, f"v{k}", self.model, self.optimizer, {"step": k, "samples": []})
+        return save_version(
+            run_dir=self.run_dir,
+            version=f"v{k}",
+            model=self.model,
+            optimizer=self.optimizer,
+            manifest={"step": k, "samples": []},
+        )
 
     def announce(self, k: int, path: Path) -> None:
         """Publish a saved version: its row in the store, which the servers' watchers poll."""
         from clawrl.store.db import Store
 
         with Store.open(self.run_dir / "clawrl.db") as store:
-            store.publish_version(Version(f"v{k}", k, str(path), {"samples": 0}, f"v{k - 1}"), trained=[])
+            store.publish_version(
+                Version(name=f"v{k}", step=k, path=str(path), metrics={"samples": 0}, parent=f"v{k - 1}"),
+                trained=[],
+            )
 
 
 def make_turn(turn_id: str = "chatcmpl-1", session_id: str = "s1", index: int = 0, **kw) -> Turn:

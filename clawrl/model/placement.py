@@ -64,7 +64,9 @@ def place(
     if not 0 <= server.gpu < len(gpus):
         raise BudgetRefused(f"model.device names GPU {server.gpu}, but {_there(len(gpus))}")
     if trainer is None or ranks.count == 1:
-        return plan(shape, params, gpus, server, trainer, dtype_bytes)
+        return plan(
+            shape=shape, params=params, gpus=gpus, server=server, trainer=trainer, dtype_bytes=dtype_bytes
+        )
     where = ranks.gpus or rank_gpus(server.gpu, len(gpus), ranks.count)
     _check_asked(where, len(gpus))
     plans = []
@@ -72,7 +74,11 @@ def place(
         share = ranks.shares[rank] if ranks.shares else trainer.share
         one = replace(trainer, device=f"cuda:{gpu}", share=share)
         try:
-            plans.append(plan(shape, params, gpus, server, one, dtype_bytes))
+            plans.append(
+                plan(
+                    shape=shape, params=params, gpus=gpus, server=server, trainer=one, dtype_bytes=dtype_bytes
+                )
+            )
         except BudgetRefused as exc:
             beside = " beside the server" if gpu == server.gpu else ""
             raise BudgetRefused(f"trainer rank {rank} on GPU {gpu}{beside}: {exc}") from None

@@ -120,7 +120,13 @@ def prune(run_dir: Path, pruning: Pruning) -> int:
         halve = name in pruning.halve and _float32(folder / ADAPTER_WEIGHTS)
         if not files and not halve:
             continue
-        _mark(run_dir, folder, [f.name for f in files], pruning.why.get(name, ""), halve)
+        _mark(
+            run_dir=run_dir,
+            folder=folder,
+            names=[f.name for f in files],
+            why=pruning.why.get(name, ""),
+            halved=halve,
+        )
         for f in files:
             freed += f.stat().st_size
             f.unlink()

@@ -185,7 +185,13 @@ def plan_layout(config: Config, folder: Path, gpu: int, gpus: tuple[int, ...]) -
             ranks=ranks,
             dtype_bytes=DTYPE_BYTES[config.model.dtype],
         )
-        return Planned(replace(b, train_seq_len=seq_len), server, trainer, ranks, params)
+        return Planned(
+            budget=replace(b, train_seq_len=seq_len),
+            server=server,
+            trainer=trainer,
+            ranks=ranks,
+            params=params,
+        )
 
     try:
         return attempt(None)
