@@ -180,6 +180,11 @@ def _enforced(b: Budget, engine: str) -> str:
     """How each process is held to its GPU."""
     if engine == "vllm":
         text = f"vLLM starts with CUDA_VISIBLE_DEVICES={b.server_gpu} (its device 0)"
+    elif engine == "vllm attached":
+        text = (
+            f"start the attached vLLM with CUDA_VISIBLE_DEVICES={b.server_gpu} and "
+            f"--gpu-memory-utilization {b.server_share:.2f}"
+        )
     else:
         text = f"the local engine runs on cuda:{b.server_gpu} in the server's process"
     if b.rank_gpus:

@@ -89,7 +89,8 @@ def decide(config: Config, gpus: tuple[int, ...] | None) -> tuple[Config, Planne
 def _described(config: Config, p: Planned) -> str:
     trainer = f"{config.train.weights} trainer, {_topology(config)}" if p.trainer else "no trainer on a GPU"
     head = f"{p.params / 1e9:.2f}B parameters on {len(p.budget.gpu_bytes)} GPU(s); {trainer}"
-    engine = config.engine.kind
+    engine = config.engine.kind  # "vllm attached": a vLLM clawrl does not start
+    engine += " attached" if engine == "vllm" and not config.engine.vllm.start else ""
     text = placement.describe(
         p.budget, server=p.server, trainer=p.trainer, ranks=p.ranks, params=p.params, engine=engine
     )

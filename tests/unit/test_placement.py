@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from clawrl.cli import main
 from clawrl.config import VLLMConfig, load_config
 from clawrl.engine.vllm.build import server_gpus
 from clawrl.engine.vllm.server import VLLMServer
@@ -190,8 +191,6 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
 
 def _refused(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     """`clawrl serve --dry-run ARGS` in this process: its exit status and what it printed on stderr."""
-    from clawrl.cli import main
-
     try:
         code = main(["serve", "--dry-run", *args])
     except SystemExit as exc:  # argparse's error: a config that does not validate
@@ -242,3 +241,8 @@ def test_dry_run_prints_the_plan_for_a_machine_described_and_refuses_bad_input(t
         2,
         "clawrl: error: --gpus 'eight': write COUNTxGiB, e.g. 8x80 (eight GPUs of 80 GiB)\n",
     )
+
+    attached = ["--model", str(folder), "--run-dir", str(run), "--engine.vllm.url", "http://127.0.0.1:9"]
+    assert main(["serve", "--dry-run", "--gpus", "2x80", "--engine.kind", "vllm", *attached]) == 0
+    said = "start the attached vLLM with CUDA_VISIBLE_DEVICES=0 and --gpu-memory-utilization 0.90"
+    assert said in capsys.readouterr().out
