@@ -54,7 +54,7 @@ from clawrl.store.db import Store
 
 
 @dataclass(frozen=True)
-class Measured:
+class CanaryMeasures:
     """One model's figures on the canary items."""
 
     score: float  # canary_score of the references
@@ -79,7 +79,7 @@ class Canary:
     tokenizer: Any = None
     share: Callable[[Any], Any] | None = None  # rank 0's object on every rank (the group's broadcast)
     synced: bool = False
-    _base: Measured | None = field(default=None, repr=False)
+    _base: CanaryMeasures | None = field(default=None, repr=False)
 
     @classmethod
     def build(
@@ -105,7 +105,7 @@ class Canary:
             synced=share is not None,
         )
 
-    def measure(self, model: Any, probes: list[Encoded] | None = None) -> Measured:
+    def measure(self, model: Any, probes: list[Encoded] | None = None) -> CanaryMeasures:
         """`model`'s figures on the canary items; `probes` (the base's answers) scored too, or,
         without them, its own answers are its probes (the base's case, once per process)."""
         tok = self.tokenizer
@@ -128,7 +128,7 @@ class Canary:
         logps, _ = answer_scores(model, [*self.items, *probes], self.budget, with_entropy=False)
         n, entropy = len(self.items), collapse.mean_entropy(entropies)
         rouge = collapse.self_rouge_l(texts)
-        return Measured(
+        return CanaryMeasures(
             score=canary_score(logps[:n]),
             accuracy=sum(right) / len(right),
             answers=answers,
@@ -138,7 +138,7 @@ class Canary:
             probe_logprobs=logps[n:],
         )
 
-    def base(self, policy: Any) -> Measured:
+    def base(self, policy: Any) -> CanaryMeasures:
         """The base model's figures, measured on first use, then kept: the base never changes.
         Its probes are its own answers."""
         if self._base is None:
@@ -191,7 +191,7 @@ class Canary:
             "reason": reason,
         }
 
-    def watch(self, base: Measured, new: Measured) -> collapse.Collapse:
+    def watch(self, base: CanaryMeasures, new: CanaryMeasures) -> collapse.Collapse:
         """The collapse figures of `new` against the base, judged by the guard's limits."""
         c = self.cfg
         limits = collapse.Limits(
