@@ -75,7 +75,7 @@ class Chat(Protocol):
 
 
 @dataclass(frozen=True)
-class Settings:
+class EpisodeSettings:
     """The limits of one episode."""
 
     schedule: Schedule = field(default_factory=Schedule)
@@ -154,7 +154,7 @@ async def run_episode(
     row: dict[str, Any],
     task: str,
     session_id: str,
-    settings: Settings,
+    settings: EpisodeSettings,
     reward_fn: Callable[..., Any] | None = None,
 ) -> EpisodeResult:
     """Run one episode to its end; never raises for what the environment or the row does wrong."""
@@ -182,7 +182,7 @@ async def run_episode(
 
 
 async def _start(
-    factory: Callable[[], Any], row: dict[str, Any], settings: Settings
+    factory: Callable[[], Any], row: dict[str, Any], settings: EpisodeSettings
 ) -> tuple[Any, list[dict[str, Any]], ToolSet]:
     """Build the environment, reset it with the row, read its tools."""
     timeout = settings.tool_timeout_s
@@ -224,7 +224,7 @@ def _check_fits(reset: Callable[..., Any], row: dict[str, Any]) -> None:
         raise Dropped(f"the task row does not fit reset(): {exc}") from None
 
 
-async def _turns(chat: Chat, env: Any, tools: ToolSet, result: EpisodeResult, settings: Settings) -> str:
+async def _turns(chat: Chat, env: Any, tools: ToolSet, result: EpisodeResult, settings: EpisodeSettings) -> str:
     """Answer, run the tools, repeat; the reason the episode ended."""
     for turn in range(settings.max_turns):
         if not tools.schemas and settings.schedule.at(turn) == "required":

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from clawrl.envs.client import EnvClient
-from clawrl.envs.episode import EpisodeResult, Settings
+from clawrl.envs.episode import EpisodeResult, EpisodeSettings
 from clawrl.envs.errors import EnvsError
 from clawrl.envs.groups import GroupResult, Runner, Task, groups_at_once, run_all
 from clawrl.envs.load import EnvSpec, load_env, load_reward, probe, read_tasks, shipped_tasks, task_id
@@ -46,7 +46,7 @@ class EnvPlan:
     reward_fn: Callable[..., Any] | None
     tasks: list[Task]
     tasks_text: str
-    settings: Settings
+    settings: EpisodeSettings
     group_size: int
     concurrency: int
 
@@ -85,7 +85,7 @@ def make_plan(args: Namespace) -> EnvPlan:
     rows, text = _rows(args, env)
     # A Harbor verifier may take longer than a tool call: its task.toml says how long.
     tool_timeout = max(args.tool_timeout, env.min_tool_timeout_s)
-    settings = Settings(
+    settings = EpisodeSettings(
         schedule=schedule,
         max_turns=max_turns,
         max_tokens=args.max_tokens,

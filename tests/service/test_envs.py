@@ -17,7 +17,7 @@ import pytest
 
 from clawrl.cli import main
 from clawrl.envs.client import EnvClient
-from clawrl.envs.episode import Refused, Settings
+from clawrl.envs.episode import Refused, EpisodeSettings
 from clawrl.envs.groups import Runner, Task, episode_body
 from clawrl.envs.load import load_env
 from clawrl.envs.schedule import parse_schedule
@@ -121,7 +121,7 @@ def run_group(server, env, task, schedule, group_size, **settings):
             runner = Runner(
                 client,
                 env,
-                Settings(parse_schedule(schedule), **settings),
+                EpisodeSettings(parse_schedule(schedule), **settings),
                 group_size=group_size,
                 concurrency=2,
             )

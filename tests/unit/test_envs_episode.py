@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from clawrl.envs.episode import ContextFull, Refused, Reply, Settings, run_episode
+from clawrl.envs.episode import ContextFull, Refused, Reply, EpisodeSettings, run_episode
 from clawrl.envs.groups import Runner, Task, groups_at_once, run_all
 from clawrl.envs.load import EnvSpec
 from clawrl.envs.schedule import parse_schedule
@@ -52,7 +52,7 @@ class ScriptedChat:
 
 def run(chat, factory=CalculatorEnv, row=ROW, reward_fn=None, **settings):
     settings.setdefault("schedule", parse_schedule("calculate,submit"))
-    return asyncio.run(run_episode(chat, factory, row, "t1", "sess-1", Settings(**settings), reward_fn))
+    return asyncio.run(run_episode(chat, factory, row, "t1", "sess-1", EpisodeSettings(**settings), reward_fn))
 
 
 def test_a_right_answer_through_both_tools_is_rewarded_1():
@@ -233,7 +233,7 @@ class FakeServer(ScriptedChat):
 def test_groups_post_every_episode_with_their_group_and_respect_the_concurrency():
     server = FakeServer()
     env = EnvSpec("calculator", CalculatorEnv)
-    settings = Settings(parse_schedule("submit"), max_turns=2)
+    settings = EpisodeSettings(parse_schedule("submit"), max_turns=2)
     runner = Runner(server, env, settings, group_size=3, concurrency=2, tag="t")
     tasks = [Task("a", ROW), Task("b", {**ROW, "answer": 13}), Task("c", {"prompt": "x"})]  # c lacks answer
     groups = asyncio.run(run_all(runner, tasks, groups_at_once(2, 3)))
@@ -278,7 +278,7 @@ def test_the_shuffled_control_posts_a_groups_rewards_permuted_once_all_its_episo
             return await super().post_episode(body)
 
     server = Answers()
-    env, settings = EnvSpec("calculator", CalculatorEnv), Settings(parse_schedule("submit"), max_turns=2)
+    env, settings = EnvSpec("calculator", CalculatorEnv), EpisodeSettings(parse_schedule("submit"), max_turns=2)
     runner = Runner(server, env, settings, group_size=4, concurrency=4, tag="s", shuffle=random.Random(0))
     group = asyncio.run(runner.group(Task("a", ROW)))
     assert [e.reward for e in group.episodes] == [0.0, 0.0, 1.0, 0.0]  # the report keeps the truth
@@ -297,7 +297,7 @@ def test_refused_posts_are_noted_and_the_run_goes_on():
 
     server = Refusing()
     runner = Runner(
-        server, EnvSpec("calculator", CalculatorEnv), Settings(parse_schedule("submit")), group_size=2
+        server, EnvSpec("calculator", CalculatorEnv), EpisodeSettings(parse_schedule("submit")), group_size=2
     )
     group = asyncio.run(runner.group(Task("a", ROW)))
     assert [e.reward for e in group.episodes] == [1.0, 1.0]
@@ -305,7 +305,7 @@ def test_refused_posts_are_noted_and_the_run_goes_on():
         f"{group.id}-e{i}: POST /v1/episodes: http 409: already posted" for i in (0, 1)
     ]
     with pytest.raises(ValueError, match="--group-size must be 1 to 1024"):
-        Runner(server, EnvSpec("c", CalculatorEnv), Settings(), group_size=0)
+        Runner(server, EnvSpec("c", CalculatorEnv), EpisodeSettings(), group_size=0)
 
 
 def test_when_one_episode_fails_the_others_are_cancelled_not_left_running():
