@@ -224,7 +224,9 @@ def _check_fits(reset: Callable[..., Any], row: dict[str, Any]) -> None:
         raise Dropped(f"the task row does not fit reset(): {exc}") from None
 
 
-async def _turns(chat: Chat, env: Any, tools: ToolSet, result: EpisodeResult, settings: EpisodeSettings) -> str:
+async def _turns(
+    chat: Chat, env: Any, tools: ToolSet, result: EpisodeResult, settings: EpisodeSettings
+) -> str:
     """Answer, run the tools, repeat; the reason the episode ended."""
     for turn in range(settings.max_turns):
         if not tools.schemas and settings.schedule.at(turn) == "required":

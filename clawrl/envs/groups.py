@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from clawrl.envs.client import EnvClient
-from clawrl.envs.episode import EpisodeResult, Refused, EpisodeSettings, run_episode
+from clawrl.envs.episode import EpisodeResult, EpisodeSettings, Refused, run_episode
 from clawrl.envs.load import EnvSpec
 from clawrl.version_folder import version_rank
 

@@ -17,7 +17,7 @@ import pytest
 
 from clawrl.cli import main
 from clawrl.envs.client import EnvClient
-from clawrl.envs.episode import Refused, EpisodeSettings
+from clawrl.envs.episode import EpisodeSettings, Refused
 from clawrl.envs.groups import Runner, Task, episode_body
 from clawrl.envs.load import load_env
 from clawrl.envs.schedule import parse_schedule

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from clawrl.envs.episode import ContextFull, Refused, Reply, EpisodeSettings, run_episode
+from clawrl.envs.episode import ContextFull, EpisodeSettings, Refused, Reply, run_episode
 from clawrl.envs.groups import Runner, Task, groups_at_once, run_all
 from clawrl.envs.load import EnvSpec
 from clawrl.envs.schedule import parse_schedule
@@ -52,7 +52,9 @@ class ScriptedChat:
 
 def run(chat, factory=CalculatorEnv, row=ROW, reward_fn=None, **settings):
     settings.setdefault("schedule", parse_schedule("calculate,submit"))
-    return asyncio.run(run_episode(chat, factory, row, "t1", "sess-1", EpisodeSettings(**settings), reward_fn))
+    return asyncio.run(
+        run_episode(chat, factory, row, "t1", "sess-1", EpisodeSettings(**settings), reward_fn)
+    )
 
 
 def test_a_right_answer_through_both_tools_is_rewarded_1():
@@ -278,7 +280,10 @@ def test_the_shuffled_control_posts_a_groups_rewards_permuted_once_all_its_episo
             return await super().post_episode(body)
 
     server = Answers()
-    env, settings = EnvSpec("calculator", CalculatorEnv), EpisodeSettings(parse_schedule("submit"), max_turns=2)
+    env, settings = (
+        EnvSpec("calculator", CalculatorEnv),
+        EpisodeSettings(parse_schedule("submit"), max_turns=2),
+    )
     runner = Runner(server, env, settings, group_size=4, concurrency=4, tag="s", shuffle=random.Random(0))
     group = asyncio.run(runner.group(Task("a", ROW)))
     assert [e.reward for e in group.episodes] == [0.0, 0.0, 1.0, 0.0]  # the report keeps the truth
