@@ -4,12 +4,12 @@ Facts: which GPU a device name means (`cuda_index`), every visible GPU's total m
 (`gpu_totals`), and the model folder's shape and parameter count (`model_facts`: config.json
 and the safetensors headers, no weights read). The arithmetic on them is `budget.py`'s.
 
-Keeping to a share: `cap_process` caps this process's caching allocator
-(`torch.cuda.set_per_process_memory_fraction`: an allocation past it raises an out-of-memory
-error in this process, which the engine and the trainer already survive, instead of taking the
-other process's memory); `release_cached` hands the allocator's cached, unused blocks back to the
-driver (`torch.cuda.empty_cache`), so what a trainer step freed is free for the server between
-steps. Both do nothing off CUDA.
+Keeping to a share: `cap_process` makes the process's GPU its current device and caps its
+caching allocator (`torch.cuda.set_per_process_memory_fraction`: an allocation past it raises an
+out-of-memory error in this process, which the engine and the trainer already survive, instead
+of taking the other process's memory); `release_cached` hands the allocator's cached, unused
+blocks back to the driver (`torch.cuda.empty_cache`), so what a trainer step freed is free for
+the server between steps. Both do nothing off CUDA.
 """
 
 from __future__ import annotations
@@ -57,8 +57,12 @@ def _parameters(path: Path) -> int:
 
 
 def cap_process(device: torch.device | str, share: float | None) -> None:
-    """Cap this process's allocator on `device` at its `share` of the GPU, less its CUDA context."""
+    """Cap this process's allocator on `device` at its `share` of the GPU, less its CUDA context,
+    and make `device` the current one: a call that names no device (`empty_cache`, a bare
+    `.cuda()`) then lands on the GPU the placement plan gave this process, never on GPU 0."""
     device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if share is None or device.type != "cuda":
         return
     total = torch.cuda.get_device_properties(device).total_memory
