@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -171,13 +172,17 @@ def vllm_args(model_dir: Path, *more: str) -> list[str]:
     return ["--model", str(model_dir), "--model.max-context", str(CONTEXT), "--engine.kind", "vllm", *more]
 
 
+VLLM_KEY = {"CLAWRL_VLLM_API_KEY": f"sk-vllm-{secrets.token_hex(16)}"}  # the session vLLM's key
+
+
 @pytest.fixture(scope="session")
 def vllm_gateway(vllm_python, embedded_model_dir, tmp_path_factory) -> RemoteServer:
     """The session's ONE vLLM server, started and supervised the way a user starts it: by a gateway
-    with `--engine.vllm.start true` (this gateway; other gateways attach to its vLLM)."""
+    with `--engine.vllm.start true` (this gateway; other gateways attach to its vLLM with its key,
+    VLLM_KEY, which this one gives it instead of drawing one)."""
     run_dir = tmp_path_factory.mktemp("vllm-owner") / "run"
     start = ["--engine.vllm.start", "true", "--engine.vllm.python", vllm_python, "--judge.enabled", "false"]
-    server = RemoteServer(run_dir, vllm_args(embedded_model_dir, *start), timeout=300)
+    server = RemoteServer(run_dir, vllm_args(embedded_model_dir, *start), env=VLLM_KEY, timeout=300)
     assert server.vllm_url is not None, server.health()
     yield server
     server.stop()
@@ -188,7 +193,7 @@ def attach_gateway(run_dir: Path, vllm_gateway: RemoteServer, model_dir: Path, *
     url = vllm_gateway.vllm_url
     assert url is not None
     more = ["--engine.vllm.url", url, "--judge.enabled", "false", *args]
-    return RemoteServer(run_dir, vllm_args(model_dir, *more))
+    return RemoteServer(run_dir, vllm_args(model_dir, *more), env=VLLM_KEY)
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from clawrl.algo import METHODS
-from clawrl.config.section import API_KEY_ENV, CACHE_ENV, JUDGE_KEY_ENV, Section
+from clawrl.config.section import API_KEY_ENV, CACHE_ENV, JUDGE_KEY_ENV, VLLM_KEY_ENV, Section
 from clawrl.config.serving import (
     CollectConfig,
     EngineConfig,
@@ -144,9 +144,9 @@ class Config(Section):
     def dump(self) -> dict[str, Any]:
         """The resolved config as plain JSON data, the API key masked."""
         data = self.model_dump(mode="json")
-        for section in ("server", "judge"):
-            if data[section]["api_key"] is not None:
-                data[section]["api_key"] = MASK
+        for section in (data["server"], data["judge"], data["engine"]["vllm"]):
+            if section["api_key"] is not None:
+                section["api_key"] = MASK
         return data
 
     def write(self) -> Path:
@@ -232,6 +232,8 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         data = _merge(data, {"server": {"api_key": os.environ[API_KEY_ENV]}})
     if os.environ.get(JUDGE_KEY_ENV):
         data = _merge(data, {"judge": {"api_key": os.environ[JUDGE_KEY_ENV]}})
+    if os.environ.get(VLLM_KEY_ENV):
+        data = _merge(data, {"engine": {"vllm": {"api_key": os.environ[VLLM_KEY_ENV]}}})
     return Config.model_validate(_merge(data, overrides or {}))
 
 
@@ -239,9 +241,10 @@ def _read_file(path: Path) -> dict[str, Any]:
     try:
         if path.suffix == ".json":
             data = json.loads(path.read_text())
-            for section in ("server", "judge"):
-                if data.get(section, {}).get("api_key") == MASK:
-                    del data[section]["api_key"]
+            vllm = data.get("engine", {}).get("vllm", {})
+            for section in (data.get("server", {}), data.get("judge", {}), vllm):
+                if section.get("api_key") == MASK:
+                    del section["api_key"]
             return data
         return tomllib.loads(path.read_text())
     except (OSError, ValueError) as exc:  # TOMLDecodeError and JSONDecodeError are ValueErrors

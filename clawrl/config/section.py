@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict
 API_KEY_ENV = "CLAWRL_API_KEY"
 JUDGE_KEY_ENV = "CLAWRL_JUDGE_API_KEY"
 CACHE_ENV = "CLAWRL_CACHE_DIR"
+VLLM_KEY_ENV = "CLAWRL_VLLM_API_KEY"
 
 
 class Section(BaseModel):

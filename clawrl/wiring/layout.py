@@ -217,6 +217,8 @@ def with_budget(config: Config, b: budget.Budget) -> Config:
             b.prefix_cache_bytes >> 20 if e.prefix_cache_mb is None else e.prefix_cache_mb
         )
         engine["batch_kv_mb"] = e.batch_kv_mb or b.batch_kv_bytes >> 20
+    elif e.vllm.restart_kv_cache_mb is None:  # a vLLM restart takes the plan's KV, not what is free then
+        engine["vllm"] = e.vllm.model_copy(update={"restart_kv_cache_mb": b.kv_bytes >> 20})
     train: dict[str, object] = {}
     if b.train_seq_len is not None:
         log.warning(

@@ -8,10 +8,13 @@ it runs last.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.server
 import json
 import os
 import signal
 import subprocess
+import threading
 
 import httpx
 import openai
@@ -28,7 +31,7 @@ from clawrl.testing import Publisher
 from clawrl.train.checkpoints import save_version
 from clawrl.train.weights import LoraSettings
 from clawrl.types import Version
-from tests.conftest import CLAWRL, ROOT, RemoteServer, attach_gateway, vllm_args
+from tests.conftest import CLAWRL, ROOT, VLLM_KEY, RemoteServer, attach_gateway, vllm_args
 from tests.timing import limit, wait_for
 
 
@@ -103,7 +106,7 @@ async def _vllm_score(
     url: str, prompt_ids: list[int], response_ids: list[int], labels: list[int]
 ) -> tuple[list[float], list[float]]:
     engine = VLLMEngine(
-        VLLMServer(VLLMConfig(), url),
+        VLLMServer(VLLMConfig(api_key=VLLM_KEY["CLAWRL_VLLM_API_KEY"]), url),
         model_name="m",
         max_context=512,
         stop_token_ids=frozenset(),
@@ -130,7 +133,9 @@ def _greedy(client, text="Name a colour."):
 
 
 def _vllm_models(server) -> set[str]:
-    return {m["id"] for m in httpx.get(server.vllm_url + "/v1/models", timeout=limit(10)).json()["data"]}
+    auth = {"Authorization": f"Bearer {VLLM_KEY['CLAWRL_VLLM_API_KEY']}"}
+    r = httpx.get(server.vllm_url + "/v1/models", headers=auth, timeout=limit(10))
+    return {m["id"] for m in r.json()["data"]}
 
 
 def _vllm_running(server) -> float:
@@ -188,10 +193,35 @@ def test_lora_versions_load_into_vllm_at_run_time(tmp_path, vllm_gateway, embedd
         Publisher(run_dir, embedded_model_dir, LoraSettings(32, 64)).publish(3)
         wait_for(lambda: "rank 32 is above" in server.output(), 30, "v3 refused in the log")
         assert version() == "v2" and _greedy(client)[0] == "clawrl-v2"
+        # vLLM wants the key only the gateways hold on every route (its own key guards /v1 alone; its
+        # /invocations completes and /adapters loads adapters): no query unrecorded, no adapter swapped.
+        at = server.vllm_url
+        asked = [
+            httpx.get(at + "/v1/models", timeout=limit(10)),
+            httpx.post(
+                at + "/v1/load_lora_adapter",
+                json={"lora_name": "in1", "lora_path": str(v2)},
+                timeout=limit(10),
+            ),
+            httpx.post(at + "/invocations", json={"model": "clawrl-base", "prompt": "Hi"}, timeout=limit(10)),
+            httpx.post(at + "/adapters", json={"name": "in2", "src": str(v2)}, timeout=limit(10)),
+        ]
+        assert [r.status_code for r in asked] == [401] * 4, [r.text for r in asked]
+        assert not any(m.startswith("in") for m in _vllm_models(server))
+        opened = [httpx.get(at + path, timeout=limit(10)).status_code for path in ("/health", "/metrics")]
+        assert opened == [200, 200]
     finally:
         server.stop()
+    # The gateway restarted on its run, attached to the same vLLM: v2's adapter is loaded there
+    # already (vLLM answers 400 to loading it again), and v2 is served, not passed over.
+    again = attach_gateway(run_dir, vllm_gateway, embedded_model_dir, "--train.swap-poll-s", "0.2")
+    try:
+        wait_for(lambda: again.health()["version"] == "v2", 30, "v2 served after the restart")
+        assert _greedy(again.client())[0] == "clawrl-v2" and "loaded in vLLM already" in again.output()
+    finally:
+        again.stop()
     turns = _turns(run_dir)
-    assert sorted(tuple(t.versions) for t in turns) == [("v0",), ("v1",), ("v1",), ("v2",), ("v2",)]
+    assert sorted(tuple(t.versions) for t in turns) == [("v0",), ("v1",), ("v1",), ("v2",), ("v2",), ("v2",)]
     in_flight = next(t for t in turns if t.messages[0]["content"] == "Count slowly.")
     assert in_flight.versions == ["v1"], "an answer stays on the version it started on"
     assert in_flight.finish_reason == "abort", "its client hung up: the cut-off turn is kept"
@@ -215,7 +245,7 @@ def test_each_users_adapter_is_served_to_that_users_requests_on_vllm(
     ]
     more += ["--server.users", str(tmp_path / "users.json")]
     server = RemoteServer(
-        run_dir, vllm_args(embedded_model_dir, *more), env={"CLAWRL_API_KEY": "admin-0123456789"}
+        run_dir, vllm_args(embedded_model_dir, *more), env={"CLAWRL_API_KEY": "admin-0123456789", **VLLM_KEY}
     )
     try:
         client = {who: server.client(api_key=key) for who, key in keys.items()}
@@ -260,7 +290,9 @@ def test_users_never_reuse_each_others_prompts_in_vllms_prefix_cache(
     more = ["--engine.vllm.url", vllm_gateway.vllm_url, "--judge.enabled", "false"]
     more += ["--server.users", str(tmp_path / "users.json")]
     server = RemoteServer(
-        tmp_path / "run", vllm_args(embedded_model_dir, *more), env={"CLAWRL_API_KEY": keys["admin"]}
+        tmp_path / "run",
+        vllm_args(embedded_model_dir, *more),
+        env={"CLAWRL_API_KEY": keys["admin"], **VLLM_KEY},
     )
     prompt = " ".join(f"w{i % 50}" for i in range(110)) + " Name a colour."  # many blocks long
 
@@ -397,8 +429,47 @@ def test_vllm_that_cannot_be_reached_is_a_clear_exit(tmp_path, embedded_model_di
     model = ["--model", str(embedded_model_dir), "--run-dir", str(tmp_path / "run"), "--engine.kind", "vllm"]
     down = _serve(*model, "--engine.vllm.url", f"http://127.0.0.1:{free_port()}")
     assert down.returncode == 2 and "no vLLM server answers at" in down.stderr, down.stderr[-2000:]
+    with _open_vllm() as url:  # a port that answers /v1 to anyone: refused, and why
+        open_port = _serve(*model, "--engine.vllm.url", url, "--engine.vllm.api-key", "sk-some-key")
+    assert open_port.returncode == 2, open_port.stderr[-2000:]
+    assert "answers /v1/models without a key" in open_port.stderr and "VLLM_API_KEY" in open_port.stderr
     rank = _serve(*model, "--engine.vllm.url", "http://127.0.0.1:1", "--train.lora.rank", "32")
     assert rank.returncode == 2 and "train.lora.rank is 32" in rank.stderr and "= 16" in rank.stderr
+
+
+@contextlib.contextmanager
+def _open_vllm():
+    """A port that answers /health and /v1/models as vLLM does when started without a key."""
+
+    class Open(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = b'{"data": [{"id": "base", "parent": null}]}' if self.path == "/v1/models" else b"{}"
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Open) as httpd:
+        thread = threading.Thread(target=httpd.serve_forever)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{httpd.server_address[1]}"
+        finally:
+            httpd.shutdown()
+            thread.join()
+
+
+def test_a_gateway_without_vllms_key_is_refused(tmp_path, vllm_gateway, embedded_model_dir):
+    """The session's vLLM wants its key: a gateway attached without it, or with another, exits 2."""
+    model = ["--model", str(embedded_model_dir), "--run-dir", str(tmp_path / "run"), "--engine.kind", "vllm"]
+    none = _serve(*model, "--engine.vllm.url", vllm_gateway.vllm_url)
+    assert none.returncode == 2 and "requires a key" in none.stderr, none.stderr[-2000:]
+    wrong = _serve(*model, "--engine.vllm.url", vllm_gateway.vllm_url, "--engine.vllm.api-key", "sk-wrong")
+    assert wrong.returncode == 2 and "answers 401" in wrong.stderr, wrong.stderr[-2000:]
 
 
 @pytest.mark.slow

@@ -36,9 +36,14 @@ def test_dotted_overrides_win_over_the_file(tmp_path):
 
 def test_api_key_from_environment_is_masked_when_written(tmp_path, monkeypatch):
     monkeypatch.setenv(API_KEY_ENV, "s3cret")
+    monkeypatch.setenv("CLAWRL_VLLM_API_KEY", "vllm-s3cret")  # the key of an attached vLLM's port
     config = load_config(None, {"run_dir": str(tmp_path)})
     assert config.server.api_key.get_secret_value() == "s3cret"
-    assert "s3cret" not in config.write().read_text()
+    assert config.engine.vllm.api_key.get_secret_value() == "vllm-s3cret"
+    written = config.write()
+    assert "s3cret" not in written.read_text()
+    monkeypatch.delenv("CLAWRL_VLLM_API_KEY")
+    assert load_config(written).engine.vllm.api_key is None  # masked: given again by the environment
 
 
 @pytest.mark.parametrize(

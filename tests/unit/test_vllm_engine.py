@@ -139,10 +139,12 @@ def test_a_turn_records_what_its_sampler_did_and_what_its_logprobs_are_of():
 # Binds its port as vLLM's api_server does (a taken one fails with "Address already in use" in the
 # log), then answers /health: the supervisor's side of the start, without vLLM's 30 s.
 _BINDS = """
-import http.server, sys
-class H(http.server.BaseHTTPRequestHandler):
+import http.server, os, sys
+class H(http.server.BaseHTTPRequestHandler):  # vLLM's /health, and its /v1 behind VLLM_API_KEY if set
     def do_GET(self):
-        self.send_response(200); self.end_headers()
+        key = os.environ.get("VLLM_API_KEY")
+        shut = self.path.startswith("/v1") and key and self.headers.get("Authorization") != "Bearer " + key
+        self.send_response(401 if shut else 200); self.end_headers()
     def log_message(self, *a): pass
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """
@@ -175,3 +177,153 @@ def test_a_port_taken_before_vllm_binds_it_is_chosen_anew(tmp_path):
             assert chosen.report()["url"] == chosen.url
         finally:
             chosen.close()
+
+
+def test_vllms_port_wants_a_key_only_the_gateway_holds(tmp_path):
+    """A started server gets a key drawn at start in its environment (never on its command line,
+    which every local user can read); an attached port that answers /v1 without a key is refused."""
+    import subprocess
+    import sys
+
+    from clawrl.engine.vllm.server import vllm_env
+    from clawrl.net import free_port
+
+    port = free_port()
+    command = [sys.executable, "-c", _BINDS, str(port)]
+    started = VLLMServer(VLLMConfig(), f"http://127.0.0.1:{port}", command, tmp_path / "vllm.log")
+    assert started.key and started.key != VLLMServer(VLLMConfig(), "http://x", command).key
+    assert vllm_env(VLLMConfig(), started.key)["VLLM_API_KEY"] == started.key
+    assert not any(started.key in arg for arg in command)
+    try:
+        started.connect()  # the server wants the key (the fake, as vLLM, reads VLLM_API_KEY)
+        assert started.up and started.auth() == {"Authorization": f"Bearer {started.key}"}
+        url = started.url
+        attached = VLLMServer(VLLMConfig(url=url), url)
+        with pytest.raises(VLLMUnavailable, match="requires a key: give it as engine.vllm.api_key"):
+            attached.connect()
+        wrong = VLLMServer(VLLMConfig(url=url, api_key="sk-wrong"), url)
+        with pytest.raises(VLLMUnavailable, match="answers 401 .* another key"):
+            wrong.connect()
+        right = VLLMServer(VLLMConfig(url=url, api_key=started.key), url)
+        right.connect()
+        assert right.up
+    finally:
+        started.close()
+    port = free_port()
+    with subprocess.Popen([sys.executable, "-c", _BINDS, str(port)], env=vllm_env(VLLMConfig())) as bare:
+        try:
+            url = f"http://127.0.0.1:{port}"
+            with pytest.raises(VLLMUnavailable, match=r"answers /v1/models without a key \(200\): anyone"):
+                VLLMServer(VLLMConfig(url=url, api_key="sk-some-key"), url).connect()
+            opened = VLLMServer(VLLMConfig(url=url, require_key=False), url)
+            opened.connect()  # the user says no one else can reach its port
+            assert opened.up
+        finally:
+            bare.kill()
+
+
+def test_a_restart_on_a_gpu_takes_the_budgets_kv_bytes_not_what_is_free(tiny_model_dir):
+    """Beside a running trainer, the memory free when vLLM restarts is not the plan's: a restart is
+    given the budget's KV bytes (--kv-cache-memory-bytes) instead of profiling; a CPU's KV cache is
+    explicit at every start (VLLM_CPU_KVCACHE_SPACE), and a size in engine.vllm.args stands."""
+    from clawrl.engine.vllm.server import restart_args
+    from clawrl.model.budget import GIB
+    from clawrl.wiring.layout import plan_budget, with_budget
+
+    vllm = {"kind": "vllm", "vllm": {"start": True}}
+    config = load_config(None, {"model": {"path": str(tiny_model_dir)}, "engine": vllm})
+    b = plan_budget(config, tiny_model_dir, 0, (80 * GIB,))
+    v = with_budget(config, b).engine.vllm
+    assert v.restart_kv_cache_mb == b.kv_bytes >> 20 > 0
+    gpu = vllm_command("py", "/m", 1, v, 512, lora=True, gpu_share=b.server_share)  # type: ignore[arg-type]
+    assert restart_args(v, gpu) == ["--kv-cache-memory-bytes", str(v.restart_kv_cache_mb << 20)]
+    assert restart_args(v, vllm_command("py", "/m", 1, v, 512, lora=True)) == []  # type: ignore[arg-type]
+    sized = v.model_copy(update={"args": ["--kv-cache-memory-bytes=1073741824"]})
+    assert restart_args(sized, vllm_command("py", "/m", 1, sized, 512, lora=True, gpu_share=0.5)) == []  # type: ignore[arg-type]
+
+
+def test_the_started_vllm_wants_its_key_on_every_route_but_health_and_metrics(monkeypatch):
+    """vLLM's own key guards /v1 only; its /invocations answers completions and /adapters loads
+    LoRA adapters: the guard clawrl loads into vLLM (`--middleware`) wants the key there too."""
+    import asyncio
+    import importlib.util
+    import os
+
+    from clawrl.engine.vllm.server import GUARD, GUARD_DIR, vllm_env
+
+    cmd = vllm_command("py", "/m", 1, VLLMConfig(), 512, lora=True)  # type: ignore[arg-type]
+    assert cmd[cmd.index("--middleware") + 1] == GUARD
+    assert vllm_env(VLLMConfig(), "k")["PYTHONPATH"].split(os.pathsep)[0] == str(GUARD_DIR)
+    spec = importlib.util.spec_from_file_location("clawrl_vllm_guard", GUARD_DIR / "clawrl_vllm_guard.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    reached: list[str] = []
+
+    async def app(scope, receive, send):
+        reached.append(scope["path"])
+
+    def status(path: str, key: str | None) -> int | None:
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
+        scope = {"type": "http", "path": path, "root_path": "", "headers": headers}
+        asyncio.run(module.Guard(app)(scope, None, send))
+        return sent[0]["status"] if sent else None  # None: it reached vLLM's app
+
+    monkeypatch.setenv("VLLM_API_KEY", "sk-the-key")  # the variable vLLM's process reads it from
+    for path in ("/invocations", "/adapters", "/v1/completions", "/tokenize"):
+        assert status(path, None) == status(path, "sk-other") == 401
+        assert status(path, "sk-the-key") is None
+    assert status("/health", None) is None and status("/metrics", None) is None
+    assert reached.count("/invocations") == 1 and "/health" in reached
+
+
+def test_an_adapter_vllm_holds_already_is_served_not_passed_over(tmp_path):
+    """A gateway restarted beside an attached vLLM finds the newest version's adapter loaded there
+    (vLLM answers 400 "has already been loaded"): served as it is. A 400 for anything else, with
+    the adapter not loaded, still refuses the version."""
+    import asyncio
+    import json
+
+    import httpx
+
+    from clawrl.engine.base import VersionRefused
+    from clawrl.types import Version
+
+    loaded = {"base"}
+
+    def vllm(request: httpx.Request) -> httpx.Response:  # vLLM 0.32's answers to these two routes
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": name} for name in sorted(loaded)]})
+        name, path = json.loads(request.content)["lora_name"], json.loads(request.content)["lora_path"]
+        if name in loaded:
+            return httpx.Response(
+                400, json={"message": f"The lora adapter '{name}' has already been loaded."}
+            )
+        if "broken" in path:
+            return httpx.Response(400, json={"message": "No adapter found"})
+        loaded.add(name)
+        return httpx.Response(200, text="Success")
+
+    folders = {}
+    for name in ("v2", "broken"):
+        (folder := tmp_path / name).mkdir()
+        (folder / "adapter_config.json").write_text('{"r": 8}')
+        folders[name] = str(folder)
+
+    async def serve() -> list[str]:
+        engine = _engine()
+        engine._http = httpx.AsyncClient(transport=httpx.MockTransport(vllm), base_url="http://vllm")
+        first = await engine._load(Version("v2", 2, folders["v2"]))
+        again = await engine._load(Version("v2", 2, folders["v2"]))  # a new gateway, the same vLLM
+        with pytest.raises(VersionRefused, match="vLLM refused it: 400"):
+            await engine._load(Version("v3", 3, folders["broken"]))
+        await engine._http.aclose()
+        return [first, again]
+
+    first, again = asyncio.run(serve())
+    assert first == again and first.startswith("clawrl-v2-") and first in loaded

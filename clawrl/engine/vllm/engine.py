@@ -38,7 +38,8 @@ no "only while idle" admission like the local engine's (its priority scheduling
 could give them a lower priority; not wired).
 
 Versions (`serve_version`): a LoRA version is loaded into the running server
-with `POST /v1/load_lora_adapter` under a new name per version (`clawrl-vN-<hash of its folder>`),
+with `POST /v1/load_lora_adapter` under a new name per version (`clawrl-vN-<hash of its folder>`;
+a name vLLM holds already, as an attached vLLM does after a gateway restart, is served as it is),
 new requests name it, requests in flight finish on the adapter they started
 with, and the previous adapter is unloaded once none is using it. v0 (or a
 rollback to it) is the base model. A version vLLM refuses, or whose rank is
@@ -136,7 +137,10 @@ class VLLMEngine:
     async def start(self) -> None:
         # No read timeout: a stream waits as long as vLLM computes; a dead server closes the socket.
         self._http = httpx.AsyncClient(
-            base_url=self.server.url, timeout=httpx.Timeout(None, connect=10), limits=pool_limits()
+            base_url=self.server.url,
+            headers=self.server.auth(),  # vLLM's /v1 key, which only this gateway holds (server.py)
+            timeout=httpx.Timeout(None, connect=10),
+            limits=pool_limits(),
         )
         models = (await self._call("GET", "/v1/models"))["data"]
         base = next((m for m in models if m.get("parent") is None), models[0])
@@ -369,9 +373,17 @@ class VLLMEngine:
         try:
             await self._call("POST", "/v1/load_lora_adapter", body)
         except VLLMRefused as exc:
+            # Loaded already (an attached vLLM after a gateway restart): the name is of this folder.
+            if name in await self._models():
+                log.info("%s is loaded in vLLM already (%s): served as it is", version.name, name)
+                return name
             why = f"cannot serve {version.name} from {folder}: vLLM refused it: {exc}"
             raise VersionRefused(why) from exc
         return name
+
+    async def _models(self) -> set[str]:
+        """The names vLLM serves now: its base model and every adapter loaded."""
+        return {m["id"] for m in (await self._call("GET", "/v1/models"))["data"]}
 
     def _unload_soon(self) -> None:
         if self._retired:  # empty but for the moments after a swap

@@ -17,6 +17,20 @@ before it counts as up again.
 Attached (`engine.vllm.url`): the same checks, but nothing is started; a
 server that stops answering is reported down until it answers again.
 
+The key: vLLM's routes require a bearer key that only the gateway holds, so no other local user
+can query the model unrecorded or load and unload its adapters. A started server gets
+`engine.vllm.api_key`, or a random one drawn at start, in its environment (VLLM_API_KEY: a command
+line is readable by every user, an environment only by its owner). vLLM's own key guards /v1 and
+a few other prefixes only, and vLLM 0.32 answers completions at /invocations and loads adapters at
+/adapters too, so the started server also runs `guard/clawrl_vllm_guard.py` (`--middleware`),
+which wants the key on every path but /health and /metrics. `connect` refuses a server whose /v1
+or /invocations answers without the key (`engine.vllm.require_key`), or that refuses the key.
+
+Restarts on a GPU take the memory budget's KV bytes (`--kv-cache-memory-bytes`,
+`engine.vllm.restart_kv_cache_mb`) instead of profiling: beside a running trainer, the memory free
+at that moment is not the plan's. On a CPU the KV cache is explicit at every start already
+(VLLM_CPU_KVCACHE_SPACE).
+
     VLLMUnavailable (an EngineUnavailable): the server cannot be reached or started
 """
 
@@ -28,6 +42,7 @@ import ctypes
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import time
@@ -39,6 +54,7 @@ from typing import Any
 import httpx
 
 from clawrl.config import VLLMConfig
+from clawrl.config.section import VLLM_KEY_ENV
 from clawrl.engine.base import EngineError, EngineUnavailable
 
 log = logging.getLogger(__name__)
@@ -46,6 +62,10 @@ log = logging.getLogger(__name__)
 PORT_TRIES = 3  # starts on a fresh port when the one chosen was taken before vLLM bound it
 PORT_TAKEN = "Address already in use"  # what vLLM's log says then
 BASE_NAME = "clawrl-base"  # the name the started server serves the base model under
+GUARD_DIR = Path(__file__).resolve().parent / "guard"  # on the started server's PYTHONPATH
+GUARD = "clawrl_vllm_guard.Guard"  # its --middleware: the key on every route (the module docstring)
+GUARDED = (401, 403)  # what a route that wants a key answers without it
+ABSENT = (404, 405, 501)  # a route this vLLM does not have
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -91,13 +111,17 @@ def vllm_command(
         cmd += ["--hf-overrides", json.dumps(rope)]
     if gpu_share is not None:  # vLLM's share counts all its process holds, as the budget's does
         cmd += ["--gpu-memory-utilization", f"{gpu_share:.2f}"]
+    cmd += ["--middleware", GUARD]  # the key on every route, not /v1 alone (the module docstring)
     return cmd + list(v.args)
 
 
-def vllm_env(v: VLLMConfig) -> dict[str, str]:
-    """Environment of the started server: offline, runtime LoRA loading on, a bounded CPU KV cache."""
+def vllm_env(v: VLLMConfig, key: str | None = None) -> dict[str, str]:
+    """Environment of the started server: offline, runtime LoRA loading on, a bounded CPU KV cache,
+    and the key its routes require (the module docstring)."""
     return {
         **os.environ,
+        **({"VLLM_API_KEY": key} if key else {}),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(GUARD_DIR), os.environ.get("PYTHONPATH")) if p),
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
         "VLLM_CPU_KVCACHE_SPACE": f"{v.kv_cache_gib:g}",
         "HF_HUB_OFFLINE": "1",
@@ -105,6 +129,16 @@ def vllm_env(v: VLLMConfig) -> dict[str, str]:
         "VLLM_NO_USAGE_STATS": "1",
         "VLLM_DO_NOT_TRACK": "1",
     }
+
+
+def restart_args(v: VLLMConfig, command: list[str]) -> list[str]:
+    """What a restart adds to the command line: the budget's KV bytes on a GPU (the module docstring)."""
+    flags = {arg.split("=")[0] for arg in command}
+    if v.restart_kv_cache_mb is None or "--gpu-memory-utilization" not in flags:
+        return []
+    if "--kv-cache-memory-bytes" in flags:  # engine.vllm.args sized it at every start
+        return []
+    return ["--kv-cache-memory-bytes", str(v.restart_kv_cache_mb << 20)]
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -140,6 +174,13 @@ class VLLMServer:
         self.health = ServerHealth(url=self.url)
         self.on_ready: Callable[[], Awaitable[None]] | None = None
         self._task: asyncio.Task[None] | None = None
+        given = v.api_key.get_secret_value() if v.api_key is not None else None
+        # vLLM's key: given, or drawn for a server clawrl starts (None: attached without one).
+        self.key = given or (secrets.token_urlsafe(32) if command is not None else None)
+
+    def auth(self) -> dict[str, str]:
+        """The headers of a request to vLLM: its key."""
+        return {"Authorization": f"Bearer {self.key}"} if self.key else {}
 
     @property
     def up(self) -> bool:
@@ -165,7 +206,49 @@ class VLLMServer:
                 self.close()
                 raise VLLMUnavailable(f"no vLLM server answers at {self.url}/health{self._log_tail()}")
             time.sleep(0.5)
+        try:
+            self._check_key()
+        except VLLMUnavailable:
+            self.close()
+            raise
         self.health.status = "ok"
+
+    def _check_key(self) -> None:
+        """Refuse a server whose routes answer without the key, or that refuses it (the module docstring)."""
+        bare = self._status("GET", "/v1/models", {})
+        if self.key is None and bare in GUARDED:
+            raise VLLMUnavailable(
+                f"the vLLM server at {self.url} requires a key: give it as engine.vllm.api_key or "
+                f"${VLLM_KEY_ENV}"
+            )
+        if self.key is not None and (status := self._status("GET", "/v1/models", self.auth())) != 200:
+            raise VLLMUnavailable(
+                f"the vLLM server at {self.url} answers {status} to /v1/models with engine.vllm.api_key: "
+                "it was started with another key"
+            )
+        if not self.config.require_key:
+            return
+        if bare not in GUARDED:
+            raise VLLMUnavailable(self._open("/v1/models", bare))
+        if (other := self._status("POST", "/invocations", {})) not in GUARDED + ABSENT:
+            raise VLLMUnavailable(self._open("/invocations", other))
+
+    def _open(self, path: str, status: int) -> str:
+        whose = "clawrl started" if self._command else "attached"
+        return (
+            f"the vLLM server at {self.url} ({whose}) answers {path} without a key ({status}): anyone on "
+            "this machine could query the model unrecorded, or load and unload its adapters. Start it "
+            f"with VLLM_API_KEY=<a secret> in its environment, PYTHONPATH={GUARD_DIR} and --middleware "
+            f"{GUARD} (vLLM's own key guards /v1 only), and give clawrl the same key as "
+            f"engine.vllm.api_key or ${VLLM_KEY_ENV}; or set engine.vllm.require_key false where no one "
+            "else can reach its port"
+        )
+
+    def _status(self, method: str, path: str, headers: dict[str, str]) -> int:
+        try:
+            return httpx.request(method, self.url + path, headers=headers, json={}, timeout=10).status_code
+        except httpx.HTTPError as exc:
+            raise VLLMUnavailable(f"the vLLM server at {self.url} failed: {exc}") from exc
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._watch(), name="clawrl-vllm-watch")
@@ -207,15 +290,15 @@ class VLLMServer:
         self.url = self.health.url = url.rstrip("/")
         log.warning("the port of %s was taken before vLLM bound it; starting it at %s", old, self.url)
 
-    def _spawn(self) -> None:
+    def _spawn(self, more: list[str] | None = None) -> None:
         assert self._command is not None and self._log_path is not None
         self._log_start = self._log_path.stat().st_size if self._log_path.is_file() else 0
-        env = vllm_env(self.config)
+        env = vllm_env(self.config, self.key)
         if self.devices is not None:  # the placement plan's GPU: vLLM's device 0
             env["CUDA_VISIBLE_DEVICES"] = self.devices
         with open(self._log_path, "ab") as out:  # the child keeps its own handle
             self._proc = subprocess.Popen(
-                self._command,
+                self._command + (more or []),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -278,7 +361,7 @@ class VLLMServer:
             if self._port_taken():
                 self._new_port()
             self.health.restarts += 1
-            self._spawn()
+            self._spawn(restart_args(self.config, self._command or []))
             deadline = time.monotonic() + self.config.startup_timeout_s
             while self._proc is not None and self._proc.poll() is None and time.monotonic() < deadline:
                 if await self._answers(http):
