@@ -237,8 +237,7 @@ def cmd_serve(config: Any, args: argparse.Namespace | None = None) -> int:
         )
     from clawrl.config.users import users_refusal
 
-    admin = server.api_key.get_secret_value() if server.api_key else None
-    if server.users is not None and (refused := users_refusal(server.users, admin)):
+    if server.users is not None and (refused := users_refusal(server)):
         return fail(refused)
     if config.collect.enabled and config.train.enabled:
         from clawrl.train.group import strategy_refusal

@@ -5,13 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 from clawrl.chat.template import check_template_kwargs
 from clawrl.config.section import API_KEY_ENV, CACHE_ENV, JUDGE_KEY_ENV, VLLM_KEY_ENV, Section
+from clawrl.config.users import UsersFileError, read_users
 from clawrl.memory import MAX_CHARS, MERGE_AT
 from clawrl.sessions.injected import DEFAULT_CONTEXT_PATTERNS
 from clawrl.sessions.turn_type import DEFAULT_SIDE_PATTERNS
+from clawrl.types import DEFAULT_USER
 
 
 class ServerConfig(Section):
@@ -37,6 +39,32 @@ class ServerConfig(Section):
         "from its Content-Length header, or as soon as a chunked body grows past it, before it is parsed.",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log verbosity.")
+    # The users file, parsed once per process as the config is resolved (key -> name), or why it
+    # cannot be used: `clawrl serve` refuses it then (config/users.py: users_refusal).
+    _user_keys: dict[str, str] | None = PrivateAttr(None)
+    _users_error: str | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _read_users_file(self) -> ServerConfig:
+        if self.users is not None:
+            try:
+                self._user_keys = read_users(self.users, None)
+            except UsersFileError as exc:
+                self._users_error = str(exc)
+        return self
+
+    @property
+    def user_keys(self) -> dict[str, str] | None:
+        """The users file's users as API key -> name; None without one. UsersFileError if it
+        cannot be used (`clawrl serve` refused it at start)."""
+        if self._users_error is not None:
+            raise UsersFileError(self._users_error)
+        return self._user_keys
+
+    @property
+    def user_names(self) -> frozenset[str]:
+        """The names in the users file and `default` (the admin key's own user); {default} without one."""
+        return frozenset((self.user_keys or {}).values()) | {DEFAULT_USER}
 
 
 class ModelConfig(Section):

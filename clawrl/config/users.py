@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from clawrl.types import DEFAULT_USER
 
@@ -28,25 +29,24 @@ class UsersFileError(ValueError):
     """The users file cannot be used; the message names the file and the problem."""
 
 
-def users_refusal(path: Path, admin_key: str | None) -> str | None:
-    """Why `clawrl serve` cannot serve the users file at `path` (it exits 2 saying so), or None."""
+def users_refusal(server: Any) -> str | None:
+    """Why `clawrl serve` cannot serve the users file of `server` (the resolved `ServerConfig`,
+    which parsed it) (it exits 2 saying so), or None."""
+    admin_key = server.api_key.get_secret_value() if server.api_key else None
     if admin_key is None:
         return (
-            f"the users file {path} needs an admin key: set --server.api-key KEY or $CLAWRL_API_KEY "
+            f"the users file {server.users} needs an admin key: set --server.api-key KEY or $CLAWRL_API_KEY "
             "(the admin key sees every user's records)"
         )
     try:
-        read_users(path, admin_key)
+        keys = server.user_keys
     except UsersFileError as exc:
         return str(exc)
+    if admin_key in keys:
+        return (
+            f"the users file {server.users}: the key of {keys[admin_key]!r} is the admin key (server.api_key)"
+        )
     return None
-
-
-def user_names(path: Path | None) -> frozenset[str]:
-    """The names in the users file `path` and `default` (the admin key's own user); {default}
-    without one. Read again where a process needs them (`clawrl serve` checked the file at start)."""
-    names = read_users(path, None).values() if path is not None else ()
-    return frozenset(names) | {DEFAULT_USER}
 
 
 def read_users(path: Path, admin_key: str | None) -> dict[str, str]:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from clawrl.config import TrainConfig
+from clawrl.store.locks import TRAINER_LOCK
 from clawrl.train.ranks import read_ranks
 
 log = logging.getLogger("clawrl.trainer")
@@ -123,7 +124,7 @@ class TrainerSupervisor:
         world = self.cfg.distributed.num_processes
         ranks = None
         if world > 1:  # a group: its size and each rank's state
-            ranks = [] if pid is None else read_ranks(self.run_dir, pid, world)
+            ranks = [] if pid is None else read_ranks(self.run_dir, self._launcher() or pid, world)
         return TrainerHealth(
             status=self.status,
             pid=pid,
@@ -134,6 +135,17 @@ class TrainerSupervisor:
             num_processes=None if ranks is None else world,
             ranks=ranks,
         )
+
+    def _launcher(self) -> int | None:
+        """The group's launcher as its ranks name it: the pid it wrote in the trainer lock it holds
+        for them, while that process lives. It is the process started here unless something stands
+        between the two (a wrapper that starts the command)."""
+        try:
+            pid = int((self.run_dir / TRAINER_LOCK).read_text())
+            os.kill(pid, 0)
+        except (OSError, ValueError):
+            return None
+        return pid
 
     async def _supervise(self) -> None:
         failures = 0

@@ -34,7 +34,6 @@ from clawrl.collect.collector import Collector
 from clawrl.collect.episodes import EpisodeBook
 from clawrl.collect.memory import MemoryBook
 from clawrl.config import Config
-from clawrl.config.users import read_users, user_names
 from clawrl.engine.base import Engine, EngineUnavailable
 from clawrl.engine.registry import build_engine
 from clawrl.engine.watcher import VersionWatcher
@@ -127,7 +126,7 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
         store_path=store.path if store is not None else None,
         judge=judge,
         trainer=trainer,
-        users=user_names(config.server.users) if config.server.users else None,
+        users=config.server.user_names if config.server.users else None,
     )
     metrics = Metrics(pipeline)
     if collector is not None:
@@ -189,7 +188,7 @@ def eraser(
     trainer: TrainerSupervisor | None,
 ) -> UserEraser:
     """`DELETE /v1/users/{name}/data`: a user's data erased while serving (docs/users.md)."""
-    users = user_names(config.server.users) - {DEFAULT_USER}
+    users = config.server.user_names - {DEFAULT_USER}
     return UserEraser(
         collector, engine, users=users, run_dir=config.run_dir, watcher=watcher, trainer=trainer
     )
@@ -198,13 +197,14 @@ def eraser(
 def served_users(config: Config) -> frozenset[str] | None:
     """With an adapter per user: the users whose versions are served, those in the users file and
     `default` (a user removed from it is served no more); None: the one policy for all."""
-    return user_names(config.server.users) if config.per_user_adapters else None
+    return config.server.user_names if config.per_user_adapters else None
 
 
 def server_keys(s: Any) -> Keys:
-    """The admin key and, with `server.users`, the users' keys (read again: `clawrl serve` checked it)."""
+    """The admin key and, with `server.users`, the users' keys (parsed with the config; `clawrl serve`
+    checked them)."""
     admin = s.api_key.get_secret_value() if s.api_key else None
-    return Keys(admin, read_users(s.users, admin) if s.users is not None else None)
+    return Keys(admin, s.user_keys)
 
 
 def token_counter(tokenizer: Any) -> Any:

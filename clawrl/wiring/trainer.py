@@ -42,7 +42,6 @@ import transformers
 
 from clawrl.chat.template import ChatRenderer
 from clawrl.config import Config, launched_world_size
-from clawrl.config.users import user_names
 from clawrl.exit_watch import exit_watch
 from clawrl.guard import trainer_hooks
 from clawrl.model.gpu import cap_process, cuda_index
@@ -135,7 +134,7 @@ def trained_users(config: Config) -> frozenset[str] | None:
     """Whose samples are trained: with `server.users`, the users in the file and `default` (the admin
     key's and the rows from before); None (every user's) without it. Read at start, as `clawrl serve`
     reads it, so a user removed from the file is no longer trained on after a restart."""
-    return None if config.server.users is None else user_names(config.server.users)
+    return None if config.server.users is None else config.server.user_names
 
 
 def _launcher(config: Config, parent_pid: int | None, steps: int | None) -> int:

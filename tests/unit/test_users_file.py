@@ -82,3 +82,28 @@ def test_serve_refuses_a_repeated_name_in_the_file(tmp_path, capsys):
     path.write_text('{"alice": "k1", "alice": "k2"}')
     assert main(serve(tmp_path, "--server.users", str(path), "--server.api-key", ADMIN)) == 2
     assert "'alice' is named twice" in capsys.readouterr().err
+
+
+def test_the_config_parses_the_users_file_once_as_it_is_resolved(tmp_path):
+    """Every part of a process asks the resolved config for the users (`server.user_names`,
+    `server.user_keys`); none reads the file again, so a file edited meanwhile changes nothing."""
+    from clawrl.config import load_config
+
+    path = tmp_path / "users.json"
+    path.write_text(json.dumps({"alice": "sk-alice-1", "bob": "sk-bob-2"}))
+    server = load_config(overrides={"server": {"users": str(path)}}).server
+    path.write_text(json.dumps({"carol": "sk-carol-3"}))
+    assert server.user_keys == {"sk-alice-1": "alice", "sk-bob-2": "bob"}
+    assert server.user_names == {"alice", "bob", "default"}
+    assert load_config().server.user_keys is None
+    assert load_config().server.user_names == {"default"}
+
+
+def test_a_bad_users_file_is_refused_when_the_config_is_asked_for_its_users(tmp_path):
+    path = tmp_path / "users.json"
+    path.write_text('{"alice": "k1", "bob": "k1"}')
+    from clawrl.config import load_config
+
+    server = load_config(overrides={"server": {"users": str(path)}}).server  # `clawrl serve` refuses it
+    with pytest.raises(UsersFileError, match="'alice' and 'bob' have the same key"):
+        _ = server.user_names

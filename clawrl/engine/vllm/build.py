@@ -23,7 +23,6 @@ import os
 from typing import Any
 
 from clawrl.config import Config
-from clawrl.config.users import user_names
 from clawrl.engine.choice import vllm_python_path
 from clawrl.engine.vllm.engine import VLLMEngine
 from clawrl.engine.vllm.server import VLLMServer, VLLMUnavailable, vllm_command
@@ -58,7 +57,7 @@ def max_loras(config: Config) -> int:
     user's adapter (the users in the file and the default user) and one more for a swap's moment."""
     if not config.per_user_adapters:
         return config.engine.vllm.max_loras
-    return max(config.engine.vllm.max_loras, len(user_names(config.server.users)) + 1)
+    return max(config.engine.vllm.max_loras, len(config.server.user_names) + 1)
 
 
 def server_gpus(config: Config) -> str | None:
