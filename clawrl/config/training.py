@@ -35,6 +35,15 @@ class DistributedConfig(Section):
         "(docs/scale.md); the ranks run in lockstep and rank 0 writes each version whole "
         "(docs/several-processes.md). Refused at start without CUDA.",
     )
+    save_every: int = Field(
+        1,
+        ge=1,
+        description="Full fine-tuning over several ranks: write the training state (float32 weights "
+        "and AdamW's moments) every this many versions, each rank its shard, in the background "
+        "(torch.distributed.checkpoint's async_save, into <run_dir>/train-state/); a version folder "
+        "then holds bf16 weights for serving only. A restart resumes from the newest complete save "
+        "(docs/scale.md). Alone or with LoRA each version folder holds the whole state, as before.",
+    )
     mixed_precision: Literal["no", "bf16"] = Field(
         "bf16",
         description="Autocast of the ranks' forward passes; on a GPU only (a CPU group trains in float32).",

@@ -85,7 +85,8 @@ def save_version(
     `manifest` holds at least `step`, `samples` and `metrics`; `version`,
     `created_at` (Unix seconds), `base_model` and `parent` (v{N-1}) are filled
     in when absent. `state`: the whole (model, optimizer) state when the objects hold shards
-    (`train/shards.py`); None: theirs.
+    (`train/shards.py`), its optimizer state None where the group saves it apart (train/saves.py: no
+    `optimizer.pt`); None: theirs.
     """
     number = version_number(version)
     if number < 1:
@@ -96,7 +97,8 @@ def save_version(
     def fill(tmp: Path) -> None:
         # A PeftModel writes its adapter; a plain model, all of itself.
         model.save_pretrained(tmp, **({} if weights is None else {"state_dict": weights}))
-        torch.save(optim, tmp / OPTIMIZER)
+        if optim is not None:
+            torch.save(optim, tmp / OPTIMIZER)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
 
     return _write_atomically(version_dir(run_dir, version), fill)

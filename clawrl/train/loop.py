@@ -67,7 +67,8 @@ parent. It does not crash, so the supervisor does not restart it in a loop.
 Several ranks (`train.distributed.num_processes` > 1, `train/group.py`): rank 0
 alone reads and marks samples in the store, loads versions first, writes
 checkpoints, runs the canary and publishes (under FSDP every rank runs the canary with it, and
-joins the gather of the whole state that rank 0 writes). Each pass it broadcasts whether to stop, then a
+joins the gather of the whole state that rank 0 writes; full weights: of the bf16 weights alone,
+the training state saved sharded and in the background by every rank, train/saves.py). Each pass it broadcasts whether to stop, then a
 `PassPlan` (follow a version; train these samples); the other ranks load the
 version it names from the run folder (shared by all ranks) and train their
 share of the same samples. The other ranks never touch the store. Rank 0
@@ -99,6 +100,7 @@ from clawrl.train.policy import Policy
 from clawrl.train.prune import choose, prune
 from clawrl.train.ranks import RankStatus
 from clawrl.train.rotation import next_user
+from clawrl.train.saves import serving_weights, sharded_saves
 from clawrl.train.trainer import triage
 from clawrl.types import DEFAULT_USER, UNCHECKED, Sample, Version
 from clawrl.version_folder import version_folders
@@ -154,6 +156,8 @@ class TrainLoop:
         self._waiting_for: int | None = None
         self._broken: set[str] = set()  # published versions whose folder cannot be loaded
         self._seen = ""  # the newest version in the store when rank 0 planned the step
+        # Full weights over several ranks: bf16 versions, the state saved sharded apart (train/saves.py)
+        self.saves = sharded_saves(self.run_dir, policy, self.group)
 
     @property
     def _main(self) -> bool:
@@ -194,6 +198,8 @@ class TrainLoop:
 
     def _load(self, version: Version) -> None:
         self.policy.load(Path(version.path) if version.path else None)
+        if self.saves is not None and version.path:
+            self.saves.restore(version.name)
         self.version, self.step, self._current = version.name, version.step, version
         if self.per_user:
             self.policy.user = self.user  # the canary measures KL on this user's own turns
@@ -211,6 +217,8 @@ class TrainLoop:
         while True:
             stop = self._main and (should_stop() or (steps is not None and published >= steps))
             if self.group.broadcast(stop):
+                if self.saves is not None:
+                    self.saves.wait()  # the save in flight, complete before the process exits
                 self._state("stopped")
                 return
             if self.run_once():
@@ -243,7 +251,7 @@ class TrainLoop:
             whose = f" of {self.user}" if self.per_user else ""
             log.info("step %d: training %s on %d samples%s", self.step + 1, self.version, len(batch), whose)
         metrics = self._step(batch)
-        if not self._main and not self.group.lockstep:
+        if not self._main and not self.group.lockstep and self.saves is None:
             return False
         status, figures = UNCHECKED, None
         if self.canary is not None:  # rank 0's; every rank's in a lockstep group, which runs it together
@@ -251,10 +259,25 @@ class TrainLoop:
             status, figures = self.canary(self.policy)
             release_cached(self.policy.trainer.device)  # the canary's passes: free for the server again
         self._state("publishing")
+        if self.saves is not None:
+            return self._publish_sharded(batch=batch, metrics=metrics, status=status, canary=figures)
         state = self.group.full_state(self.policy.model, self.policy.optimizer)  # FSDP: gathered to rank 0
         if not self._main:
             return False
         return self._publish(batch=batch, metrics=metrics, status=status, canary=figures, state=state)
+
+    def _publish_sharded(self, batch: list[Sample], metrics: dict, status: str, canary: dict | None) -> bool:
+        """Every rank: rank 0 publishes bf16 weights; every `save_every`-th version, every rank then
+        starts writing its shard of the training state and trains on (train/saves.py)."""
+        assert self.saves is not None
+        weights = serving_weights(self.policy.model)  # under FSDP a gather, each weight cast first
+        published = self._main and self._publish(
+            batch=batch, metrics=metrics, status=status, canary=canary, state=(weights, None)
+        )
+        name, step = self.group.broadcast((self.version, self.step) if published else (None, 0))
+        if name is not None and self.saves.due(step):
+            self.saves.save(name)
+        return published
 
     def _step(self, batch: list[Sample]) -> dict:
         """The step; out of memory, once more split in halves and unpacked; failed, the failure
