@@ -1,4 +1,4 @@
-"""Full fine-tuning over two ranks (FSDP under gloo on the CPU) saves its training state sharded and
+"""Full fine-tuning over two ranks (FSDP or DDP, under gloo on the CPU) saves its training state sharded and
 in the background (clawrl/train/saves.py), and a group that restarts from a save trains the step
 the group that never stopped trains.
 
@@ -28,7 +28,7 @@ from tests.unit.test_train_group import add_batch, run_folder
 
 
 def train(config: Config, steps: int) -> str:
-    """`clawrl train --steps N` as a group of 2 FSDP ranks; its output."""
+    """`clawrl train --steps N` as a group of 2 ranks; its output."""
     cmd = [*CLAWRL, "train", "--run-dir", str(config.run_dir), "--steps", str(steps)]
     cmd += ["--train.distributed.num-processes", "2", "--train.threads", "2"]
     env = os.environ | {FSDP_ON_CPU: "1"}
@@ -44,10 +44,14 @@ def state(config: Config, version: str, tmp_path) -> dict:
     return torch.load(out, weights_only=False)
 
 
-def test_a_group_resumed_from_a_sharded_save_trains_the_step_it_would_have(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_a_group_resumed_from_a_sharded_save_trains_the_step_it_would_have(
+    tmp_path, tiny_model_dir, strategy
+):
+    """FSDP: each rank writes its shard; DDP: DCP splits the replicated tensors between the ranks."""
     runs = []
     for name in ("a", "b"):
-        config = run_folder(tmp_path, name, tiny_model_dir, "full", strategy="fsdp", canary=False)
+        config = run_folder(tmp_path, name, tiny_model_dir, "full", strategy=strategy, canary=False)
         add_batch(config, 1)  # twelve samples: two steps of six
         runs.append(config)
     a, b = runs
