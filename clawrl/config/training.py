@@ -199,6 +199,14 @@ class TrainConfig(Section):
         "policy and the reference (train/packing.py); the same logprobs for a fraction of the tokens. "
         "Off: every sample is its own sequence.",
     )
+    share_prefixes: bool = Field(
+        True,
+        description="Run a prompt prefix that rows share (an agent's system prompt) once per micro-batch: "
+        "one row of the prefix and each row's remainder under a block attention mask with restarted "
+        "positions (train/sharing.py), in the policy's, the reference's and the teacher's passes; the "
+        "same logprobs and gradients for fewer tokens. The budget counts the remainders. Needs sdpa or "
+        "eager attention (else off). Off: every row runs its whole prompt.",
+    )
     replay_fraction: float = Field(
         0.0,
         ge=0,

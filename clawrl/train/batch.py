@@ -98,6 +98,9 @@ class Padded:
     # [B, R_max] bool, right-aligned as the targets: the positions the loss reads (a packed row's
     # answers, not the messages between them: train/packing.py); None: every response position.
     scored: Tensor | None = None
+    # [B, 1, L, L]: the 4D attention mask of rows that share a prompt prefix (train/sharing.py),
+    # used instead of `attention_mask`; None: every row is one causal sequence.
+    blocks: Tensor | None = None
 
 
 def left_pad(prompts: Sequence[list[int]], responses: Sequence[list[int]], device: torch.device) -> Padded:
@@ -172,7 +175,7 @@ def response_logits(model: nn.Module, batch: Padded) -> Tensor:
     with rope_rows(model, batch.rope):  # per row: scaled, the model's own, or None: by its length
         out = model(
             input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
+            attention_mask=batch.attention_mask if batch.blocks is None else batch.blocks,
             position_ids=batch.position_ids,
             logits_to_keep=batch.targets.shape[1] + 1,
             use_cache=False,  # whole sequences are scored: no KV cache to keep

@@ -43,6 +43,9 @@ class Layout:
     members: list[list[int]] = field(default_factory=list)  # per row, its samples in order
     row_of: list[int] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
+    # Per row, where each block of a shared prefix's row starts in its response (train/sharing.py);
+    # empty (or no entry): the row is one causal sequence.
+    starts: list[list[int]] = field(default_factory=list)
 
     @property
     def tokens(self) -> int:

@@ -57,9 +57,10 @@ from clawrl.train.importance import WeightSums, truncated_weights
 from clawrl.train.lineage import steps_behind
 from clawrl.train.loss import policy_loss
 from clawrl.train.master import MasterWeights
-from clawrl.train.packing import loss_positions, pack_prefixes, unpack
+from clawrl.train.packing import Layout, loss_positions, pack_prefixes, unpack
 from clawrl.train.peaks import peak_memory
 from clawrl.train.shards import grad_norm_value
+from clawrl.train.sharing import MASKED_ATTENTION, attention_of, block_attention, one_a_row, share_prefixes
 from clawrl.train.sizing import CPU_MICRO_BATCH_TOKENS
 from clawrl.types import Sample, Version
 
@@ -151,6 +152,9 @@ class Trainer:
         # Float32 (master) weights on a GPU: forwards autocast to bf16 (`_autocast`).
         self._bf16 = self.device.type == "cuda" and next(model.parameters()).dtype == torch.float32
         self.replay: Any = None  # clawrl.guard.replay.Replay when train.replay_fraction > 0
+        attention = attention_of(model)  # a shared prefix's block mask needs one that takes 4D masks
+        self._share = cfg.share_prefixes and attention in MASKED_ATTENTION
+        self._additive = attention == "eager"
 
     @contextmanager
     def _scorer(self, reference: bool) -> Iterator[torch.nn.Module]:
@@ -235,10 +239,12 @@ class Trainer:
         together), each as long as its longest pass: the row, or an opd sample's teacher pass.
         `split`: one sample a row, and each micro-batch in halves (`step`)."""
         budget = self.cfg.micro_batch_tokens or CPU_MICRO_BATCH_TOKENS
-        layout = pack_prefixes(samples, self.cfg.pack_prefixes and not split)
+        layout = self._shared(pack_prefixes(samples, self.cfg.pack_prefixes and not split), samples, split)
         rows = [[samples[i] for i in members] for members in layout.members]
+        blocks = layout.starts or [[] for _ in rows]  # a shared prefix's rows have blocks
         lengths = [
-            _row_length(p, r, row) for p, r, row in zip(layout.prompts, layout.responses, rows, strict=True)
+            _row_length(p, r, row, bool(starts))
+            for p, r, row, starts in zip(layout.prompts, layout.responses, rows, blocks, strict=True)
         ]
         shares = split_by_tokens(lengths, self.group.world)
         plans = [pack([lengths[r] for r in share], budget) for share in shares]
@@ -309,12 +315,14 @@ class Trainer:
         cfg, device = self.cfg, self.device
         temps = torch.tensor([s.temperature for s in group], device=device)
         layout = pack_prefixes(group, cfg.pack_prefixes and packed)  # a session's turns in one row
+        layout = self._shared(layout, group, not packed)  # rows sharing a prompt prefix run it once
         batch = left_pad(layout.prompts, layout.responses, device)
         first = [group[m[0]] for m in layout.members]
         batch.rope = [s.rope_scaled for s in first]  # as each was served (clawrl/model/rope.py)
         batch.grammar = [s.grammar for s in first]  # scored under the mask it was decoded under (alone)
         # the LM head runs at the answers only, not at the messages between a session's answers
         batch.scored = loss_positions(layout, [len(s.response_ids) for s in group], device)
+        block_attention(batch, layout, self._additive)
         row_temps = torch.tensor([s.temperature for s in first], device=device)
         width = max(len(s.response_ids) for s in group)
         behaviour = pad_rows([s.logprobs for s in group], width, device)  # mu; [] for none recorded
@@ -361,6 +369,12 @@ class Trainer:
         )
         return terms, sums, layout.tokens
 
+    def _shared(self, layout: Layout, samples: list[Sample], split: bool) -> Layout:
+        """`layout` with its rows that share a prompt prefix merged (train/sharing.py), when on."""
+        if not self._share or split:
+            return layout
+        return share_prefixes(layout, samples, self.cfg.micro_batch_tokens or CPU_MICRO_BATCH_TOKENS)
+
     def _autocast(self) -> AbstractContextManager[None]:
         """bf16 autocast around the gradient pass of float32 (master) weights on a GPU; else none."""
         return torch.autocast("cuda", dtype=torch.bfloat16) if self._bf16 else nullcontext()
@@ -373,12 +387,19 @@ class Trainer:
             with self._scorer(reference=self.cfg.opd_teacher == "reference") as module:
                 score(module, batch, temps[:1], with_entropy=False)
             return None
-        prompts = [group[i].teacher_prompt_ids or [] for i in rows]
-        batch = left_pad(prompts, [group[i].response_ids for i in rows], self.device)
-        batch.rope = [group[i].rope_scaled for i in rows]
-        batch.grammar = [group[i].grammar for i in rows]
+        opd = [group[i] for i in rows]
+        layout = one_a_row([s.teacher_prompt_ids or [] for s in opd], [s.response_ids for s in opd])
+        layout = self._shared(layout, opd, split=False)  # the hinted prompts share the system prompt
+        batch = left_pad(layout.prompts, layout.responses, self.device)
+        first = [opd[m[0]] for m in layout.members]
+        batch.rope = [s.rope_scaled for s in first]
+        batch.grammar = [s.grammar for s in first]
+        if any(layout.starts):  # the LM head at the answers only, not at the blocks' prompt tails
+            batch.scored = loss_positions(layout, [len(s.response_ids) for s in opd], self.device)
+        block_attention(batch, layout, self._additive)
         with self._scorer(reference=self.cfg.opd_teacher == "reference") as module:
-            logp = score(module, batch, temps[rows], with_entropy=False)[0]
+            row_temps = torch.tensor([s.temperature for s in first], device=self.device)
+            logp = unpack(score(module, batch, row_temps, with_entropy=False)[0], layout, width)
         out = torch.zeros(len(group), width, device=self.device)
         out[rows, : logp.shape[1]] = logp
         return out
@@ -388,8 +409,17 @@ def _tokens(s: Sample) -> int:
     return sum(s.loss_mask) if s.loss_mask is not None else len(s.response_ids)
 
 
-def _row_length(prompt: list[int], response: list[int], samples: list[Sample]) -> int:
-    """The longest sequence a row of `pack_prefixes` is scored as: itself, or an opd sample's teacher pass."""
+def _row_length(prompt: list[int], response: list[int], samples: list[Sample], shared: bool = False) -> int:
+    """The longest sequence a row of `pack_prefixes` is scored as: itself, or an opd sample's teacher
+    pass; a shared prefix's row (train/sharing.py): itself, or its opd samples' teacher blocks after
+    the prefix (their hinted prompts share it)."""
+    if shared:
+        hinted = (
+            len(s.teacher_prompt_ids or []) - len(prompt) + len(s.response_ids)
+            for s in samples
+            if s.kind == "opd"
+        )
+        return len(prompt) + max(len(response), sum(hinted))
     return max(len(prompt) + len(response), *(_length(s) for s in samples))
 
 
