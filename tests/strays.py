@@ -32,8 +32,8 @@ def left_behind(kept: Callable[[], set[int]], grace_s: float) -> list[psutil.Pro
     """This process's running descendants but `kept()`, once they stay `grace_s` (none sooner)."""
     deadline = time.monotonic() + grace_s
     while True:
-        alive = [p for p in _descendants() if _running(p)]
-        alive = [p for p in alive if p.pid not in kept()]
+        own = kept()
+        alive = [p for p in _descendants() if p.pid not in own and _running(p)]
         if not alive or time.monotonic() >= deadline:
             return alive
         time.sleep(0.2)
