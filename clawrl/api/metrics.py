@@ -263,9 +263,10 @@ def _trainer(t: TrainerState) -> Iterator[Metric]:
     )
     up.add_metric([t.health.status], 1)
     yield up
-    keys = ("step", "loss", "kl", "clip_frac", "dual_frac", "tokens_per_s", "mean_reward", "mismatch")
+    keys = ("step", "loss", "kl", "tokens_per_s", "processed_tokens_per_s", "mean_reward")
+    causes = ("mismatch", "mismatch_exact", "mismatch_stale", "mismatch_processed", "mismatch_conditioned")
     weights = ("is_weight_mean", "is_weight_min", "is_truncated_frac", "is_truncated_samples")
-    for key in (*keys, *weights, "opd_gap_p05", "opd_gap_p50", "opd_gap_p95", "opd_gap_clipped"):
+    for key in (*keys, *causes, *weights, "opd_gap_p05", "opd_gap_p50", "opd_gap_p95", "opd_gap_clipped"):
         value = None if t.latest is None else getattr(t.latest, key)
         yield from _gauge(f"clawrl_train_{key}", f"The latest published step's {key}.", value)
 

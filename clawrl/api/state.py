@@ -45,12 +45,15 @@ TRAIN_KEYS = (
     "pg_loss",
     "kl",
     "entropy",
-    "clip_frac",
-    "dual_frac",
     "grad_norm",
     "mean_reward",
     "tokens_per_s",
+    "processed_tokens_per_s",
     "mismatch",
+    "mismatch_exact",
+    "mismatch_stale",
+    "mismatch_processed",
+    "mismatch_conditioned",
     "is_weight_mean",
     "is_weight_min",
     "is_truncated_frac",
@@ -84,12 +87,16 @@ class Trained:
     pg_loss: float | None = None
     kl: float | None = None
     entropy: float | None = None
-    clip_frac: float | None = None
-    dual_frac: float | None = None
     grad_norm: float | None = None
     mean_reward: float | None = None
-    tokens_per_s: float | None = None
+    tokens_per_s: float | None = None  # answer tokens: what the loss trains
+    processed_tokens_per_s: float | None = None  # what the gradient pass ran, prompts included
     mismatch: float | None = None  # mean |logp_train - mu| over the step's weighted tokens
+    # ... by cause (train/importance.py); exact: same version, untruncated, unpenalised: numerics
+    mismatch_exact: float | None = None
+    mismatch_stale: float | None = None
+    mismatch_processed: float | None = None
+    mismatch_conditioned: float | None = None
     is_weight_mean: float | None = None  # the truncated importance weights (train/importance.py)
     is_weight_min: float | None = None
     is_truncated_frac: float | None = None  # share of tokens whose weight was cut at train.is_cap

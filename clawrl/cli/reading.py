@@ -98,7 +98,7 @@ def _version_line(v: Any) -> str:
     m = v.metrics
     shown = " ".join(
         f"{k}={m[k]:.4g}"
-        for k in ("loss", "kl", "clip_frac", "mean_reward", "tokens_per_s")
+        for k in ("loss", "kl", "mismatch_exact", "mean_reward", "tokens_per_s", "processed_tokens_per_s")
         if isinstance(m.get(k), int | float)
     )
     if m.get("rollback_of"):

@@ -17,7 +17,19 @@ variance one token can add; the truncated tokens are counted.
 
 A sample without recorded logprobs (a store older than logprob recording) trains with weight
 1 and is counted (`is_unweighted_samples`). `mismatch` is the mean |prox_t - mu_t| over the
-weighted tokens: how far the behaviour was from the trainer, for every step that trained.
+weighted tokens: how far the behaviour was from the trainer, for every step that trained. It
+mixes several causes, so beside it each token counts under the first cause its sample has
+(`mismatch_cause`), as `mismatch_<cause>` (None: no token of that cause in the step):
+
+    conditioned  mu was recorded under another prompt than the one scored: a memory distillation
+                 sample (the served prompt had the memory block) or a hint rewrite
+    stale        made by another version than the one trained from
+    processed    the sampler's logprobs are not the tempered distribution the trainer scores
+                 (a top-k/top-p cut, a penalty, a prefix's KV from an older version:
+                 Turn.logprobs_exact)
+    exact        none of these: same version, untruncated, unpenalised, same prompt. What is
+                 left is numerics (the engine against the trainer), so `mismatch_exact` is the
+                 figure that flags a serving-vs-training numerics regression.
 """
 
 from __future__ import annotations
@@ -27,6 +39,22 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
+
+from clawrl.types import Sample
+
+CAUSES = ("exact", "stale", "processed", "conditioned")  # a token's mismatch cause, by index
+
+
+def mismatch_cause(sample: Sample, current: str | None) -> int:
+    """The index in `CAUSES` of the first cause that sets `sample`'s behaviour apart from what the
+    trainer scores; `current`: the version trained from (None: not known, no sample is stale)."""
+    if sample.experience_ids or sample.rewrite:
+        return CAUSES.index("conditioned")
+    if current is not None and sample.version != current:
+        return CAUSES.index("stale")
+    if not sample.logprobs_exact:
+        return CAUSES.index("processed")
+    return CAUSES.index("exact")
 
 
 @dataclass
@@ -40,6 +68,15 @@ class WeightSums:
     unweighted_samples: float = 0.0
     mismatch_sum: float = 0.0
     tokens: float = 0.0
+    # |prox - mu| and tokens by cause, in the order of CAUSES
+    mismatch_exact: float = 0.0
+    mismatch_stale: float = 0.0
+    mismatch_processed: float = 0.0
+    mismatch_conditioned: float = 0.0
+    tokens_exact: float = 0.0
+    tokens_stale: float = 0.0
+    tokens_processed: float = 0.0
+    tokens_conditioned: float = 0.0
 
     def add(self, other: WeightSums) -> None:
         for f in fields(self):
@@ -54,8 +91,13 @@ class WeightSums:
         return replace(self, **summed, weight_min=lowest(self.weight_min))
 
     def metrics(self) -> dict[str, float | int | None]:
-        """`is_weight_mean`, `is_weight_min`, `is_truncated_frac`, the counts and `mismatch`."""
+        """`is_weight_mean`, `is_weight_min`, `is_truncated_frac`, the counts, `mismatch` and, by
+        cause, `mismatch_<cause>` (None without such a token) and `mismatch_exact_tokens`."""
         n = self.tokens
+        by_cause = {}
+        for cause in CAUSES:
+            k = getattr(self, f"tokens_{cause}")
+            by_cause[f"mismatch_{cause}"] = getattr(self, f"mismatch_{cause}") / k if k else None
         return {
             "is_weight_mean": self.weight_sum / n if n else None,
             "is_weight_min": self.weight_min if n else None,
@@ -64,14 +106,22 @@ class WeightSums:
             "is_unweighted_samples": int(self.unweighted_samples),
             "mismatch": self.mismatch_sum / n if n else None,
             "mismatch_tokens": int(n),
+            **by_cause,
+            "mismatch_exact_tokens": int(self.tokens_exact),
         }
 
 
 def truncated_weights(
-    prox: Tensor, behaviour: Tensor, mask: Tensor, recorded: Tensor, cap: float
+    prox: Tensor,
+    behaviour: Tensor,
+    mask: Tensor,
+    recorded: Tensor,
+    cap: float,
+    causes: Tensor | None = None,
 ) -> tuple[Tensor, WeightSums]:
     """w [B, T] = min(exp(prox - behaviour), cap) on masked tokens of rows with `recorded` [B]
-    logprobs, 1 elsewhere (detached), and the sums for the step's metrics."""
+    logprobs, 1 elsewhere (detached), and the sums for the step's metrics. `causes` [B]: each
+    row's index in `CAUSES` (`mismatch_cause`); None: every row `exact`."""
     if cap <= 0:
         raise ValueError(f"train.is_cap must be > 0, got {cap}")
     keep = mask.bool() & recorded[:, None]
@@ -88,4 +138,9 @@ def truncated_weights(
         mismatch_sum=float(log_w.abs()[keep].sum()),
         tokens=float(keep.sum()),
     )
+    rows = torch.zeros(len(keep), dtype=torch.long, device=keep.device) if causes is None else causes
+    for i, cause in enumerate(CAUSES):
+        mine = keep & (rows == i)[:, None]
+        setattr(sums, f"mismatch_{cause}", float(log_w.abs()[mine].sum()))
+        setattr(sums, f"tokens_{cause}", float(mine.sum()))
     return weights, sums

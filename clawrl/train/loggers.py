@@ -4,7 +4,8 @@
 
 - `jsonl`: one JSON object per published step appended to `<run_dir>/metrics.jsonl`
   (`time`, `version`, `step`, `parent`, then the step's metrics: loss, pg_loss, kl,
-  entropy, clip_frac, grad_norm, mean_reward, samples, tokens, tokens_per_s, ...).
+  entropy, grad_norm, mean_reward, samples, tokens, tokens_per_s, processed_tokens_per_s,
+  mismatch_exact, ...).
   Appended and flushed per line, never truncated: a restarted trainer goes on in the same file.
 - `tensorboard`: the same numbers as scalars `train/<name>` at global step `step`, in
   `<run_dir>/tensorboard/` (`tensorboard --logdir <run_dir>/tensorboard`). Needs the

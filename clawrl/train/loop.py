@@ -286,14 +286,14 @@ class TrainLoop:
         trainer = self.policy.trainer
         try:
             try:
-                return trainer.step(batch)
+                return trainer.step(batch, current=self.version)
             except torch.OutOfMemoryError as exc:  # torch.cuda.OutOfMemoryError is this class
                 if self.group.world > 1:  # the other ranks are in the step's collectives
                     raise
                 log.warning("step %d ran out of memory; retrying it split in halves: %s", self.step + 1, exc)
             # Out of the except block, so the failed pass's frames and their tensors are freed first.
             release_cached(trainer.device)
-            return trainer.step(batch, split=True)
+            return trainer.step(batch, split=True, current=self.version)
         except Exception as exc:
             # In a group of ranks, rank 0's error is as often a peer's death seen in a collective
             # as the batch's own: not counted there (train/failures.py).
@@ -474,12 +474,31 @@ class TrainLoop:
 
 
 def progress_line(v: Version) -> str:
-    """One line per published version, for the terminal and the log."""
+    """One line per published version, for the terminal and the log: what it trained on, the loss,
+    the importance weights (train/importance.py), the mismatch (and its numerics share, `exact`),
+    and the answer tokens per second beside the tokens the gradient pass ran per second."""
     m = v.metrics
     reward = "-" if m.get("mean_reward") is None else f"{m['mean_reward']:+.2f}"
     return (
         f"published {v.name} (step {v.step}): {m['samples']} samples ({m['samples_rl']} rl, "
         f"{m['samples_opd']} opd), loss {m['loss']:.4f} (pg {m['pg_loss']:.4f}, kl {m['kl']:.4f}), "
-        f"clip {m['clip_frac']:.3f}, reward {reward}, {m['tokens']} tokens in {m['step_s']:.2f} s "
-        f"({m['tokens_per_s']:.0f} tokens/s){'; ' + v.canary_note() if v.canary else ''}"
+        f"reward {reward}, {_weights_text(m)}, {m['tokens']} answer tokens in {m['step_s']:.2f} s "
+        f"({m['tokens_per_s']:.0f} answer tokens/s, {m.get('processed_tokens_per_s', 0):.0f} processed "
+        f"tokens/s){'; ' + v.canary_note() if v.canary else ''}"
+    )
+
+
+def _weights_text(m: dict) -> str:
+    """'IS weight 0.982 (min 0.410, 1.2% truncated), mismatch 0.0310 (exact 0.0040)'; '-' for none."""
+    if m.get("is_weight_mean") is None:
+        weights = "IS weight - (no logprobs recorded)"
+    else:
+        weights = (
+            f"IS weight {m['is_weight_mean']:.3f} (min {m['is_weight_min']:.3f}, "
+            f"{100 * m.get('is_truncated_frac', 0.0):.1f}% truncated)"
+        )
+    mismatch, exact = m.get("mismatch"), m.get("mismatch_exact")
+    return (
+        f"{weights}, mismatch {'-' if mismatch is None else f'{mismatch:.4f}'} "
+        f"(exact {'-' if exact is None else f'{exact:.4f}'})"
     )

@@ -17,10 +17,15 @@ trainer's own logp_t before the step (decoupled PPO: train/importance.py). No tu
 on-policy by assumption.
 
 Per step, besides the loss terms: `mismatch`, the mean |logp_t - mu_t| over the weighted
-tokens, and the weights' `is_weight_mean`, `is_weight_min`, `is_truncated_frac` (and the
-samples with a truncated token, or none recorded); the OPD gap's 5/50/95% quantiles and the
-share of opd tokens the clip cut (`opd_gap_*`); each rank's peak memory so far, a list, rank 0
-first (`peak_rss_mb`, and `peak_gpu_mb` on a GPU: train/peaks.py).
+tokens, and the same by cause (`mismatch_exact`: same version, untruncated, unpenalised, same
+prompt: numerics; `mismatch_stale`, `_processed`, `_conditioned`: train/importance.py), the
+weights' `is_weight_mean`, `is_weight_min`, `is_truncated_frac` (and the samples with a
+truncated token, or none recorded); `tokens_per_s` (answer tokens, what the loss trains) and
+`processed_tokens_per_s` (the gradient pass's tokens, prompts included, as packed and shared);
+the OPD gap's 5/50/95% quantiles and the share of opd tokens the clip cut (`opd_gap_*`); each
+rank's peak memory so far, a list, rank 0 first (`peak_rss_mb`, and `peak_gpu_mb` on a GPU:
+train/peaks.py). No clip or ratio figure: the ratio is to the step's own forward, so the clip
+never acts within a step (train/loss.py).
 
 Every mean is over all response tokens of the step (token-level): each
 micro-batch's loss is its share of the step's mean (`num_tokens` = the step's
@@ -53,7 +58,7 @@ from clawrl.model.heap import mapped_large_allocations, release_free_memory
 from clawrl.train.advantages import GapStats, batch_advantages
 from clawrl.train.batch import even_out, halves, left_pad, pack, pad_rows, score
 from clawrl.train.group import RankGroup, split_by_tokens
-from clawrl.train.importance import WeightSums, truncated_weights
+from clawrl.train.importance import WeightSums, mismatch_cause, truncated_weights
 from clawrl.train.lineage import steps_behind
 from clawrl.train.loss import policy_loss
 from clawrl.train.master import MasterWeights
@@ -65,7 +70,9 @@ from clawrl.train.sizing import CPU_MICRO_BATCH_TOKENS
 from clawrl.types import Sample, Version
 
 log = logging.getLogger(__name__)
-_SUMMED = ("pg_loss", "kl", "entropy", "clip_frac", "dual_frac")  # each micro-batch's share of the mean
+# Each micro-batch's share of the mean. No clip_frac, dual_frac or ratio_mean: the ratio is to the
+# step's own forward (the proximal policy), so they are 0, 0 and 1 in every step (train/loss.py).
+_SUMMED = ("pg_loss", "kl", "entropy")
 _COUNTED = ("tokens_scored",)  # summed over micro-batches and ranks as they are
 
 
@@ -152,6 +159,7 @@ class Trainer:
         # Float32 (master) weights on a GPU: forwards autocast to bf16 (`_autocast`).
         self._bf16 = self.device.type == "cuda" and next(model.parameters()).dtype == torch.float32
         self.replay: Any = None  # clawrl.guard.replay.Replay when train.replay_fraction > 0
+        self._current: str | None = None  # the version the step in progress trains from
         attention = attention_of(model)  # a shared prefix's block mask needs one that takes 4D masks
         self._share = cfg.share_prefixes and attention in MASKED_ATTENTION
         self._additive = attention == "eager"
@@ -174,13 +182,15 @@ class Trainer:
         """The reference model pi_ref (the base), without gradient: for the canary and replay."""
         return self._scorer(reference=True)
 
-    def step(self, samples: list[Sample], split: bool = False) -> dict[str, Any]:
+    def step(self, samples: list[Sample], split: bool = False, current: str | None = None) -> dict[str, Any]:
         """One optimizer step over `samples` (this rank's share of them), in micro-batches; the metrics.
 
         `split`: the retry of a step that ran out of memory (clawrl/train/failures.py): each
         micro-batch split in halves and no session packing (train/packing.py), the same samples
-        and update at about half the activations a pass."""
+        and update at about half the activations a pass. `current`: the version trained from, which
+        tells the mismatch's `stale` tokens from its `exact` ones (train/importance.py)."""
         start = time.perf_counter()
+        self._current = current
         group = self.group
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -298,7 +308,8 @@ class Trainer:
             "tokens": total,
             "tokens_scored": int(sums.get("tokens_scored", 0)),  # one pass's tokens over the rows (packed)
             "step_s": took,
-            "tokens_per_s": total / took,
+            "tokens_per_s": total / took,  # answer tokens: what the loss trains
+            "processed_tokens_per_s": sums.get("tokens_scored", 0) / took,  # what the gradient pass runs
         }
 
     def _micro_loss(
@@ -347,8 +358,9 @@ class Trainer:
             stats=gaps,
         )
         recorded = torch.tensor([bool(s.logprobs) for s in group], device=device)
+        causes = torch.tensor([mismatch_cause(s, self._current) for s in group], device=device)
         weights, sums = truncated_weights(
-            prox=student, behaviour=behaviour, mask=mask, recorded=recorded, cap=cfg.is_cap
+            prox=student, behaviour=behaviour, mask=mask, recorded=recorded, cap=cfg.is_cap, causes=causes
         )
         # old_logp is the proximal policy: the ratio is 1 at the step's start, its gradient is logp's.
         terms = policy_loss(

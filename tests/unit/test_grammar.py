@@ -368,7 +368,7 @@ def test_a_training_step_compares_a_constrained_sample_like_with_like(tiny_model
         return Trainer(model, optimizer, TrainConfig(kl_coef=0.02)).step(samples)
 
     metrics = step(required)
-    assert metrics["clip_frac"] == 0.0 and abs(metrics["kl"]) < 1e-6 and math.isfinite(metrics["loss"])
+    assert abs(metrics["kl"]) < 1e-6 and math.isfinite(metrics["loss"])
     assert metrics["mismatch"] < 1e-4 and metrics["is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
     unmasked = step(None)  # scored without the mask, the forced tokens look off-policy
     assert unmasked["mismatch"] > 0.1 and unmasked["is_weight_mean"] < 0.9

@@ -28,7 +28,21 @@ ENGINE = EngineStats(
 )
 SERVED = Served("v3", since=1700000000.0, swaps=3, last_swap_s=0.2)
 RESTARTING = TrainerHealth("restarting", None, restarts=2, last_exit=1, last_error="boom", restart_in_s=1.5)
-LATEST = Trained("v3", 3, 1700000000.0, loss=0.5, kl=0.01, clip_frac=0.1, tokens_per_s=40.0, mean_reward=None)
+LATEST = Trained(
+    "v3",
+    3,
+    1700000000.0,
+    loss=0.5,
+    kl=0.01,
+    tokens_per_s=40.0,
+    processed_tokens_per_s=900.0,
+    mismatch=0.2,
+    mismatch_exact=0.004,
+    mismatch_stale=0.3,
+    is_weight_mean=0.97,
+    is_truncated_frac=0.01,
+    mean_reward=None,
+)
 TRAINER = TrainerState(RESTARTING, batch_size=8, latest=LATEST)
 JUDGE = JudgeHealth(
     status="degraded",
@@ -79,6 +93,13 @@ def test_trainer_engine_and_prefix_cache_figures():
     assert m["clawrl_trainer_status", (("status", "restarting"),)] == 1
     assert m["clawrl_train_loss", ()] == 0.5 and m["clawrl_train_step", ()] == 3
     assert ("clawrl_train_mean_reward", ()) not in m  # unknown is left out, not reported as 0
+    assert (
+        m["clawrl_train_tokens_per_s", ()] == 40.0 and m["clawrl_train_processed_tokens_per_s", ()] == 900.0
+    )
+    assert m["clawrl_train_mismatch", ()] == 0.2 and m["clawrl_train_mismatch_exact", ()] == 0.004
+    assert m["clawrl_train_mismatch_stale", ()] == 0.3 and ("clawrl_train_mismatch_processed", ()) not in m
+    assert m["clawrl_train_is_weight_mean", ()] == 0.97 and m["clawrl_train_is_truncated_frac", ()] == 0.01
+    assert not any(name in ("clawrl_train_clip_frac", "clawrl_train_dual_frac") for name, _ in m)
     assert m["clawrl_engine_batch_occupancy", ()] == 0.75
     assert m["clawrl_engine_batch_rows_total", ()] == 90 and m["clawrl_engine_steps_total", ()] == 40
     assert m["clawrl_prefix_cache_hits_total", ()] == 2 and m["clawrl_prefix_cache_lookups_total", ()] == 5
@@ -152,15 +173,18 @@ def test_state_json_keeps_the_shape_the_page_reads():
             "pg_loss": None,
             "kl": 0.01,
             "entropy": None,
-            "clip_frac": 0.1,
-            "dual_frac": None,
             "grad_norm": None,
             "mean_reward": None,
             "tokens_per_s": 40.0,
-            "mismatch": None,
-            "is_weight_mean": None,
+            "processed_tokens_per_s": 900.0,
+            "mismatch": 0.2,
+            "mismatch_exact": 0.004,
+            "mismatch_stale": 0.3,
+            "mismatch_processed": None,
+            "mismatch_conditioned": None,
+            "is_weight_mean": 0.97,
             "is_weight_min": None,
-            "is_truncated_frac": None,
+            "is_truncated_frac": 0.01,
             "is_truncated_samples": None,
             "opd_gap_p05": None,
             "opd_gap_p50": None,

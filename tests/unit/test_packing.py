@@ -92,7 +92,16 @@ def test_a_packed_step_is_the_unpacked_step_for_fewer_tokens(tiny_model_dir):
         metrics = Trainer(model, optimizer, cfg).step(samples)
         results.append((metrics, [p.detach().clone() for n, p in model.named_parameters() if "lora_" in n]))
     (packed, lora_packed), (alone, lora_alone) = results
-    for key in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm", "is_weight_mean", "mismatch"):
+    for key in (
+        "loss",
+        "pg_loss",
+        "kl",
+        "entropy",
+        "grad_norm",
+        "is_weight_mean",
+        "mismatch",
+        "mismatch_exact",
+    ):
         assert packed[key] == pytest.approx(alone[key], rel=1e-4, abs=1e-6), key
     assert packed["tokens"] == alone["tokens"] == 4 + 3 + 4 + 3
     third, other = session()[:2]
@@ -114,7 +123,7 @@ def test_the_out_of_memory_retry_split_in_halves_and_unpacked_is_the_same_step(t
         metrics = trainer.step(session(), split=split)
         results.append((metrics, [p.detach().clone() for n, p in model.named_parameters() if "lora_" in n]))
     (whole, lora_whole), (halves, lora_halves) = results
-    for key in ("loss", "pg_loss", "kl", "clip_frac", "grad_norm", "is_weight_mean"):
+    for key in ("loss", "pg_loss", "kl", "grad_norm", "is_weight_mean"):
         assert whole[key] == pytest.approx(halves[key], rel=1e-4, abs=1e-6), key
     assert halves["tokens_scored"] == sum(len(s.prompt_ids) + len(s.response_ids) for s in session())
     assert halves["tokens_scored"] > whole["tokens_scored"]  # unpacked

@@ -78,17 +78,29 @@ def lora_state(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.named_parameters() if "lora_" in k}
 
 
-def test_waits_for_a_full_batch_then_publishes_a_version(run, capsys):
+def test_waits_for_a_full_batch_then_publishes_a_version(run, capsys, caplog):
     config, store = run
     loop = loop_for(config, store)
     first = add(store, 3)
     assert loop.run_once() is False and store.latest_version().name == "v0"
     first += add(store, 1, start=3)
-    assert loop.run_once() is True
+    with caplog.at_level(logging.INFO, logger="clawrl.trainer"):
+        assert loop.run_once() is True
     v1 = store.latest_version()
     assert (v1.name, v1.step, v1.parent) == ("v1", 1, "v0")
-    for key in ("loss", "pg_loss", "kl", "clip_frac", "mean_reward", "tokens", "step_s", "tokens_per_s"):
+    for key in ("loss", "pg_loss", "kl", "mean_reward", "tokens", "step_s", "tokens_per_s", "mismatch_exact"):
         assert math.isfinite(v1.metrics[key]), key
+    # The progress line: the importance weights, the mismatch and its numerics share, both rates;
+    # no clip fraction (0 in every step: the ratio is to the step's own forward).
+    m = v1.metrics
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("published v1"))
+    assert (
+        f"IS weight {m['is_weight_mean']:.3f} (min {m['is_weight_min']:.3f}, "
+        f"{100 * m['is_truncated_frac']:.1f}% truncated), mismatch {m['mismatch']:.4f} "
+        f"(exact {m['mismatch_exact']:.4f}), {m['tokens']} answer tokens in {m['step_s']:.2f} s "
+        f"({m['tokens_per_s']:.0f} answer tokens/s, {m['processed_tokens_per_s']:.0f} processed tokens/s)"
+    ) in line
+    assert "clip" not in line and m["processed_tokens_per_s"] > m["tokens_per_s"]
     assert v1.metrics["samples"] == 4 and v1.metrics["samples_rl"] == 4
     folder = config.run_dir / "checkpoints" / "v1"
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -537,7 +549,7 @@ def test_each_step_is_logged_to_metrics_jsonl_and_tensorboard(run):
     loss = events.Scalars("train/loss")
     assert [e.step for e in loss] == [1, 2]
     assert [e.value for e in loss] == pytest.approx([v.metrics["loss"] for v in versions], rel=1e-6)
-    assert {"train/kl", "train/clip_frac", "train/tokens_per_s"} <= set(events.Tags()["scalars"])
+    assert {"train/kl", "train/mismatch_exact", "train/tokens_per_s"} <= set(events.Tags()["scalars"])
 
 
 def test_jsonl_is_the_default_logger_and_a_restart_appends(run):

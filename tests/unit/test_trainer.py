@@ -71,7 +71,9 @@ def test_rl_steps_raise_the_rewarded_tokens_probability(tiny_model_dir):
     after = _first_token_prob(model, target)
     assert after > 3 * before, (before, after)
     assert metrics["samples_rl"] == 8 and metrics["tokens"] == 32 and metrics["mean_reward"] == 0.0
-    assert metrics["kl"] >= 0 and 0 <= metrics["clip_frac"] <= 1 and metrics["tokens_per_s"] > 0
+    assert metrics["kl"] >= 0 and metrics["processed_tokens_per_s"] > metrics["tokens_per_s"] > 0
+    # the ratio is to the step's own forward: a clip fraction would read 0 in every step
+    assert not {"clip_frac", "dual_frac", "ratio_mean"} & metrics.keys()
 
 
 def test_no_advantage_no_policy_gradient(tiny_model_dir):
@@ -137,7 +139,8 @@ def test_every_token_is_weighted_by_its_truncated_importance_weight(tiny_model_d
     assert high["is_weight_min"] == pytest.approx(math.exp(-0.5), rel=2e-3)
     assert high["mismatch"] == pytest.approx(0.5, abs=2e-3) and high["mismatch_tokens"] == 32
     assert high["pg_loss"] == pytest.approx(math.exp(-0.5) * exact["pg_loss"], rel=1e-2)
-    assert high["clip_frac"] == 0.0 and high["is_truncated_frac"] == 0.0  # the ratio is to pi_prox
+    assert high["is_truncated_frac"] == 0.0 and high["mismatch_processed"] == pytest.approx(0.5, abs=2e-3)
+    assert high["mismatch_exact"] is None and high["mismatch_exact_tokens"] == 0  # every one processed
     assert low["is_weight_mean"] == pytest.approx(2.0) and low["is_truncated_frac"] == 1.0
     assert low["is_truncated_samples"] == 8 and low["pg_loss"] == pytest.approx(
         2 * exact["pg_loss"], rel=1e-2
@@ -183,7 +186,7 @@ def test_micro_batches_give_the_same_step_as_one_batch(tiny_model_dir):
         lora = [p.detach().clone() for n, p in model.named_parameters() if "lora_" in n]
         results.append((metrics, lora))
     (one, lora_one), (many, lora_many) = results
-    for key in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm"):
+    for key in ("loss", "pg_loss", "kl", "entropy", "grad_norm"):
         assert one[key] == pytest.approx(many[key], rel=1e-4, abs=1e-6), key
     assert one["tokens"] == many["tokens"] == 4 + 4 + 2 + 3
     # AdamW's first step moves each weight by about lr (1e-2) whatever the gradient's size, so float
@@ -234,3 +237,27 @@ def test_float32_is_full_fine_tunings_default_on_a_cpu_and_lora_never_has_master
     assert full.trainer.master is None and {p.dtype for p in full.model.parameters()} == {torch.float32}
     lora = build_policy(tiny_model_dir, TrainConfig(precision="bf16"), "cpu")
     assert lora.trainer.master is None
+
+
+def test_the_mismatch_is_split_by_cause_and_exact_is_the_numerics_alone(tiny_model_dir):
+    """Four samples a cause, each cause's behaviour logprobs shifted by its own amount from the
+    trainer's: `mismatch_exact` (same version, tempered, same prompt) reads only the numerics, the
+    others their shift, and `mismatch` their token-weighted mean."""
+    model, optimizer = _model(tiny_model_dir, lr=1e-3)
+    samples = _samples(model, 4093, n=16)
+    shifts = {"exact": 0.0, "stale": 0.4, "processed": 0.3, "conditioned": 0.2}
+    for i, s in enumerate(samples):
+        cause = list(shifts)[i % 4]
+        s.logprobs = [x - shifts[cause] for x in s.logprobs]
+        s.version = "v0" if cause == "stale" else "v1"
+        s.logprobs_exact = cause != "processed"
+        s.experience_ids = [7] if cause == "conditioned" else None
+    metrics = Trainer(model, optimizer, TrainConfig(kl_coef=0.0)).step(samples, current="v1")
+    assert metrics["mismatch_exact"] < 1e-4 and metrics["mismatch_exact_tokens"] == 16
+    for cause in ("stale", "processed", "conditioned"):
+        assert metrics[f"mismatch_{cause}"] == pytest.approx(shifts[cause], abs=1e-4), cause
+    assert metrics["mismatch"] == pytest.approx(sum(shifts.values()) / 4, abs=1e-4)
+    # without the version trained from, no sample can be told stale
+    model, optimizer = _model(tiny_model_dir, lr=1e-3)
+    alone = Trainer(model, optimizer, TrainConfig(kl_coef=0.0)).step(samples)
+    assert alone["mismatch_stale"] is None and alone["mismatch_exact"] == pytest.approx(0.2, abs=1e-4)

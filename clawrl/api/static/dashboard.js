@@ -169,8 +169,8 @@ function renderTrainer(t, versions, now) {
     ["status", t.status], ["restarts", t.restarts ?? "–"], ["batch size", t.batch_size ?? "–"],
     ["latest", l.version ? `${l.version} (${ago(l.created_at, now)})` : "no step yet"],
     ["step", l.step ?? "–"], ["loss", num(l.loss, 4)], ["KL", num(l.kl, 4)],
-    ["clip fraction", num(l.clip_frac)], ["tokens/s", num(l.tokens_per_s, 0)],
-    ["mismatch", num(l.mismatch, 4)],
+    ["tokens/s", `${num(l.tokens_per_s, 0)} answer, ${num(l.processed_tokens_per_s, 0)} processed`],
+    ["mismatch", `${num(l.mismatch, 4)} (exact ${num(l.mismatch_exact, 4)}, stale ${num(l.mismatch_stale, 4)}, processed ${num(l.mismatch_processed, 4)}, conditioned ${num(l.mismatch_conditioned, 4)})`],
     ["IS weight", l.is_weight_mean == null ? "–" : `mean ${num(l.is_weight_mean, 3)}, min ${num(l.is_weight_min, 3)}`],
     ["truncated", l.is_truncated_frac == null ? "–" : `${pct(l.is_truncated_frac)} of tokens, ${l.is_truncated_samples ?? 0} samples`],
   ]));
@@ -226,11 +226,11 @@ function renderVersions(versions, now) {
     return el("tr", { "data-version": v.name, class: v.status === "held" ? "held" : "" },
       el("td", {}, v.name), el("td", {}, v.step), el("td", {}, ago(v.created_at, now)), el("td", {}, v.status),
       el("td", {}, m.samples ?? "–"), el("td", {}, num(m.loss, 4)), el("td", {}, num(m.kl, 4)),
-      el("td", {}, num(m.clip_frac)), el("td", {}, num(m.tokens_per_s, 0)), el("td", {}, num(m.mean_reward, 2)),
+      el("td", {}, num(m.mismatch_exact, 4)), el("td", {}, num(m.tokens_per_s, 0)), el("td", {}, num(m.mean_reward, 2)),
       el("td", {}, s.judged ?? 0), el("td", {}, num(s.mean_score, 2)), el("td", {}, pct(s.hint_rate)),
       el("td", {}, canary), el("td", { class: collapsing ? "collapse" : "" }, collapse));
   });
-  fill("versions", table(["version", "step", "published", "status", "samples", "loss", "KL", "clip", "tokens/s",
+  fill("versions", table(["version", "step", "published", "status", "samples", "loss", "KL", "mismatch exact", "tokens/s",
     "train reward", "turns judged", "served score", "hints", "canary", "collapse"], rows));
 }
 
