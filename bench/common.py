@@ -116,16 +116,22 @@ def conversations(n: int) -> list[list[dict]]:
 
 
 async def stream_once(
-    client: AsyncOpenAI, chat: list[dict], max_tokens: int, model: str = SERVED_MODEL
+    client: AsyncOpenAI,
+    chat: list[dict],
+    max_tokens: int,
+    model: str = SERVED_MODEL,
+    temperature: float | None = TEMPERATURE,
 ) -> tuple[int, float]:
-    """Stream one answer: (completion tokens from the usage chunk, seconds to the first content)."""
+    """Stream one answer: (completion tokens from the usage chunk, seconds to the first content).
+    `temperature` None: none sent, the model's own defaults sample (as every other parameter)."""
     start = time.perf_counter()
     ttft, tokens = None, None
+    sampling = {} if temperature is None else {"temperature": temperature}
     stream = await client.chat.completions.create(
         model=model,
         messages=chat,
         max_tokens=max_tokens,
-        temperature=TEMPERATURE,
+        **sampling,
         stream=True,
         stream_options={"include_usage": True},
         extra_body={"ignore_eos": True},
@@ -141,10 +147,15 @@ async def stream_once(
 
 
 async def timed_request(
-    client: AsyncOpenAI, chat: list[dict], max_tokens: int, model: str
+    client: AsyncOpenAI,
+    chat: list[dict],
+    max_tokens: int,
+    model: str,
+    temperature: float | None = TEMPERATURE,
 ) -> tuple[int, float]:
     """(completion tokens from the usage chunk, seconds to the first content chunk)."""
-    return await asyncio.wait_for(stream_once(client, chat, max_tokens, model), REQUEST_TIMEOUT_S)
+    answer = stream_once(client, chat, max_tokens, model, temperature)
+    return await asyncio.wait_for(answer, REQUEST_TIMEOUT_S)
 
 
 async def server_phase(base_url: str, n: int, args: argparse.Namespace, model: str = SERVED_MODEL) -> dict:
@@ -153,11 +164,12 @@ async def server_phase(base_url: str, n: int, args: argparse.Namespace, model: s
     from openai import AsyncOpenAI
 
     chats = conversations(n)
+    t = getattr(args, "temperature", TEMPERATURE)  # None: the model's own (bench/serve.py --model-defaults)
     async with AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=REQUEST_TIMEOUT_S) as c:
-        await timed_request(c, chats[0], args.max_tokens, model)  # warm-up
+        await timed_request(c, chats[0], args.max_tokens, model, t)  # warm-up
 
         async def client_loop(chat: list[dict]) -> list[tuple[int, float]]:
-            return [await timed_request(c, chat, args.max_tokens, model) for _ in range(args.requests)]
+            return [await timed_request(c, chat, args.max_tokens, model, t) for _ in range(args.requests)]
 
         start = time.perf_counter()
         per_client = await asyncio.gather(*(client_loop(chat) for chat in chats))

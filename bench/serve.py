@@ -53,7 +53,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", type=Path, help="model folder (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     p.add_argument("--engine", choices=["local", "vllm"], default="local", help="vllm: bench/serve_vllm.py")
+    p.add_argument(
+        "--model-defaults",
+        action="store_true",
+        help="requests name no temperature: the model's own sampling defaults (the embedded model: "
+        "T 0.2, top_p 0.9, presence 1.0, frequency 0.3); otherwise T 1 with the model's other defaults",
+    )
     args = p.parse_args(argv)
+    args.temperature = None if args.model_defaults else TEMPERATURE
     args.clients = [int(c) for c in args.clients.split(",") if c.strip()]
     if args.max_tokens < 1 or args.requests < 1 or not args.clients or min(args.clients) < 1:
         p.error("--max-tokens, --requests and every --clients value must be >= 1")
@@ -139,7 +146,8 @@ def _row(name: str, r: dict) -> str:
 
 def print_report(meta: dict, bare: list[dict], server: list[dict], summary: dict) -> None:
     print(f"\nclawrl serve bench: {meta['model']}, max_tokens={meta['max_tokens']}, "
-          f"{meta['requests']} requests/client, torch threads={meta['threads']}")  # fmt: skip
+          f"{meta['requests']} requests/client, torch threads={meta['threads']}, "
+          f"server temperature {meta['temperature']}")  # fmt: skip
     print(f"{'':14}{'clients':>8}{'tokens':>8}{'wall s':>9}{'tok/s':>9}{'TTFT med':>10}{'TTFT max':>10}")
     for b, s in zip(bare, server, strict=True):
         print(_row("bare loop", b))
@@ -173,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.engine == "vllm":
         return serve_vllm.main(args, folder)
     meta = {"model": folder.name, "max_tokens": args.max_tokens, "requests": args.requests,
-            "clients": args.clients, "threads": torch.get_num_threads()}  # fmt: skip
+            "clients": args.clients, "threads": torch.get_num_threads(),
+            "temperature": "the model's" if args.temperature is None else args.temperature}  # fmt: skip
     meta["load_start"] = os.getloadavg()[0]
     print(f"bare decode loop on {folder} ...", flush=True)
     bare = run_bare(folder, args)

@@ -45,27 +45,43 @@ class PenaltyState:
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """`logits` [V] (float) with the penalties applied, as a new tensor."""
-        if self._counts is None:
-            self._counts = torch.zeros(logits.shape[-1], device=logits.device)
-            self._seen = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-            ids = torch.tensor([i for i in self._prompt if 0 <= i < logits.shape[-1]], dtype=torch.long)
-            self._seen[ids.to(logits.device)] = True
-        p = self.penalties
-        out = logits
-        if p.repetition != 1.0:
-            scaled = torch.where(out > 0, out / p.repetition, out * p.repetition)
-            # A tiny r (the API takes any r > 0) overflows l / r: the largest finite logit instead, so
-            # the distribution stays defined (all its mass on the seen tokens) and every logprob finite.
-            scaled = scaled.clamp(max=torch.finfo(scaled.dtype).max)
-            out = torch.where(self._seen, scaled, out)
-        if p.frequency != 0.0:
-            out = out - p.frequency * self._counts
-        if p.presence != 0.0:
-            out = out - p.presence * (self._counts > 0).float()
-        return out
+        return penalise(logits[None], [self])[0]
+
+    def tensors(self, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens seen [V] (bool) and the times each was drawn [V] (float), made at first use."""
+        if self._counts is None or self._seen is None:
+            self._counts = torch.zeros(vocab, device=device)
+            self._seen = torch.zeros(vocab, dtype=torch.bool, device=device)
+            ids = torch.tensor([i for i in self._prompt if 0 <= i < vocab], dtype=torch.long)
+            self._seen[ids.to(device)] = True
+        return self._seen, self._counts
 
     def observe(self, token_id: int) -> None:
         """Count a drawn token."""
         if self._counts is not None and 0 <= token_id < self._counts.shape[0]:
             self._counts[token_id] += 1
             self._seen[token_id] = True
+
+
+def penalise(logits: torch.Tensor, states: Sequence[PenaltyState]) -> torch.Tensor:
+    """`logits` [P, V] (float) with row i's penalties (`states[i]`) applied, the batch at once, as a
+    new tensor. A penalty that is off is a no-op on its row (r = 1 scales nothing, f = p = 0 subtract 0)."""
+    vocab, device = logits.shape[-1], logits.device
+    seen, counts = (torch.stack(t) for t in zip(*(s.tensors(vocab, device) for s in states), strict=True))
+
+    def column(name: str) -> torch.Tensor:  # [P, 1]: one figure a row
+        return torch.tensor([getattr(s.penalties, name) for s in states], device=device)[:, None]
+
+    r, f, p = column("repetition"), column("frequency"), column("presence")
+    out = logits
+    if bool((r != 1.0).any()):
+        scaled = torch.where(out > 0, out / r, out * r)
+        # A tiny r (the API takes any r > 0) overflows l / r: the largest finite logit instead, so
+        # the distribution stays defined (all its mass on the seen tokens) and every logprob finite.
+        scaled = scaled.clamp(max=torch.finfo(scaled.dtype).max)
+        out = torch.where(seen & (r != 1.0), scaled, out)
+    if bool((f != 0.0).any()):
+        out = out - f * counts
+    if bool((p != 0.0).any()):
+        out = out - p * (counts > 0).float()
+    return out

@@ -10,7 +10,10 @@ For T_i == 0 the token is argmax(l_i) and logp = log_softmax(l_i)[token].
 
 The exponential race samples every row in one vectorised argmax; a seeded
 request draws its noise from its own generator, so its tokens do not depend on
-which other requests share the batch.
+which other requests share the batch. The penalties, the top-k and the top-p cuts are
+applied to the whole batch at once (each row its own k, p and penalties: a row without a
+cut gets a threshold that cuts nothing), never row by row in Python: the same masks and
+probabilities as one row at a time (tests/unit/test_sampling.py keeps that version to check).
 
 The recorded logprob ignores the top-k and top-p truncations and the repetition penalties
 (`penalties.py`: they shape q_i only) on purpose: the trainer can recompute
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from clawrl.engine.local.penalties import NO_PENALTIES, Penalties, PenaltyState
+from clawrl.engine.local.penalties import NO_PENALTIES, Penalties, PenaltyState, penalise
 
 MASKED_LOGPROB = -9999.0  # how a top logprob of a token masked out by a grammar is shown
 
@@ -98,13 +101,16 @@ def _penalised(
 ) -> torch.Tensor:
     """The log-distribution each row draws from: `logprobs`, or the penalised logits' where a row
     has repetition penalties."""
-    if all(r.penalty is None for r in rows):
+    states = [r.penalty for r in rows if r.penalty is not None]
+    if not states:
         return logprobs
-    shaped = logits.clone()
-    for i, row in enumerate(rows):
-        if row.penalty is not None:
-            shaped[i] = row.penalty.apply(logits[i])
-    return torch.log_softmax(shaped / temps[:, None], dim=-1)
+    if len(states) == len(rows):  # the usual case: every row under the model's own penalties
+        return torch.log_softmax(penalise(logits, states) / temps[:, None], dim=-1)
+    some = torch.tensor([r.penalty is not None for r in rows], device=logits.device)
+    shaped = penalise(logits[some], states) / temps[some][:, None]
+    out = logprobs.clone()
+    out[some] = torch.log_softmax(shaped, dim=-1)
+    return out
 
 
 def _choose(logprobs: torch.Tensor, rows: list[RowSampler]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,12 +120,7 @@ def _choose(logprobs: torch.Tensor, rows: list[RowSampler]) -> tuple[torch.Tenso
     hot = [i for i, r in enumerate(rows) if r.temperature > 0]
     if not hot:
         return chosen, drawn
-    probs = logprobs[hot].exp()  # [S, V]
-    for j, i in enumerate(hot):
-        if 0 < rows[i].top_k < probs.shape[-1]:
-            probs[j] = _top_k(probs[j], rows[i].top_k)
-        if rows[i].top_p < 1.0:
-            probs[j] = _nucleus(probs[j], rows[i].top_p)
+    probs = _truncate(logprobs[hot].exp() if len(hot) < len(rows) else logprobs.exp(), [rows[i] for i in hot])
     # Exp(1) noise as -log(U): torch's exponential_ is ~6x slower than rand on CPU.
     uniform = torch.empty_like(probs)
     if all(rows[i].generator is None for i in hot):
@@ -134,22 +135,52 @@ def _choose(logprobs: torch.Tensor, rows: list[RowSampler]) -> tuple[torch.Tenso
     return chosen, drawn
 
 
-def _top_k(probs: torch.Tensor, k: int) -> torch.Tensor:
-    """Zero out every token outside the k most likely (ties at the k-th are kept)."""
-    kth = probs.topk(k).values[-1]
+def _truncate(probs: torch.Tensor, rows: list[RowSampler]) -> torch.Tensor:
+    """probs [S, V] (row j: rows[j]'s) with each row's top-k, then top-p, cut (zeros; not renormalised)."""
+    vocab = probs.shape[-1]
+    ks = [r.top_k if 0 < r.top_k < vocab else 0 for r in rows]
+    if any(ks):
+        probs = _top_k(probs, ks)
+    ps = [r.top_p for r in rows]
+    if min(ps) < 1.0:
+        probs = _nucleus(probs, ps)
+    return probs
+
+
+def _top_k(probs: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    """probs [S, V]: zero out every token of row j outside its ks[j] most likely (ties at the k-th
+    are kept; 0: no cut)."""
+    k = torch.tensor(ks, device=probs.device)[:, None]  # [S, 1]
+    kth = probs.topk(max(ks), dim=-1).values.gather(1, (k - 1).clamp(min=0))  # [S, 1]: the k-th largest
+    kth = kth.masked_fill(k == 0, 0.0)  # no probability is below 0: nothing cut
     return probs.masked_fill(probs < kth, 0.0)
 
 
-def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Zero out the tail outside the smallest set whose mass reaches top_p."""
-    if top_p >= 1.0:
-        return probs
-    sorted_probs, order = probs.sort(descending=True)
-    before = sorted_probs.cumsum(0) - sorted_probs  # mass strictly before each token
+NUCLEUS_CANDIDATES = 1024  # tokens sorted first; a nucleus that reaches past them sorts the whole row
+
+
+def _nucleus(probs: torch.Tensor, ps: list[float]) -> torch.Tensor:
+    """probs [S, V]: zero out the tail of row j outside the smallest set whose mass reaches ps[j]
+    (1: no cut). Tokens past a row's nucleus are all cut, so where every row's nucleus ends within the
+    NUCLEUS_CANDIDATES most likely, those are sorted (topk) instead of the whole vocabulary."""
+    top_p = torch.tensor(ps, device=probs.device)[:, None]  # [S, 1]
+    top_p = top_p.masked_fill(top_p >= 1.0, float("inf"))  # before >= inf never: nothing cut
+    if probs.shape[-1] > NUCLEUS_CANDIDATES:
+        head, order = probs.topk(NUCLEUS_CANDIDATES, dim=-1)  # sorted, descending
+        before = head.cumsum(-1) - head  # mass strictly before each token
+        if bool((before[:, -1:] + head[:, -1:] >= top_p).all()):  # every nucleus ends in the head
+            kept = _cut(head, before, top_p)
+            return torch.zeros_like(probs).scatter_(1, order, kept)
+    ordered, order = probs.sort(dim=-1, descending=True)
+    kept = _cut(ordered, ordered.cumsum(-1) - ordered, top_p)
+    return torch.zeros_like(probs).scatter_(1, order, kept)
+
+
+def _cut(ordered: torch.Tensor, before: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Each row's probabilities in descending order [S, N], zero once the mass before reaches top_p."""
     cut = before >= top_p
-    cut[0] = False  # the most likely token always stays, so top_p=0 is greedy
-    sorted_probs[cut] = 0.0
-    return torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    cut[:, 0] = False  # the most likely token always stays, so top_p=0 is greedy
+    return ordered.masked_fill(cut, 0.0)
 
 
 def _top(logprobs: torch.Tensor, k: int) -> list[list[tuple[int, float]]]:
