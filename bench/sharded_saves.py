@@ -1,9 +1,10 @@
 """Seconds a trainer group waits per version: the synchronous whole save against the sharded async one.
 
-Run: .venv/bin/python bench/sharded_saves.py [--versions 6] [--model PATH] [--json PATH]
+Run: .venv/bin/python bench/sharded_saves.py [--versions 6] [--hidden 512 --layers 4] [--json PATH]
 
 Two FSDP ranks under gloo on the CPU (as clawrl's tests run them), full fine-tuning of the tests'
-tiny model (or `--model`), AdamW. Each version is one training step (a forward and backward on
+tiny model (or, with `--hidden`, bench/fsdp_memory.py's random Llama of that width and `--layers`
+layers, SmolLM2's vocabulary), AdamW. Each version is one training step (a forward and backward on
 random tokens) and then its save, timed on every rank from the save's start until both ranks may
 train on (a barrier: the group waits for rank 0's write):
 
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 
 from common import tiny_model
+from fsdp_memory import make_model
 
 
 def step(model, optimizer, vocab: int) -> None:
@@ -94,11 +96,15 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--versions", type=int, default=6)
-    parser.add_argument("--model", type=Path, default=None, help="default: the tests' tiny model")
+    parser.add_argument("--hidden", type=int, default=0, help="a random Llama this wide (0: the tiny model)")
+    parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.model or tiny_model(Path(tmp))
+        if args.hidden:
+            model = make_model(Path(tmp) / "model", args.hidden, args.layers)
+        else:
+            model = tiny_model(Path(tmp))
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -107,7 +113,8 @@ def main() -> None:
         ranks = json.loads(out.read_text())
     result = {mode: max(r[mode] for r in ranks) for mode in ("baseline", "sharded")}
     result["ratio"] = result["sharded"] / result["baseline"]
-    print(f"model: {args.model or 'tiny (tests)'}, 2 FSDP ranks (gloo, CPU), {args.versions} versions")
+    shape = f"random Llama {args.hidden} wide, {args.layers} layers" if args.hidden else "tiny (tests)"
+    print(f"model: {shape}, 2 FSDP ranks (gloo, CPU), {args.versions} versions")
     print(f"baseline (whole state to rank 0, fsynced): {result['baseline']:.3f} s waited per version")
     print(f"sharded async (bf16 version + DCP shards): {result['sharded']:.3f} s waited per version")
     print(f"ratio sharded / baseline: {result['ratio']:.2f}")

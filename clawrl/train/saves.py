@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -143,7 +142,6 @@ class ShardedSaves:
         self.main = dist.get_rank() == 0
         self.group = dist.new_group(backend="gloo")  # collective: every rank builds it, in step
         self.pending: Future | None = None
-        self.waited_s = 0.0  # the group's seconds in `save` and `wait`: staging, a previous save
 
     def due(self, step: int) -> bool:
         return step % self.every == 0
@@ -154,21 +152,17 @@ class ShardedSaves:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         self.wait()
-        start = time.perf_counter()
         model, optim = get_state_dict(self.trained, self.optimizer)
         self.pending = dcp.async_save(
             {"model": model, "optim": optim}, checkpoint_id=self.root / version, process_group=self.group
         )
-        self.waited_s += time.perf_counter() - start
 
     def wait(self) -> None:
         """Until the save in flight is complete (then, on rank 0, prune old saves)."""
         if self.pending is None:
             return
-        start = time.perf_counter()
         pending, self.pending = self.pending, None
         pending.result()
-        self.waited_s += time.perf_counter() - start
         if self.main:
             self.prune()
 
