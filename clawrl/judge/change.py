@@ -82,6 +82,13 @@ _FORM = re.compile(
     + r")\b",
     re.IGNORECASE,
 )
+# Where the answer begins or ends: "end with a summary line", "open it with a greeting", "sign off
+# with your name". Added after clawrl/judge/quoted.jsonl was first measured (its case 01 had been
+# caught only by a word inside its quotation, which the reading no longer looks at).
+_BOUNDS = re.compile(
+    r"\b(?:end|start|begin|open|close|finish|sign(?: off)?)(?: (?:it|each \w+|every \w+|the \w+))? with\b",
+    re.IGNORECASE,
+)
 # A new task that builds on the answer: not a request to change it.
 _NEW_TASK = re.compile(
     r"\b(?:also|another|the same for|the same thing for|what about|how about(?! (?:you|making))"
@@ -104,4 +111,5 @@ def _asks_for_change(sentence: str) -> bool:
         return False
     if _NEW_TASK.search(sentence):
         return False
-    return bool(_BACK.search(sentence) or _DIFFERENCE.search(sentence) or _FORM.search(sentence))
+    aimed = (_BACK, _DIFFERENCE, _FORM, _BOUNDS)
+    return any(pattern.search(sentence) for pattern in aimed)

@@ -39,6 +39,10 @@ something, where m samples of one prompt would mostly repeat one argmax. (Sampli
 instead was the other choice; it makes a confident reading lose votes by chance.) A user's
 reply is shown beside users' replies, a tool result beside tool results (two pools).
 
+Quoted words are what the answer said or should say, not the user's verdict: the prompt shows
+each quoted phrase as '...', and the cues read only outside quotations (issue 53: "Could you end
+with 'Hope that helps!'?" read as thanks; clawrl/judge/quoted.jsonl 12/18 -> 15/18 right sign).
+
 The prompt carries the reply only, as text: the next user message(s), tool results marked
 with the tool's name. The question, the answer and the agent's system prompt stay out: what the
 next state says about the answer is in the next state, and every token of context costs each
@@ -49,6 +53,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass
 
 from clawrl.judge.change import change_request
@@ -110,6 +115,11 @@ class Reading:
         return f"likelihood vote, prompt variant {self.variant}: {shown} (calibrated){cue}"
 
 
+# A quoted phrase: in double or typographic quotes, or in single quotes opened after a space (an
+# apostrophe inside a word, "that's", opens nothing).
+_QUOTED = re.compile(r"[\"“«][^\"”»]*[\"”»]|(^|\s)'[^'\n]+'(?=[\s.,;:!?)-]|$)")
+
+
 def examples(variant: int, tool: bool) -> list[tuple[str, int]]:
     """The examples of vote `variant`: PER_LABEL of each label from the pool, chosen and ordered by
     its seed."""
@@ -126,7 +136,14 @@ def prompt(variant: int, reply: str) -> str:
     words = {label: word for label, word in LABELS}
     shots = examples(variant, tool=reply.startswith(TOOL_MARK))
     text = "".join(f"Reply: {_one_line(t)}\nLabel:{words[label]}\n\n" for t, label in shots)
-    return f"{text}Reply: {_one_line(reply)}\nLabel:"
+    return f"{text}Reply: {_one_line(unquoted(reply))}\nLabel:"
+
+
+def unquoted(reply: str) -> str:
+    """`reply` with each quoted phrase shown as '...': words in quotes are what the answer said or
+    should say, not the user's own verdict, and a small model reads their tone as the user's
+    ("Could you end with 'Hope that helps!'?" read as thanks: issue 53's `signoff`)."""
+    return _QUOTED.sub(lambda m: f"{m.group(1) or ''}'...'", reply)
 
 
 def content_free(reply: str) -> str:
@@ -168,10 +185,12 @@ def reading(
 
 def cue_of(reply: str) -> str | None:
     """The dissatisfaction cue in a user's reply, or its request to change the answer
-    (`judge/change.py`); a reply that starts with a tool result has neither."""
+    (`judge/change.py`), read outside its quotations (a quoted "is broken" or "could you" is what
+    was or should be written, not the user's complaint); a tool result has neither."""
     if reply.startswith(TOOL_MARK):
         return None
-    return dissatisfaction(reply) or change_request(reply)
+    words = unquoted(reply)
+    return dissatisfaction(words) or change_request(words)
 
 
 def _vote(q: dict[int, float]) -> int:
