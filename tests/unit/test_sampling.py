@@ -11,7 +11,7 @@ import torch
 from clawrl.engine.local.penalties import Penalties, PenaltyState
 from clawrl.engine.local.sampling import RowSampler, _penalised, _truncate, sample_rows
 
-VOCAB = 5000  # past NUCLEUS_CANDIDATES: both the head's and the whole row's sort are taken
+VOCAB = 5000  # past NUCLEUS_CANDIDATES: the heads' and the whole row's sorts are taken
 
 
 # The reference: the sampler as it was (2026-11-25), one row at a time.

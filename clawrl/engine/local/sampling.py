@@ -25,6 +25,7 @@ the masked distribution; the trainer rebuilds the same mask.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,6 +34,10 @@ import torch
 from clawrl.engine.local.penalties import NO_PENALTIES, Penalties, PenaltyState, penalise
 
 MASKED_LOGPROB = -9999.0  # how a top logprob of a token masked out by a grammar is shown
+# exp of a log-probability below this is a subnormal float (< 1.2e-38), which a CPU computes (and
+# every later op on it: topk, division, argmax) tens of times slower; at T 0.2 most of a row is
+# there. Such a probability is taken as 0: a mass no draw could pick.
+SUBNORMAL_LOGPROB = math.log(torch.finfo(torch.float32).tiny)
 
 
 @dataclass
@@ -84,7 +89,10 @@ def sample_rows(logits: torch.Tensor, rows: list[RowSampler]) -> list[Sampled]:
     """Sample one token per row of `logits` [B, V] (any dtype/device)."""
     logits = logits.float()
     temps = torch.tensor([r.temperature if r.temperature > 0 else 1.0 for r in rows], device=logits.device)
-    logprobs = torch.log_softmax(logits / temps[:, None], dim=-1)  # [B, V]
+    # log_softmax(logits / T) [B, V]: the draw's where a row has no penalty, the top logprobs'. Not
+    # computed where neither needs it (every row penalised, as under the model's own defaults).
+    needed = not rows or any(r.penalty is None or r.top_logprobs for r in rows)
+    logprobs = torch.log_softmax(logits / temps[:, None], dim=-1) if needed else None
     chosen, drawn = _choose(_penalised(logits, logprobs, temps, rows), rows)
     picked = drawn.tolist()
     ids = chosen.tolist()
@@ -92,20 +100,21 @@ def sample_rows(logits: torch.Tensor, rows: list[RowSampler]) -> list[Sampled]:
         if row.penalty is not None:
             row.penalty.observe(token)
     k = max(r.top_logprobs for r in rows)
-    tops = _top(logprobs, k) if k else [[] for _ in rows]
+    tops = _top(logprobs, k) if k and logprobs is not None else [[] for _ in rows]
     return [Sampled(ids[i], picked[i], tuple(tops[i][: rows[i].top_logprobs])) for i in range(len(rows))]
 
 
 def _penalised(
-    logits: torch.Tensor, logprobs: torch.Tensor, temps: torch.Tensor, rows: list[RowSampler]
+    logits: torch.Tensor, logprobs: torch.Tensor | None, temps: torch.Tensor, rows: list[RowSampler]
 ) -> torch.Tensor:
-    """The log-distribution each row draws from: `logprobs`, or the penalised logits' where a row
-    has repetition penalties."""
+    """The log-distribution each row draws from: `logprobs` (None only where every row is
+    penalised), or the penalised logits' where a row has repetition penalties."""
     states = [r.penalty for r in rows if r.penalty is not None]
+    if states and len(states) == len(rows):  # the usual case: every row under the model's own penalties
+        return torch.log_softmax(penalise(logits, states) / temps[:, None], dim=-1)
+    assert logprobs is not None
     if not states:
         return logprobs
-    if len(states) == len(rows):  # the usual case: every row under the model's own penalties
-        return torch.log_softmax(penalise(logits, states) / temps[:, None], dim=-1)
     some = torch.tensor([r.penalty is not None for r in rows], device=logits.device)
     shaped = penalise(logits[some], states) / temps[some][:, None]
     out = logprobs.clone()
@@ -120,7 +129,9 @@ def _choose(logprobs: torch.Tensor, rows: list[RowSampler]) -> tuple[torch.Tenso
     hot = [i for i, r in enumerate(rows) if r.temperature > 0]
     if not hot:
         return chosen, drawn
-    probs = _truncate(logprobs[hot].exp() if len(hot) < len(rows) else logprobs.exp(), [rows[i] for i in hot])
+    hot_logprobs = logprobs[hot] if len(hot) < len(rows) else logprobs
+    probs = hot_logprobs.masked_fill(hot_logprobs < SUBNORMAL_LOGPROB, float("-inf")).exp()  # [S, V]
+    probs = _truncate(probs, [rows[i] for i in hot])
     # Exp(1) noise as -log(U): torch's exponential_ is ~6x slower than rand on CPU.
     uniform = torch.empty_like(probs)
     if all(rows[i].generator is None for i in hot):
@@ -156,17 +167,19 @@ def _top_k(probs: torch.Tensor, ks: list[int]) -> torch.Tensor:
     return probs.masked_fill(probs < kth, 0.0)
 
 
-NUCLEUS_CANDIDATES = 1024  # tokens sorted first; a nucleus that reaches past them sorts the whole row
+# The most likely tokens sorted first (topk, a few ms), larger until every row's nucleus ends among
+# them; past the last, the whole rows are sorted (~10x as long at a 49k vocabulary).
+NUCLEUS_CANDIDATES = (64, 1024)
 
 
 def _nucleus(probs: torch.Tensor, ps: list[float]) -> torch.Tensor:
     """probs [S, V]: zero out the tail of row j outside the smallest set whose mass reaches ps[j]
     (1: no cut). Tokens past a row's nucleus are all cut, so where every row's nucleus ends within the
-    NUCLEUS_CANDIDATES most likely, those are sorted (topk) instead of the whole vocabulary."""
+    n most likely (NUCLEUS_CANDIDATES), those are sorted (topk) instead of the whole vocabulary."""
     top_p = torch.tensor(ps, device=probs.device)[:, None]  # [S, 1]
     top_p = top_p.masked_fill(top_p >= 1.0, float("inf"))  # before >= inf never: nothing cut
-    if probs.shape[-1] > NUCLEUS_CANDIDATES:
-        head, order = probs.topk(NUCLEUS_CANDIDATES, dim=-1)  # sorted, descending
+    for n in (n for n in NUCLEUS_CANDIDATES if n < probs.shape[-1]):
+        head, order = probs.topk(n, dim=-1)  # sorted, descending
         before = head.cumsum(-1) - head  # mass strictly before each token
         if bool((before[:, -1:] + head[:, -1:] >= top_p).all()):  # every nucleus ends in the head
             kept = _cut(head, before, top_p)
