@@ -68,7 +68,8 @@ Several ranks (`train.distributed.num_processes` > 1, `train/group.py`): rank 0
 alone reads and marks samples in the store, loads versions first, writes
 checkpoints, runs the canary and publishes (under FSDP every rank runs the canary with it, and
 joins the gather of the whole state that rank 0 writes; full weights: of the bf16 weights alone,
-the training state saved sharded and in the background by every rank, train/saves.py). Each pass it broadcasts whether to stop, then a
+the training state saved sharded and in the background by every rank, train/saves.py). Each
+pass it broadcasts whether to stop, then a
 `PassPlan` (follow a version; train these samples); the other ranks load the
 version it names from the run folder (shared by all ranks) and train their
 share of the same samples. The other ranks never touch the store. Rank 0

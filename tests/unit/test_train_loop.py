@@ -184,11 +184,11 @@ class PoisonedTrainer:
     def __init__(self, trainer, poison: str) -> None:
         self.trainer, self.poison, self.steps = trainer, poison, []
 
-    def step(self, samples, split=False):
+    def step(self, samples, split=False, current=None):
         self.steps.append([s.turn_id for s in samples])
         if any(s.turn_id == self.poison for s in samples):
             raise ValueError(f"{self.poison} breaks the step")
-        return self.trainer.step(samples, split=split)
+        return self.trainer.step(samples, split=split, current=current)
 
     def __getattr__(self, name):
         return getattr(self.trainer, name)
@@ -271,13 +271,13 @@ class ShortOfMemory:
     def __init__(self, trainer, fails: int | None = 1) -> None:
         self.trainer, self.fails, self.calls = trainer, fails, []
 
-    def step(self, samples, split=False):
+    def step(self, samples, split=False, current=None):
         self.calls.append(split)
         if self.fails is None or (not split and self.fails):
             if self.fails:
                 self.fails -= 1
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return self.trainer.step(samples, split=split)
+        return self.trainer.step(samples, split=split, current=current)
 
     def __getattr__(self, name):
         return getattr(self.trainer, name)
