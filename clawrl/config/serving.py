@@ -163,8 +163,14 @@ class VLLMConfig(Section):
     max_lora_rank: int = Field(
         16, gt=0, description="vLLM's --max-lora-rank: the largest LoRA rank it can serve."
     )
-    max_loras: int = Field(
-        2, ge=2, description="vLLM's --max-loras: adapters in one batch (a swap briefly serves two)."
+    max_loras: int | None = Field(
+        None,
+        ge=2,
+        description="vLLM's --max-loras: adapters decoded in one batch, each a slot vLLM preallocates "
+        "on the GPU at max_lora_rank (87 MB at 8B in bf16, counted in the server's share). None: 2 "
+        "(a swap briefly serves two); with an adapter per user, every user's and one for a swap, at "
+        "most 16: the rest wait in vLLM's CPU cache (--max-cpu-loras, every user's, pinned host "
+        "memory) and a request of a 17th user in one step waits a step (clawrl/model/adapter_slots.py).",
     )
     startup_timeout_s: float = Field(
         600.0, gt=0, description="How long a starting vLLM server may take to answer /health."

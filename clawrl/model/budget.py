@@ -175,13 +175,19 @@ class Server:
     window: int  # tokens served
     share: float | None = None  # engine.gpu_share as configured
     prefix_cache_bytes: int | None = None  # engine.prefix_cache_mb as configured (the local engine)
-    adapter_params: int = 0  # LoRA versions: the served adapter, float32, two during a swap
+    adapter_params: int = 0  # one shared LoRA adapter's: served in float32, two during a swap
+    # An adapter per user, or vLLM: the slots preallocated on the GPU (model/adapter_slots.py), and
+    # the adapters kept in pinned host memory (vLLM's CPU cache), outside any GPU share.
+    adapter_bytes: int = 0
+    adapter_host_bytes: int = 0
+    adapter_slots: int = 0  # how many slots adapter_bytes holds
 
     def floor(self, weights: int, kv_per_token: int) -> int:
         """The least it can serve in: weights, adapters, one window's KV, the workspace, the context."""
         return (
             weights
             + 8 * self.adapter_params
+            + self.adapter_bytes
             + self.window * kv_per_token
             + SERVER_WORKSPACE
             + PROCESS_OVERHEAD

@@ -208,11 +208,16 @@ def _server_why(b: Budget, server: Server) -> str:
     else:
         how = f"alone on its GPU: {ALONE_SHARE:g}, vLLM's own default"
     window = b.window_kv_bytes // max(1, b.kv_per_token)
-    return (
+    adapters = 8 * server.adapter_params + server.adapter_bytes
+    slots = f" in {server.adapter_slots} slots" if server.adapter_slots else ""
+    text = (
         f"{how}; needs >= {_gib(b.server_floor)} GiB (weights {_gib(b.weights_bytes)}, a {window:,}-token "
         f"window's KV {_gib(b.window_kv_bytes)}, workspace {_gib(SERVER_WORKSPACE)}, context "
-        f"{_gib(PROCESS_OVERHEAD)} and adapters)"
+        f"{_gib(PROCESS_OVERHEAD)}, adapters {_gib(adapters)}{slots})"
     )
+    if server.adapter_host_bytes:
+        text += f"; adapters in pinned host memory {_gib(server.adapter_host_bytes)} GiB"
+    return text
 
 
 def _trainer_why(

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from clawrl.config import Config
 from clawrl.engine.registry import resolve_kind
 from clawrl.model import budget, placement
+from clawrl.model.adapter_slots import adapter_memory
 from clawrl.model.gpu import cuda_index, gpu_totals, model_facts
 from clawrl.model.load import model_folder, served_context
 from clawrl.train.sizing import CONSERVATIVE, rule_for
@@ -155,11 +156,17 @@ def plan_layout(config: Config, folder: Path, gpu: int, gpus: tuple[int, ...]) -
     shape, params, model_config = model_facts(folder)  # read once: the safetensors headers
     window = served_context(config.model.path, config.model.max_context)
     window = window or int(model_config.get("max_position_embeddings") or 4096)
-    lora = config.train.weights == "lora"
-    adapter = shape.lora_params(config.train.lora.rank, tuple(config.train.lora.targets)) if lora else 0
+    adapters = adapter_memory(config, shape, config.engine.kind, DTYPE_BYTES[config.model.dtype])
     mb = config.engine.prefix_cache_mb
     server = budget.Server(
-        gpu, window, config.engine.gpu_share, None if mb is None else mb << 20, adapter_params=adapter
+        gpu,
+        window,
+        config.engine.gpu_share,
+        None if mb is None else mb << 20,
+        adapter_params=adapters.shared_params,
+        adapter_bytes=adapters.device,
+        adapter_host_bytes=adapters.host,
+        adapter_slots=adapters.slots,
     )
 
     d = config.train.distributed

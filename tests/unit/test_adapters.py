@@ -18,8 +18,8 @@ from clawrl.engine.base import SamplingParams, VersionRefused
 from clawrl.engine.local.engine import LocalEngine
 from clawrl.engine.local.merge import SidePaths
 from clawrl.engine.local.stack import AdapterStack
-from clawrl.engine.vllm.build import max_loras
 from clawrl.engine.watcher import VersionWatcher
+from clawrl.model.adapter_slots import vllm_max_cpu_loras, vllm_max_loras
 from clawrl.store.db import Store
 from clawrl.testing import Publisher, make_turn
 from clawrl.train.checkpoints import save_version
@@ -415,5 +415,9 @@ def test_per_user_is_the_default_with_users_and_lora_and_refused_with_full_weigh
     vllm = {"kind": "vllm", "vllm": {"url": "http://127.0.0.1:9"}}  # vLLM's multi-LoRA serves them
     assert Config(server={"users": users}, engine=vllm).per_user_adapters
     users.write_text(json.dumps({f"user{i}": f"key-{i}" for i in range(5)}))
-    assert max_loras(Config(server={"users": users}, engine=vllm)) == 7  # 5 users, default, a swap
-    assert max_loras(Config(server={"users": users}, engine=vllm, train={"adapters": "shared"})) == 2
+    assert vllm_max_loras(Config(server={"users": users}, engine=vllm)) == 7  # 5 users, default, a swap
+    assert vllm_max_loras(Config(server={"users": users}, engine=vllm, train={"adapters": "shared"})) == 2
+    users.write_text(json.dumps({f"user{i}": f"key-{i}" for i in range(100)}))
+    many = Config(server={"users": users}, engine=vllm)
+    assert vllm_max_loras(many) == 16  # slots for what decodes at once; the rest in the CPU cache
+    assert vllm_max_cpu_loras(many) == 102  # 100 users, default, a swap

@@ -22,6 +22,7 @@ import torch
 from clawrl.config import Config
 from clawrl.engine.local.engine import LocalEngine
 from clawrl.engine.local.prefix_cache import PrefixCache
+from clawrl.model.adapter_slots import local_slots
 from clawrl.model.gpu import cap_process, cuda_index
 from clawrl.model.load import generation_defaults, load_model, model_folder, served_context
 
@@ -94,5 +95,7 @@ def build_local_engine(config: Config) -> tuple[LocalEngine, Any]:
         constrained_decoding=e.constrained_decoding,
         kv_tokens=kv_tokens(e.batch_kv_mb, loaded.model),
         per_user=config.per_user_adapters,
+        adapter_slots=local_slots(config),
+        lora_rank=t.lora.rank,
     )
     return engine, loaded.tokenizer

@@ -105,6 +105,8 @@ class LocalEngine:
         constrained_decoding: bool = True,
         kv_tokens: int | None = None,
         per_user: bool = False,
+        adapter_slots: int = 2,
+        lora_rank: int = 16,
     ) -> None:
         self.model = model.eval()
         self.model_name = model_name
@@ -133,7 +135,9 @@ class LocalEngine:
         self._stats = EngineStats()
         # An adapter per user (docs/users.md): each row its user's adapter (stack.py); else one version
         # for every request, merged into the weights or on side paths (merge.py).
-        self._adapters = AdapterStack(self.model, lora_targets) if per_user else None
+        # `adapter_slots` (the base's included) at `lora_rank` are preallocated (model/adapter_slots.py).
+        stack = AdapterStack(self.model, lora_targets, adapter_slots, lora_rank) if per_user else None
+        self._adapters = stack
         self._versions = self._adapters or VersionMerger(self.model, lora_targets)
         self._scorer = Scorer(self.model, self._versions, self.device)
         self._merge_eagerly = merge_eagerly  # a server that trains LoRA copies the base weights at start

@@ -26,6 +26,7 @@ from clawrl.config import Config
 from clawrl.engine.choice import vllm_python_path
 from clawrl.engine.vllm.engine import VLLMEngine
 from clawrl.engine.vllm.server import VLLMServer, VLLMUnavailable, vllm_command
+from clawrl.model.adapter_slots import vllm_max_cpu_loras, vllm_max_loras
 from clawrl.model.load import (
     generation_defaults,
     load_tokenizer,
@@ -52,14 +53,6 @@ def vllm_python(config: Config) -> str:
     return str(python)
 
 
-def max_loras(config: Config) -> int:
-    """vLLM's --max-loras: `engine.vllm.max_loras`, raised with an adapter per user to every served
-    user's adapter (the users in the file and the default user) and one more for a swap's moment."""
-    if not config.per_user_adapters:
-        return config.engine.vllm.max_loras
-    return max(config.engine.vllm.max_loras, len(config.server.user_names) + 1)
-
-
 def server_gpus(config: Config) -> str | None:
     """CUDA_VISIBLE_DEVICES of the vLLM clawrl starts: the placement plan's GPU for the server
     (model.device) alone, so vLLM's device 0 is that GPU; None on a CPU (no plan: no share)."""
@@ -84,7 +77,7 @@ def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
     if v.start:
         lora = config.train.weights == "lora"
         share = config.engine.gpu_share  # set at start on a GPU (the memory budget); None on a CPU
-        v = v.model_copy(update={"max_loras": max_loras(config)})
+        v = v.model_copy(update={"max_loras": vllm_max_loras(config)})
         python = vllm_python(config)
 
         def launch(port: int) -> tuple[str, list[str]]:
@@ -97,6 +90,7 @@ def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
                 lora=lora,
                 rope=rope,
                 gpu_share=share,
+                max_cpu_loras=vllm_max_cpu_loras(config),
             )
             return f"http://127.0.0.1:{port}", command
 

@@ -93,10 +93,12 @@ def vllm_command(
     lora: bool,
     rope: dict[str, Any] | None = None,
     gpu_share: float | None = None,
+    max_cpu_loras: int | None = None,
 ) -> list[str]:
     """The api_server command line clawrl starts (docs/vllm.md lists the same flags for attaching).
     `rope`: the config overrides of a window past the trained one (`model.load.vllm_rope`);
-    `gpu_share`: the server's share of its GPU in the memory budget (None: a CPU)."""
+    `gpu_share`: the server's share of its GPU in the memory budget (None: a CPU); `max_cpu_loras`:
+    the adapters vLLM keeps in host memory (its CPU cache, never fewer than --max-loras)."""
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
     cmd += ["--served-model-name", BASE_NAME, "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--max-model-len", str(max_context), "--max-logprobs", "20"]
@@ -106,7 +108,9 @@ def vllm_command(
     # "auto", vLLM would give them to xgrammar, which reads their %json but not their JSON style.
     cmd += ["--structured-outputs-config", '{"backend": "guidance"}']
     if lora:
-        cmd += ["--enable-lora", "--max-lora-rank", str(v.max_lora_rank), "--max-loras", str(v.max_loras)]
+        loras = v.max_loras or 2  # set from the users at start (model/adapter_slots.py)
+        cmd += ["--enable-lora", "--max-lora-rank", str(v.max_lora_rank), "--max-loras", str(loras)]
+        cmd += ["--max-cpu-loras", str(max(max_cpu_loras or loras, loras))]
     if rope is not None:
         cmd += ["--hf-overrides", json.dumps(rope)]
     if gpu_share is not None:  # vLLM's share counts all its process holds, as the budget's does
