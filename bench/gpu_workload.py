@@ -117,8 +117,19 @@ async def mismatch_at_v0(engine: Any, policy: Any, scale: Any, ids: Any) -> dict
     }
 
 
-async def serve_while_training(engine: Any, config: Any, scale: Any, ids: Any, device: str) -> dict:
-    """p99 inter-token time of `streams[1]` streams with no step, then during a step in a child."""
+async def serve_while_training(
+    engine: Any,
+    config: Any,
+    scale: Any,
+    ids: Any,
+    device: str,
+    watch: Any = None,
+    save_to: Path | None = None,
+) -> dict:
+    """p99 inter-token time of `streams[1]` streams with no step, then during a step in a child.
+    `watch()` runs between rounds of streams while the step runs (bench/gpu_check.py reads
+    nvidia-smi there); with `save_to` (a run folder) the child writes the trained model there as
+    v1, as the trainer does, and the result's `version_path` names it."""
     n = scale.streams[1]
 
     async def round_of_streams() -> list[list[Any]]:
@@ -126,8 +137,9 @@ async def serve_while_training(engine: Any, config: Any, scale: Any, ids: Any, d
                                       for _ in range(n)))  # fmt: skip
 
     quiet = gaps(await round_of_streams())
+    spec = train_child_args(config, scale, device, save_to)
     child = subprocess.Popen(
-        [sys.executable, __file__, "train-child", json.dumps(train_child_args(config, scale, device))],
+        [sys.executable, __file__, "train-child", json.dumps(spec)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
     assert child.stdin and child.stdout
@@ -140,6 +152,8 @@ async def serve_while_training(engine: Any, config: Any, scale: Any, ids: Any, d
         busy: list[float] = []
         while not result.done():
             busy += gaps(await round_of_streams())
+            if watch is not None:
+                watch()
         step = json.loads(await result)
     finally:
         child.kill() if child.poll() is None else None
@@ -152,29 +166,34 @@ async def serve_while_training(engine: Any, config: Any, scale: Any, ids: Any, d
         "serve_while_training_step_s": step["step_s"],
         "server_peak_mb": memory_mb(device, peak=True),
         "trainer_peak_mb": step["peak_mb"],
-    }
+    } | ({"version_path": step["version_path"]} if "version_path" in step else {})
 
 
-def train_child_args(config: Any, scale: Any, device: str) -> dict[str, Any]:
+def train_child_args(config: Any, scale: Any, device: str, save_to: Path | None = None) -> dict[str, Any]:
     from dataclasses import asdict
 
     return {"folder": config.model.path, "train": config.train.model_dump(mode="json"), "device": device,
-            "scale": asdict(scale)}  # fmt: skip
+            "scale": asdict(scale), "save_to": None if save_to is None else str(save_to)}  # fmt: skip
 
 
 def train_child(spec: dict[str, Any]) -> None:
-    """The trainer's process: build the policy, warm up, say "ready", step on "go", print figures."""
+    """The trainer's process: build the policy, warm up, say "ready", step on "go", write the
+    version where `save_to` says (if it does), print figures."""
     import torch
 
     from bench.gpu_common import Scale, memory_mb, random_ids, train_samples
     from clawrl.config import TrainConfig
+    from clawrl.model.gpu import cap_process
     from clawrl.train.policy import build_policy
 
     scale, device = (
         Scale(**{k: tuple(v) if k == "streams" else v for k, v in spec["scale"].items()}),
         spec["device"],
     )
-    policy = build_policy(Path(spec["folder"]), TrainConfig(**spec["train"]), device)
+    train = TrainConfig(**spec["train"])
+    if train.gpu_share is not None:  # held to the plan's share, as the trainer's process is
+        cap_process(train.device or device, train.gpu_share)
+    policy = build_policy(Path(spec["folder"]), train, device)
     vocab = policy.model.config.vocab_size
     gen = torch.Generator().manual_seed(1)
     samples = train_samples(scale, vocab, lambda n: random_ids(n, vocab, gen))
@@ -185,10 +204,15 @@ def train_child(spec: dict[str, Any]) -> None:
     policy.trainer.step(samples)
     if device == "cuda":
         torch.cuda.synchronize()
-    print(
-        json.dumps({"step_s": time.perf_counter() - start, "peak_mb": memory_mb(device, peak=True)}),
-        flush=True,
-    )
+    figures: dict[str, Any] = {"step_s": time.perf_counter() - start, "peak_mb": memory_mb(device, peak=True)}
+    if spec.get("save_to"):
+        from clawrl.train.checkpoints import save_version
+
+        manifest = {"step": 1, "samples": [], "metrics": {}, "parent": "v0"}
+        figures["version_path"] = str(
+            save_version(Path(spec["save_to"]), "v1", policy.model, policy.optimizer, manifest)
+        )
+    print(json.dumps(figures), flush=True)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["train-child"]:
