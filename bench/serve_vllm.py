@@ -14,6 +14,15 @@ All in one run, one after another on the same machine (the figures that matter a
   the same stream's without one.
 
     .venv/bin/python bench/serve.py --engine vllm [--max-tokens 64] [--requests 2] [--clients 1,8]
+
+`--check` (run as `python bench/serve_vllm.py --check [--model DIR] [--out DIR]`), for a machine
+where vLLM is installed (scripts/setup-vllm): one vLLM start through the gateway, then the table of
+bench/gpu_check.py with vLLM's own KV-cache lines from its log; `mismatch_exact` of untruncated
+requests (T 1, no top-k or nucleus cut, no penalty: what the trainer can score), the trainer's
+logprobs of the recorded turns (`train.batch.score`, the model loaded as served) against vLLM's,
+below 0.05 nats a token; and the GPU memory of vLLM's processes from nvidia-smi against
+`engine.gpu_share` of the plan the gateway wrote to its config.json (on a CPU: their RSS,
+unchecked). Exit 1 if a row failed.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from openai import OpenAI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import run_server, server_phase, start_server  # noqa: E402
+from bench.gpu_check import Table  # noqa: E402
 from clawrl.launcher import ServerProcess  # noqa: E402
 
 BASE_NAME = "clawrl-base"  # the name clawrl's started vLLM serves the base model under
@@ -143,3 +153,135 @@ def main(args: argparse.Namespace, folder: Path) -> int:
     if args.json:
         args.json.write_text(json.dumps({"vllm": vllm, "local": local, "ratios": rows}, indent=2) + "\n")
     return 0
+
+
+# --- --check ------------------------------------------------------------------------------------
+
+MISMATCH_EXACT_BOUND = 0.05  # nats a token: served bf16 numerics against the trainer's
+KV_LINES = ("KV cache size", "Available KV cache memory")  # vLLM's log lines that size its cache
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and every process below it (vLLM's API server and its engine core), from /proc."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # a process that ended while read
+            continue
+    tree, todo = [], [root]
+    while todo:
+        tree.append(pid := todo.pop())
+        todo += [child for child, parent in parents.items() if parent == pid]
+    return tree
+
+
+def untruncated_requests(server: ServerProcess, n: int, max_tokens: int) -> None:
+    """`n` requests the trainer can score exactly: T 1, no top-k or nucleus cut, no penalty (each
+    named: the server's defaults would add its own)."""
+    from bench.common import conversations
+
+    client = server.client()
+    for chat in conversations(n):
+        client.chat.completions.create(
+            model="clawrl", messages=chat, max_tokens=max_tokens, temperature=1.0, top_p=1.0,
+            frequency_penalty=0.0, presence_penalty=0.0,
+            extra_body={"top_k": 0, "repetition_penalty": 1.0, "ignore_eos": True},
+        )  # fmt: skip
+
+
+def mismatch_exact(run_dir: Path, folder: Path, dtype: str) -> tuple[float | None, int]:
+    """Mean |trainer - vLLM| logprob over the recorded exact turns' tokens, and how many turns.
+    The trainer's model in `dtype` (model.dtype; "auto": bf16 on a GPU, float32 on a CPU, as the
+    trainer takes it)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from clawrl.store.db import Store
+    from clawrl.train.batch import left_pad, score
+
+    with Store.open(run_dir / "clawrl.db") as store:
+        turns = [t for t in store.turns() if t.logprobs_exact and t.response_ids]
+    if not turns:
+        return None, 0
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype == "auto":
+        dtype = "bfloat16" if device == "cuda" else "float32"
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to(device).eval()
+    gaps = []
+    for t in turns:  # one at a time: no padding in the numerics compared
+        batch = left_pad([t.prompt_ids], [t.response_ids], torch.device(device))
+        with torch.no_grad():
+            logp, _ = score(model, batch, torch.tensor([t.temperature], device=device), with_entropy=False)
+        gaps.append((logp[0, : len(t.logprobs)].float().cpu() - torch.tensor(t.logprobs)).abs())
+    return torch.cat(gaps).mean().item(), len(turns)
+
+
+def vllm_memory(table: Table, server: ServerProcess) -> None:
+    """vLLM's processes' GPU memory (nvidia-smi) against the plan's share; RSS on a CPU."""
+    import shutil
+    import subprocess
+
+    from bench.common import rss_mb
+    from bench.gpu_check import smi_processes
+
+    assert server.proc is not None
+    tree = [p for p in process_tree(server.proc.pid) if p != server.proc.pid]
+    config = json.loads((server.run_dir / "config.json").read_text())
+    share = config["engine"].get("gpu_share")
+    if shutil.which("nvidia-smi") is None or share is None:
+        rss = sum(rss_mb(p) for p in tree if Path(f"/proc/{p}").exists())
+        table.add("memory, vLLM", f"RSS {rss:,.0f} MiB over {len(tree)} processes (a CPU: not checked)")
+        return
+    query = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+    total = int(subprocess.run(query, capture_output=True, text=True, check=True).stdout.split()[0])
+    used = sum(mib for pid, mib in (smi_processes() or {}).items() if pid in tree)
+    against = f"plan: engine.gpu_share {share:.2f} x {total:,} MiB = {share * total:,.0f} MiB"
+    if not used:
+        table.add("memory, vLLM", "nvidia-smi names none of vLLM's processes", against)
+        return
+    table.add(
+        "memory, vLLM", f"nvidia-smi {used:,} MiB over its processes", against, ok=used <= share * total
+    )
+
+
+def check(argv: list[str] | None = None) -> int:
+    from clawrl.config import Config
+    from clawrl.model.load import ensure_embedded
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true", required=True, help="run the check (the only mode)")
+    p.add_argument("--model", type=Path, help="model folder (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--requests", type=int, default=8, help="untruncated requests scored (default 8)")
+    p.add_argument("--max-tokens", type=int, default=32, help="tokens each (default 32)")
+    p.add_argument("--out", type=Path, help="also write the table to this folder (serve_vllm_check.json)")
+    args = p.parse_args(argv)
+    folder = args.model or ensure_embedded(Config().cache_dir())
+    table = Table()
+    with tempfile.TemporaryDirectory(prefix="clawrl-vllm-check-") as tmp:
+        run_dir = Path(tmp) / "run"
+        flags = ["--engine.kind", "vllm", "--engine.vllm.start", "true", "--judge.enabled", "false"]
+        t0 = time.perf_counter()
+        with start_server(run_dir, ["--model", str(folder), *flags, "--train.enabled", "false"]) as server:
+            table.add("vLLM start", f"healthy in {time.perf_counter() - t0:.0f} s through the gateway")
+            untruncated_requests(server, args.requests, args.max_tokens)
+            vllm_memory(table, server)
+            kv = [line for line in (run_dir / "logs" / "vllm.log").read_text(errors="replace").splitlines()
+                  if any(k in line for k in KV_LINES)]  # fmt: skip
+            for line in kv or ["none in logs/vllm.log"]:
+                table.add("vLLM KV cache", line.split("] ")[-1].strip(), ok=bool(kv))
+        dtype = json.loads((run_dir / "config.json").read_text())["model"]["dtype"]
+        gap, turns = mismatch_exact(run_dir, folder, dtype)
+        bound = f"< {MISMATCH_EXACT_BOUND} nats a token"
+        result = "no exact turn recorded" if gap is None else f"{gap:.4f} over {turns} turns"
+        table.add("mismatch_exact", result, bound, ok=gap is not None and gap < MISMATCH_EXACT_BOUND)
+    print("\n" + table.text(), flush=True)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({"rows": table.rows, "failed": table.failed}, indent=2)
+        (args.out / "serve_vllm_check.json").write_text(text + "\n")
+    return 1 if table.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(check())
