@@ -182,7 +182,10 @@ def vllm_gateway(vllm_python, embedded_model_dir, tmp_path_factory) -> RemoteSer
     VLLM_KEY, which this one gives it instead of drawing one)."""
     run_dir = tmp_path_factory.mktemp("vllm-owner") / "run"
     start = ["--engine.vllm.start", "true", "--engine.vllm.python", vllm_python, "--judge.enabled", "false"]
-    server = RemoteServer(run_dir, vllm_args(embedded_model_dir, *start), env=VLLM_KEY, timeout=300)
+    # vLLM's dev routes too (as clawrl starts it for train.weights full: engine/vllm/reload.py), so a
+    # full-weight gateway can attach to this one server instead of starting another (minutes).
+    env = {**VLLM_KEY, "VLLM_SERVER_DEV_MODE": "1"}
+    server = RemoteServer(run_dir, vllm_args(embedded_model_dir, *start), env=env, timeout=300)
     assert server.vllm_url is not None, server.health()
     yield server
     server.stop()

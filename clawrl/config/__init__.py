@@ -97,18 +97,6 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
-    def _vllm_serves_adapters(self) -> Config:
-        if self.engine.kind == "vllm" and self.train.weights == "full" and self.collect.enabled:
-            raise ValueError(
-                "engine.kind 'vllm' cannot serve full fine-tuning's versions: vLLM would have to reload "
-                "its weights in place, which clawrl does not do. What works: --train.weights lora (vLLM "
-                "loads each version as an adapter), or --engine.kind local (it swaps full weights in "
-                "between decoding steps); to serve a full checkpoint on vLLM untrained, give it as "
-                "--model with --collect.enabled false"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _adapter_per_user_fits(self) -> Config:
         if self.train.adapters == "per_user" and self.train.weights == "full":
             raise ValueError(

@@ -4,7 +4,8 @@
 | ------ | ----------------------- | ------------- | ------------------------------------------ |
 | CPU    | any                     | any           | local (vLLM's CPU build: only when asked)  |
 | GPU    | yes (scripts/setup-vllm)| lora          | vLLM, started by clawrl                    |
-| GPU    | yes                     | full          | local, said once (vLLM cannot hot-load it) |
+| GPU    | yes                     | full          | vLLM, started by clawrl (each version      |
+|        |                         |               | reloaded in place: engine/vllm/reload.py)  |
 | GPU    | no                      | any           | local, said once with how to get vLLM      |
 
 `engine.vllm.start` or `engine.vllm.url` set under "auto" asks for vLLM. "vLLM installed" is the
@@ -28,11 +29,6 @@ NO_VLLM = (
     "through vLLM. Without it, the local engine decodes a padded batch with eager PyTorch (no paged KV "
     "cache, CUDA graphs or fused kernels): fewer concurrent sessions in the same memory and a lower "
     "throughput under load. --engine.kind local says this choice and silences this line."
-)
-FULL_ON_LOCAL = (
-    "serving full fine-tuning's versions with clawrl's local engine, which swaps full weights in between "
-    "decoding steps: vLLM would have to reload its weights in place, which clawrl does not do "
-    "(train.weights lora serves through vLLM)"
 )
 
 
@@ -65,8 +61,6 @@ def choose(config: Config, cuda: bool, vllm_found: bool) -> Choice:
         return Choice("vllm")
     if not cuda:
         return Choice("local")
-    if config.train.weights == "full" and config.collect.enabled:
-        return Choice("local", note=FULL_ON_LOCAL)
     if vllm_found:
         return Choice("vllm", start_vllm=True)
     python = vllm_python_path(config, cuda)

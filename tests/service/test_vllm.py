@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -423,6 +424,97 @@ def test_vllm_past_the_trained_window_is_scored_by_the_trainer_with_the_same_rop
     own = (trainer_logprobs("past_window", False) - recorded).abs()  # the model's own RoPE
     assert same.mean() < 0.08 and same.max() < 0.5, same.tolist()  # vLLM computes in bf16
     assert own.mean() > 3 * same.mean(), (own.mean(), same.mean())  # the RoPE is what matches
+
+
+def _save_full(run_dir, k: int, model):
+    """Write full version k's folder as the trainer does (the whole model, save_pretrained's layout)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    return save_version(run_dir, f"v{k}", model, optimizer, {"step": k, "samples": []})
+
+
+def _announce_full(run_dir, k: int, path) -> None:
+    with Store.open(run_dir / "clawrl.db") as store:
+        store.publish_version(Version(f"v{k}", k, str(path), {"samples": 0}, f"v{k - 1}"), trained=[])
+
+
+def _reload_vllm(url: str, folder) -> None:
+    """Load `folder` into the session's vLLM in place (its routes, with its key): the base again after a
+    failed full-weight test, so the tests after it meet the weights the server was started on."""
+    auth = {"Authorization": f"Bearer {VLLM_KEY['CLAWRL_VLLM_API_KEY']}"}
+    with httpx.Client(base_url=url, headers=auth, timeout=limit(120)) as vllm:
+        vllm.post("/pause", params={"mode": "keep"}).raise_for_status()
+        try:
+            rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
+            vllm.post("/collective_rpc", json=rpc).raise_for_status()
+            vllm.post("/reset_prefix_cache", params={"reset_running_requests": "true"}).raise_for_status()
+        finally:
+            vllm.post("/resume").raise_for_status()
+
+
+def test_full_weight_versions_load_into_the_running_vllm_in_place(tmp_path, vllm_gateway, embedded_model_dir):
+    """--train.weights full on vLLM: each version's folder is reloaded into the running server
+    (engine/vllm/reload.py) while requests are in flight, none fails, and a version answers as its
+    folder does served fresh. v1 moves every MLP's down projection; v2 is the base's weights saved
+    as a version (the folder the session's vLLM was started on, served fresh at the start), which
+    also leaves the shared server as the tests after this one expect it."""
+    run_dir = tmp_path / "run"
+    more = ("--train.weights", "full", "--train.swap-poll-s", "0.2")
+    server = attach_gateway(run_dir, vllm_gateway, embedded_model_dir, *more)
+    model = AutoModelForCausalLM.from_pretrained(embedded_model_dir, dtype=torch.float32).eval()
+    restored = False
+    try:
+        client = server.client()
+        version = lambda: server.health()["version"]  # noqa: E731
+        base = _greedy(client)
+        assert base[0] == "clawrl-v0"
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "down_proj" in name:
+                    p.add_(torch.randn_like(p) * 0.02)
+        v1 = _save_full(run_dir, 1, model)
+        # Four answers decoding when v1 is announced: each carries on through the swap (vLLM paused,
+        # its weights reloaded, resumed) and its tokens after it record v1.
+        ask = lambda i: client.chat.completions.create(  # noqa: E731
+            model="clawrl", messages=[{"role": "user", "content": f"Count to a hundred ({i})."}],
+            max_tokens=200, temperature=0.7, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        with ThreadPoolExecutor(4) as pool:
+            answers = [pool.submit(ask, i) for i in range(4)]
+            wait_for(lambda: _vllm_running(server) >= 2, 60, "answers decoding on vLLM", every=0.05)
+            _announce_full(run_dir, 1, v1)
+            wait_for(lambda: version() == "v1", 60, "v1 loaded into vLLM")
+            finished = [a.result(timeout=limit(300)) for a in answers]
+        assert [a.choices[0].finish_reason for a in finished] == ["length"] * 4
+        turns = wait_for(lambda: _turns(run_dir, 5), 30, "the base's answer and the four")
+        spans = [t.versions for t in turns if len(t.response_ids) == 200]
+        assert len(spans) == 4
+        assert all(v in (["v0"], ["v0", "v1"]) for v in spans) and ["v0", "v1"] in spans, spans
+        # v1 is v1's weights: its greedy answer moved, and its logprobs are a float32 forward's of
+        # v1's folder to vLLM's bfloat16 precision (about 0.1 nats, as in the first test), nearer
+        # than the base's.
+        served = _greedy(client)
+        assert served[0] == "clawrl-v1" and served[1] != base[1], (served, base)
+        turn = wait_for(lambda: _turns(run_dir, 6), 30, "v1's answer recorded")[-1]
+        assert turn.versions == ["v1"]
+        base_model = AutoModelForCausalLM.from_pretrained(embedded_model_dir, dtype=torch.float32).eval()
+        served_lp = torch.tensor(turn.logprobs)
+        diff, off = ((_local_logprobs(m, turn.prompt_ids, turn.response_ids, 1.0) - served_lp).abs()
+                     for m in (model, base_model))  # fmt: skip
+        assert diff.mean() < 0.1 and diff.max() < 0.35 and diff.mean() < off.mean(), (diff, off)
+        # v2, the base's weights as a version: the very answer of the folder served fresh.
+        v2 = _save_full(run_dir, 2, base_model)
+        _announce_full(run_dir, 2, v2)
+        wait_for(lambda: version() == "v2", 60, "v2 loaded into vLLM")
+        restored = True
+        assert _greedy(client) == ("clawrl-v2", base[1])
+        swap = wait_for(lambda: _served(server, "v2"), 30, "v2 on the dashboard")
+        assert swap["swaps"] == 2 and 0 < swap["last_swap_s"] < limit(30), swap
+        assert "vLLM paused" in server.output()
+    finally:
+        server.stop()
+        if not restored:
+            _reload_vllm(vllm_gateway.vllm_url, embedded_model_dir)
 
 
 def test_vllm_that_cannot_be_reached_is_a_clear_exit(tmp_path, embedded_model_dir):

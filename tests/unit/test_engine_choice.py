@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from clawrl.config import load_config
-from clawrl.engine.choice import choose, resolved, venv_name
+from clawrl.engine.choice import Choice, choose, resolved, venv_name
 
 
 def _config(tmp_path, **sections):
@@ -33,13 +33,12 @@ def test_without_vllm_a_gpu_serves_locally_and_says_once_how_to_get_it(tmp_path)
     assert "throughput" in choice.note  # what it costs to go without
 
 
-def test_full_fine_tuning_is_served_locally_under_auto_and_refused_on_vllm(tmp_path):
+def test_full_fine_tuning_is_served_by_vllm_on_a_gpu_and_locally_on_a_cpu(tmp_path):
     full = _config(tmp_path, train={"weights": "full"})
-    assert choose(full, cuda=True, vllm_found=True).kind == "local"
-    with pytest.raises(
-        ValidationError, match="cannot serve full fine-tuning's versions.*--train.weights lora"
-    ):
-        _config(tmp_path, train={"weights": "full"}, engine={"kind": "vllm", "vllm": {"start": True}})
+    assert choose(full, cuda=True, vllm_found=True) == Choice("vllm", start_vllm=True)
+    assert choose(full, cuda=False, vllm_found=True).kind == "local"  # the CPU default
+    asked = _config(tmp_path, train={"weights": "full"}, engine={"kind": "vllm", "vllm": {"start": True}})
+    assert resolved(asked, choose(asked, cuda=False, vllm_found=True), cuda=False).engine.kind == "vllm"
 
 
 def test_an_asked_kind_is_kept_and_vllm_settings_ask_for_vllm(tmp_path):

@@ -100,7 +100,13 @@ def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
         # A port clawrl chose may be taken before vLLM binds it: then it starts on another one.
         relaunch = None if v.port else lambda: launch(free_port())
         server = VLLMServer(
-            v=v, url=url, command=command, log_path=log_path, relaunch=relaunch, devices=server_gpus(config)
+            v=v,
+            url=url,
+            command=command,
+            log_path=log_path,
+            relaunch=relaunch,
+            devices=server_gpus(config),
+            reload_weights=not lora,  # full weights: loaded in place through vLLM's dev routes
         )
         log.info("starting vLLM on %s (up to %.0f s): %s", folder, v.startup_timeout_s, " ".join(command))
     else:
@@ -120,5 +126,6 @@ def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
         constrained_decoding=config.engine.constrained_decoding,
         rope_scaled=rope is not None,
         per_user=config.per_user_adapters,
+        full_weights=config.train.weights == "full",
     )
     return engine, loaded.tokenizer

@@ -43,11 +43,18 @@ a name vLLM holds already, as an attached vLLM does after a gateway restart, is 
 new requests name it, requests in flight finish on the adapter they started
 with, and the previous adapter is unloaded once none is using it. v0 (or a
 rollback to it) is the base model. A version vLLM refuses, or whose rank is
-above `engine.vllm.max_lora_rank`, raises `VersionRefused`. Full fine-tuning
-versions are refused too: vLLM's supported way to serve other full weights is
-a restart on the new folder (see docs/vllm.md), which clawrl does not do
-mid-run. After the supervisor restarts a dead server, the adapter being served
-is loaded again before the server counts as up.
+above `engine.vllm.max_lora_rank`, raises `VersionRefused`. After the supervisor restarts a dead
+server, the adapter being served is loaded again before the server counts as up.
+
+Full fine-tuning (`full_weights`, `train.weights = "full"`): each version's folder is loaded into
+the running server in place (`reload.py`: vLLM paused between two decoding steps, the weights
+reloaded, its prefix cache dropped, resumed), and announced once loaded; v0 is the folder vLLM
+was started on, loaded again. Requests in flight carry on, and each token records the version
+that produced it: the one served when the gateway read it. The version changes after the load and
+before vLLM resumes; no token is decoded in between, and those decoded before the pause were sent
+before it ended (vLLM's pause waits for its output queue), so they are read during the load.
+The base weights are gone while a full version is served, so `score(base=True)` fails then, as
+on the local engine. After a restart the version served is loaded again.
 
 An adapter per user (`per_user`, docs/users.md): vLLM's multi-LoRA serving. Each user's version is
 loaded under its own name as above and a request names its user's (`SamplingParams.adapter`; the
@@ -81,12 +88,14 @@ from typing import Any
 import httpx
 
 from clawrl.engine.base import (
+    EngineError,
     EngineFailed,
     EngineStats,
     SamplingParams,
     TokenEvent,
     VersionRefused,
 )
+from clawrl.engine.vllm import reload
 from clawrl.engine.vllm.server import VLLMServer
 from clawrl.model.sampling import CLAWRL_SAMPLING, SamplingDefaults
 from clawrl.net import pool_limits
@@ -110,8 +119,10 @@ class VLLMEngine:
         constrained_decoding: bool = True,
         rope_scaled: bool = False,
         per_user: bool = False,
+        full_weights: bool = False,
     ) -> None:
         self.server = server
+        self.full_weights = full_weights  # versions are whole models, reloaded in place (docstring)
         self.per_user = per_user  # an adapter per user (docs/users.md): each user's own adapter name
         self.rope_scaled = rope_scaled  # vLLM was given the scaled RoPE: every position of every turn
         self.constrained_decoding = constrained_decoding
@@ -123,6 +134,8 @@ class VLLMEngine:
         self.version = "v0"
         self._max_rank = max_lora_rank
         self._base = ""  # vLLM's name of the base model, read at start
+        self._base_folder = Path()  # the folder vLLM was started on (its `root`): v0 when full_weights
+        self._swapping = asyncio.Lock()  # one full-weight reload at a time (a version, a restart)
         self._serving: tuple[str, Version | None] = ("", None)  # vLLM model name, version (None: v0)
         self._users: dict[str, tuple[str, Version]] = {}  # per user: their vLLM model name, version
         self._inflight: Counter[str] = Counter()  # requests in flight per vLLM model name
@@ -145,8 +158,11 @@ class VLLMEngine:
         models = (await self._call("GET", "/v1/models"))["data"]
         base = next((m for m in models if m.get("parent") is None), models[0])
         self._base = base["id"]
+        self._base_folder = Path(base.get("root") or "")
         self._serving = (self._base, None)
         self.max_context = int(base.get("max_model_len") or self.max_context)
+        if self.full_weights:
+            await reload.check_routes(self._call, self.server.url)
         await self.server.start()
 
     async def stop(self) -> None:
@@ -214,7 +230,8 @@ class VLLMEngine:
                 async for line in response.aiter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
-                    for event in self._events(json.loads(line[6:]), version, first):
+                    label = self.version if self.full_weights else version  # the docstring: swaps
+                    for event in self._events(json.loads(line[6:]), label, first):
                         first = False
                         self._stats.tokens_generated += 1
                         yield event
@@ -292,6 +309,7 @@ class VLLMEngine:
     ) -> list[float]:
         if not prompt_ids or not response_ids:
             raise ValueError("score needs a non-empty prompt and response")
+        self._check_base(base)
         if temperature not in (0.0, 1.0):
             raise ValueError("vLLM scores prompts at temperature 1 only (its prompt logprobs are raw)")
         body = {
@@ -310,6 +328,7 @@ class VLLMEngine:
     ) -> list[float]:
         if not prompt_ids or not token_ids:
             raise ValueError("next_token_logprobs needs a non-empty prompt and tokens")
+        self._check_base(base)
         # A one-token completion that reports these tokens' raw logprobs (before any sampling
         # processor): vLLM's label-scoring field, no prompt logprobs (which vLLM-CPU 0.32 with
         # LoRA enabled dies on: punica_cpu add_lora_logits).
@@ -329,7 +348,15 @@ class VLLMEngine:
         except KeyError as exc:  # a vLLM without logprob_token_ids (before 0.32) ignores the field
             raise EngineFailed(f"vLLM reported no logprob for token {exc}: {sorted(top)[:5]}") from exc
 
+    def _check_base(self, base: bool) -> None:
+        if base and self.full_weights and self._serving[1] is not None:
+            raise EngineFailed(
+                f"cannot score on the base weights: vLLM serves {self.version}'s full weights in their place"
+            )
+
     async def serve_version(self, version: Version) -> None:
+        if self.full_weights:
+            return await self._serve_full(version)
         name = self._base if version.path is None else await self._load(version)
         if self.per_user and version.user != DEFAULT_USER:  # the user's own name; the others' stay
             old = self._users.get(version.user, (self._base, version))[0]
@@ -346,6 +373,22 @@ class VLLMEngine:
             self._retired.add(old)
             await self._unload_idle()
         log.info("now serving %s (vLLM model %s)", version.name, name)
+
+    async def _serve_full(self, version: Version) -> None:
+        """Load a full version's weights (v0: the base folder) into vLLM, then announce it."""
+        folder = self._base_folder if version.path is None else Path(version.path).resolve()
+        if version.path is not None:  # the base: the folder (or hub name) vLLM itself started on
+            reload.check_folder(folder, version.name)
+        async with self._swapping:
+            previous = self._serving[1]
+            before = self._base_folder if previous is None else Path(previous.path or "")
+
+            def loaded() -> None:  # before vLLM resumes: every token of the new weights records it
+                self._serving = (self._base, version if version.path else None)
+                self.version = version.name
+
+            seconds = await reload.reload(self._call, folder, before, loaded)
+        log.info("now serving %s (full weights from %s, vLLM paused %.2f s)", version.name, folder, seconds)
 
     async def forget_user(self, user: str) -> None:
         """Serve `user` the base from now on (their adapter unloaded once no request uses it) and salt
@@ -412,17 +455,26 @@ class VLLMEngine:
                     log.error("%s's %s cannot be loaded again: serving them the base", user, served.name)
                     del self._users[user]
         name, version = self._serving
-        if version is not None:
+        if version is not None and self.full_weights:  # a restart starts on the base folder
+            async with self._swapping:
+                try:
+                    await reload.reload(self._call, Path(version.path or ""), self._base_folder)
+                except EngineError:
+                    self._serving, self.version = (self._base, None), "v0"
+                    raise
+        elif version is not None:
             try:
                 await self._load(version)
             except VersionRefused:
                 self._serving, self.version = (self._base, None), "v0"
                 raise
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    async def _call(
+        self, method: str, path: str, body: dict[str, Any] | None = None, params: dict[str, str] | None = None
+    ) -> Any:
         assert self._http is not None
         try:
-            response = await self._http.request(method, path, json=body, timeout=300)
+            response = await self._http.request(method, path, json=body, params=params, timeout=300)
         except httpx.HTTPError as exc:
             raise EngineFailed(f"the vLLM server at {self.server.url} failed: {exc}") from exc
         if response.status_code >= 500:
@@ -442,7 +494,7 @@ def _adapter_config(folder: Path, version: str) -> dict[str, Any]:
     except FileNotFoundError as exc:
         raise VersionRefused(
             f"cannot serve {version} from {folder}: it holds no LoRA adapter; the vLLM engine serves "
-            "LoRA versions only (full weights need a vLLM restart on the new folder, see docs/vllm.md)"
+            "LoRA versions here (full weights: start clawrl with --train.weights full, docs/vllm.md)"
         ) from exc
     except (OSError, ValueError) as exc:
         raise VersionRefused(f"cannot serve {version} from {folder}: {exc}") from exc

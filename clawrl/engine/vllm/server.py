@@ -31,6 +31,9 @@ Restarts on a GPU take the memory budget's KV bytes (`--kv-cache-memory-bytes`,
 at that moment is not the plan's. On a CPU the KV cache is explicit at every start already
 (VLLM_CPU_KVCACHE_SPACE).
 
+Full fine-tuning: a started server gets VLLM_SERVER_DEV_MODE=1, whose routes (/pause,
+/collective_rpc, ...) reload its weights in place (reload.py); the guard keeps them behind the key.
+
     VLLMUnavailable (an EngineUnavailable): the server cannot be reached or started
 """
 
@@ -119,12 +122,14 @@ def vllm_command(
     return cmd + list(v.args)
 
 
-def vllm_env(v: VLLMConfig, key: str | None = None) -> dict[str, str]:
+def vllm_env(v: VLLMConfig, key: str | None = None, reload_weights: bool = False) -> dict[str, str]:
     """Environment of the started server: offline, runtime LoRA loading on, a bounded CPU KV cache,
-    and the key its routes require (the module docstring)."""
+    and the key its routes require (the module docstring); with `reload_weights` (full fine-tuning),
+    vLLM's dev routes, through which each version is loaded in place (reload.py)."""
     return {
         **os.environ,
         **({"VLLM_API_KEY": key} if key else {}),
+        **({"VLLM_SERVER_DEV_MODE": "1"} if reload_weights else {}),
         "PYTHONPATH": os.pathsep.join(p for p in (str(GUARD_DIR), os.environ.get("PYTHONPATH")) if p),
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
         "VLLM_CPU_KVCACHE_SPACE": f"{v.kv_cache_gib:g}",
@@ -166,8 +171,10 @@ class VLLMServer:
         log_path: Path | None = None,
         relaunch: Relaunch | None = None,
         devices: str | None = None,
+        reload_weights: bool = False,
     ) -> None:
         self.config = v
+        self.reload_weights = reload_weights  # a started server gets vLLM's dev routes (vllm_env)
         self.devices = devices  # CUDA_VISIBLE_DEVICES of a started server: the placement plan's GPU
         self.url = url.rstrip("/")
         self._command = command  # None: attached, nothing to start
@@ -297,7 +304,7 @@ class VLLMServer:
     def _spawn(self, more: list[str] | None = None) -> None:
         assert self._command is not None and self._log_path is not None
         self._log_start = self._log_path.stat().st_size if self._log_path.is_file() else 0
-        env = vllm_env(self.config, self.key)
+        env = vllm_env(self.config, self.key, self.reload_weights)
         if self.devices is not None:  # the placement plan's GPU: vLLM's device 0
             env["CUDA_VISIBLE_DEVICES"] = self.devices
         with open(self._log_path, "ab") as out:  # the child keeps its own handle
