@@ -4,7 +4,6 @@ random prompts, the training samples and the memory figure."""
 from __future__ import annotations
 
 import math
-import resource
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,7 +57,8 @@ def memory_mb(device: str, peak: bool) -> float:
 
     if device == "cuda":
         return (torch.cuda.max_memory_allocated() if peak else torch.cuda.memory_allocated()) / 2**20
-    if peak:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over an exec, so a child process
+    # started from a large one (bench/gpu_workload.py's trainer) would report its parent's peak.
+    key = "VmHWM:" if peak else "VmRSS:"
     status = Path("/proc/self/status").read_text()
-    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")) / 1024
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith(key)) / 1024
