@@ -125,9 +125,14 @@ class SmiWatch:
         self.server = self.trainer = 0
         self.seen = shutil.which("nvidia-smi") is not None
         self.every_s = every_s
+        self.error: str | None = None  # why nvidia-smi gave no reading, if it failed
 
     def read(self) -> None:
-        read = smi_processes() or {}
+        try:
+            read = smi_processes() or {}
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:  # degrade: torch's figure
+            self.error = f"nvidia-smi failed: {(getattr(exc, 'stderr', None) or str(exc)).strip()[:80]}"
+            return
         mine = os.getpid()
         self.server = max(self.server, read.get(mine, 0))
         self.trainer = max(self.trainer, sum(mib for pid, mib in read.items() if pid != mine))
@@ -243,7 +248,9 @@ def check_memory(table: Table, planned: Any, watch: SmiWatch, figures: dict, cud
         if not cuda:
             table.add(f"memory, {who}", f"peak RSS {torch_mb:,.0f} MiB (a CPU: not checked)", against)
         elif not smi:
-            why = "nvidia-smi names no process of this check" if watch.seen else "no nvidia-smi"
+            why = watch.error or (
+                "nvidia-smi names no process of this check" if watch.seen else "no nvidia-smi"
+            )
             result = f"{why}; torch peak allocated {torch_mb:,.0f} MiB"
             table.add(f"memory, {who}", result, against, ok=torch_mb <= plan_mb)
         else:
