@@ -50,7 +50,10 @@ EXPECTED = {
 def server(tmp_path_factory, tiny_model_dir):
     run = tmp_path_factory.mktemp("fuzz") / "run"
     args = ["--model", str(tiny_model_dir), "--server.api-key", KEY]
-    s = RemoteServer(run, [*args, "--model.max-context", "160", "--server.default-max-tokens", "4"])
+    # 1024, not 160: at 160 a third to most of the valid conversations overflowed, how many varying
+    # with PYTHONHASHSEED (12-16 of 35 here, 30 in one suite run, below the check's floor of 8 served);
+    # at 1024, 30 of 35 are served whatever the seed
+    s = RemoteServer(run, [*args, "--model.max-context", "1024", "--server.default-max-tokens", "4"])
     yield s
     s.stop()
 
@@ -73,7 +76,7 @@ def test_the_schema_describes_every_route(schema):
 
 def test_a_shorter_max_context_caps_the_window(server):
     (card,) = server.client(api_key=KEY).models.list().data
-    assert card.model_extra["max_model_len"] == 160  # what bounds every fuzzed request's cost
+    assert card.model_extra["max_model_len"] == 1024  # what bounds every fuzzed request's cost
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=lambda m: m.value)

@@ -489,7 +489,8 @@ def test_full_weight_versions_load_into_the_running_vllm_in_place(tmp_path, vllm
         turns = wait_for(lambda: _turns(run_dir, 5), 30, "the base's answer and the four")
         spans = [t.versions for t in turns if len(t.response_ids) == 200]
         assert len(spans) == 4
-        assert all(v in (["v0"], ["v0", "v1"]) for v in spans) and ["v0", "v1"] in spans, spans
+        # an answer still queued when v1 was announced (the test waits for two decoding) is all v1's
+        assert all(v in (["v0"], ["v0", "v1"], ["v1"]) for v in spans) and ["v0", "v1"] in spans, spans
         # v1 is v1's weights: its greedy answer moved, and its logprobs are a float32 forward's of
         # v1's folder to vLLM's bfloat16 precision (about 0.1 nats, as in the first test), nearer
         # than the base's.

@@ -98,7 +98,10 @@ def _same(alone, shared):
     assert (logp_s.abs().sum(1) > 0).all()
     assert len(grads_a) > 10 and grads_a.keys() == grads_s.keys()
     for name, grad in grads_a.items():
-        assert torch.allclose(grad, grads_s[name], rtol=1e-4, atol=1e-6), name
+        # float32 sums in another order: the tied 152k-row embedding of the Qwen3 once differed by
+        # 2.1e-6 in one element of 9.7M (its largest 6.5), so the floor scales with the tensor
+        floor = 1e-6 * max(1.0, grad.abs().max().item())
+        assert torch.allclose(grad, grads_s[name], rtol=1e-4, atol=floor), name
 
 
 @pytest.mark.parametrize("model_dir", ["tiny_model_dir", "qwen3_model_dir"])
