@@ -55,7 +55,7 @@ class EvalClient(ServerClient):
 
     unreachable = ServerUnreachable
     not_clawrl = EvalError
-    unanswered = 0  # turns that raised Unanswered (the bare API never does: its errors are EvalError)
+    unanswered = 0  # turns that raised Unanswered (on the bare API: a request that timed out)
 
     async def version(self) -> str:
         """The policy version served now."""
@@ -83,10 +83,16 @@ class EvalClient(ServerClient):
         }
         if done:
             body["session_done"] = True
-        data = _json(
-            await self.send("POST", "/v1/chat/completions", json=body, headers=headers),
-            "POST /v1/chat/completions",
-        )
+        try:
+            response = await self.send("POST", "/v1/chat/completions", json=body, headers=headers)
+        except self.unreachable as exc:
+            # A server too busy to answer within the timeout (a loaded CPU) has lost one turn, not
+            # the run: the turn is counted unanswered and its conversation ends, as through OpenClaw.
+            if not isinstance(exc.__cause__, httpx.TimeoutException):
+                raise
+            self.unanswered += 1
+            raise Unanswered(f"POST /v1/chat/completions: no answer in {self.timeout_s:g} s") from exc
+        data = _json(response, "POST /v1/chat/completions")
         try:
             choice = data["choices"][0]
             text = choice["message"]["content"] or ""
