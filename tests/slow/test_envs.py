@@ -82,6 +82,9 @@ def trained(coin: Path, tiny_model_dir: Path) -> Path:
         "--out", str(out), "--model", str(tiny_model_dir), "--max-wall-s", "300",
         "--train.batch-size", "2", "--train.poll-s", "0.2", "--train.swap-poll-s", "0.2", "--train.nice", "0",
         "--guard.enabled", "false", "--judge.enabled", "false",
+        # the eval below measures v1: the trainer may publish past it before the run stops, and the
+        # default retention (train.keep_versions, the newest two) would prune v1's adapter
+        "--train.keep-versions", "8",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     return out
