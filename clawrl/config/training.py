@@ -138,11 +138,19 @@ class TrainConfig(Section):
     kl_coef: float = Field(0.02, ge=0, description="KL(policy || reference) weight (k3 estimator).")
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
     hint_rewrite: bool = Field(
-        False,
+        True,
         description="For a turn judged with a hint and not good, the served policy also answers the "
         "hinted prompt, and that answer is distilled into the bare prompt as an extra `opd` sample "
-        "(clawrl/algo/rewrite.py): teaches what the policy never samples on its own. One "
-        "generation per such turn.",
+        "(clawrl/algo/rewrite.py): teaches what the policy never samples on its own (the one arm "
+        "that learnt issue 53's preferences, docs/evaluation.md). One generation per such turn, "
+        "on the serving engine; false: none.",
+    )
+    reward_baseline: Literal["batch", "none"] = Field(
+        "batch",
+        description="'batch': each judged reward in a step less the mean of the step's other judged "
+        "rewards (clawrl/train/baseline.py), so a step of -1s alone, from a preference the policy never "
+        "meets, teaches through the hint instead of spreading the policy (docs/evaluation.md, issue 53). "
+        "'none': the reward as judged. Track 2's grpo centres within each group instead (not this).",
     )
     w_rl: float = Field(1.0, ge=0, description="combine: weight of the reward advantage.")
     w_opd: float = Field(1.0, ge=0, description="combine: weight of the distillation advantage.")

@@ -93,6 +93,7 @@ import torch
 
 from clawrl.model.gpu import release_cached
 from clawrl.store.db import Store
+from clawrl.train.baseline import centred
 from clawrl.train.checkpoints import CheckpointError, claim_next, publish_lock, save_version, set_aside
 from clawrl.train.failures import MAX_FAILURES, failure_reason, pick
 from clawrl.train.group import RankGroup
@@ -136,8 +137,10 @@ class TrainLoop:
         after_publish: Callable[[Version], object] | None = None,
         users: frozenset[str] | None = None,
         per_user: bool = False,
+        baseline: str = "none",
     ) -> None:
         self.store = store
+        self.baseline = baseline  # the step's reward baseline (train/baseline.py); grpo's is its groups'
         self.users = users  # whose samples are trained (None: every user's)
         self.per_user = per_user  # an adapter per user (module docstring); else one shared policy
         self.user = DEFAULT_USER  # whose line of versions the policy is on now
@@ -252,6 +255,8 @@ class TrainLoop:
             whose = f" of {self.user}" if self.per_user else ""
             log.info("step %d: training %s on %d samples%s", self.step + 1, self.version, len(batch), whose)
         metrics = self._step(batch)
+        rewards = [s.reward for s in batch if s.kind == "rl"]  # as judged, not less the baseline
+        metrics["mean_reward"] = sum(rewards) / len(rewards) if rewards else None
         if not self._main and not self.group.lockstep and self.saves is None:
             return False
         status, figures = UNCHECKED, None
@@ -285,6 +290,7 @@ class TrainLoop:
         counted against its samples (a trainer alone, not a group of ranks), then raised
         (train/failures.py)."""
         trainer = self.policy.trainer
+        batch = centred(batch, self.baseline)  # the step's copy: the store keeps the judged rewards
         try:
             try:
                 return trainer.step(batch, current=self.version)

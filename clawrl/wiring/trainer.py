@@ -210,6 +210,7 @@ def _train(config: Config, group: RankGroup, parent_pid: int | None, steps: int 
             after_publish=probe,
             users=users,
             per_user=per_user,
+            baseline="none" if config.method == "grpo" else config.train.reward_baseline,
         )
         loop.resume()
         loop.run(exit_watch(parent_pid) if parent_pid is not None else lambda: False, steps)

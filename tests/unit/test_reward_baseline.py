@@ -1,0 +1,39 @@
+"""The step's reward baseline (clawrl/train/baseline.py): all -1 steps carry no reward term."""
+
+import pytest
+
+from clawrl.train.baseline import centred
+from clawrl.types import Sample
+
+
+def _sample(reward: float, kind: str = "rl", **extra) -> Sample:
+    return Sample(
+        turn_id="t", kind=kind, prompt_ids=[1], response_ids=[2], logprobs=[], version="v0",
+        temperature=1.0, reward=reward, **extra,
+    )
+
+
+def test_a_step_of_minus_ones_carries_no_reward():
+    out = centred([_sample(-1.0), _sample(-1.0, kind="opd"), _sample(-1.0)])
+    assert [s.reward for s in out] == [0.0, 0.0, 0.0]
+
+
+def test_one_good_answer_among_bad_ones_is_pushed_up_and_they_down():
+    out = centred([_sample(1.0), _sample(-1.0), _sample(-1.0), _sample(-1.0)])
+    assert out[0].reward == pytest.approx(2.0)
+    assert [s.reward for s in out[1:]] == pytest.approx([-2 / 3] * 3)
+
+
+def test_rewrites_and_distillations_keep_their_zero_and_do_not_count():
+    rewrite = _sample(0.0, kind="opd", rewrite=True)
+    distilled = _sample(0.0, kind="opd", experience_ids=[3])
+    out = centred([_sample(-1.0), rewrite, _sample(1.0), distilled])
+    assert [s.reward for s in out] == [-2.0, 0.0, 2.0, 0.0]
+
+
+def test_none_or_a_single_judged_sample_is_left_as_judged():
+    batch = [_sample(-1.0), _sample(0.0, kind="opd", rewrite=True)]
+    assert [s.reward for s in centred(batch)] == [-1.0, 0.0]
+    assert [s.reward for s in centred([_sample(1.0), _sample(-1.0)], "none")] == [1.0, -1.0]
+    with pytest.raises(ValueError, match="unknown reward baseline"):
+        centred(batch, "mean")
