@@ -33,7 +33,7 @@ import pytest
 
 from clawrl.launcher import ServerProcess
 from clawrl.testing import make_tiny_model
-from tests import strays
+from tests import strays, tiers
 from tests.preload import Preloader
 from tests.timing import limit
 
@@ -93,6 +93,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(strays, "clawrl-strays")
+    config.pluginmanager.register(tiers, "clawrl-tiers")  # worker seconds per tier, at the end
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
