@@ -93,7 +93,7 @@ import torch
 
 from clawrl.model.gpu import release_cached
 from clawrl.store.db import Store
-from clawrl.train.baseline import centred
+from clawrl.train.baseline import centred, judged
 from clawrl.train.checkpoints import CheckpointError, claim_next, publish_lock, save_version, set_aside
 from clawrl.train.failures import MAX_FAILURES, failure_reason, pick
 from clawrl.train.group import RankGroup
@@ -101,6 +101,7 @@ from clawrl.train.loggers import StepLoggers
 from clawrl.train.policy import Policy
 from clawrl.train.prune import choose, prune
 from clawrl.train.ranks import RankStatus
+from clawrl.train.remote.errors import PublishConflict
 from clawrl.train.rotation import next_user
 from clawrl.train.saves import serving_weights, sharded_saves
 from clawrl.train.trainer import triage
@@ -121,7 +122,8 @@ class PassPlan:
 
 
 class TrainLoop:
-    """The loop of one rank; `store` is rank 0's (None on the others, which never touch it)."""
+    """The loop of one rank; `store` is rank 0's (None on the others, which never touch it): the
+    run's `Store`, or a remote trainer's `RemoteStore` (train/remote/), its gateway's API."""
 
     def __init__(
         self,
@@ -138,8 +140,12 @@ class TrainLoop:
         users: frozenset[str] | None = None,
         per_user: bool = False,
         baseline: str = "none",
+        fetch: Callable[[Version], Path | None] | None = None,
     ) -> None:
         self.store = store
+        # Where a version is loaded from (None: its row's path). A remote trainer's store downloads
+        # a version its run folder lacks (train/remote/client.py: RemoteStore.fetch).
+        self.fetch = fetch
         self.baseline = baseline  # the step's reward baseline (train/baseline.py); grpo's is its groups'
         self.users = users  # whose samples are trained (None: every user's)
         self.per_user = per_user  # an adapter per user (module docstring); else one shared policy
@@ -201,7 +207,8 @@ class TrainLoop:
             log.info("training from %s (step %d)", version.name, version.step)
 
     def _load(self, version: Version) -> None:
-        self.policy.load(Path(version.path) if version.path else None)
+        folder = self.fetch(version) if self.fetch is not None else Path(version.path) if version.path else None
+        self.policy.load(folder)
         if self.saves is not None and version.path:
             self.saves.restore(version.name)
         self.version, self.step, self._current = version.name, version.step, version
@@ -255,7 +262,7 @@ class TrainLoop:
             whose = f" of {self.user}" if self.per_user else ""
             log.info("step %d: training %s on %d samples%s", self.step + 1, self.version, len(batch), whose)
         metrics = self._step(batch)
-        rewards = [s.reward for s in batch if s.kind == "rl"]  # as judged, not less the baseline
+        rewards = [s.reward for s in batch if judged(s)]  # as judged, not less the baseline
         metrics["mean_reward"] = sum(rewards) / len(rewards) if rewards else None
         if not self._main and not self.group.lockstep and self.saves is None:
             return False
@@ -440,7 +447,11 @@ class TrainLoop:
                 status=status,
                 canary=canary,
             )
-            self.store.publish_version(version, trained=ids)
+            try:
+                self.store.publish_version(version, trained=ids)
+            except PublishConflict as exc:  # a remote trainer's gateway published another meanwhile
+                log.warning("%s; dropping the step", exc)
+                return False  # its claims go back, as above
             self._prune()
         self.version, self.step, self._current = name, version.step, version
         self._seen = name
