@@ -166,11 +166,14 @@ class ChatService:
         the memory block to a main turn's prompt, unless the request opted out (`memory` False), or
         to any turn's where it asked for it (`memory` True: a side turn is never judged, so its block
         teaches nothing; `clawrl eval` measures with and without memory so). The request is decoded
-        with its user's adapter where the engine keeps one per user (docs/users.md)."""
+        with its user's adapter where the engine keeps one per user (docs/users.md), and names its
+        session to an engine that keeps sessions on replicas (clawrl/engine/replicas)."""
         prep.params = replace(prep.params, adapter=hints.user)
         if self.collector is not None:
             prep.resolution = await self.collector.begin(prep.messages, hints)
         r = prep.resolution
+        if r is not None:  # several replicas keep a session on one, its prompt's prefix cached there
+            prep.params = replace(prep.params, affinity=r.session_id)
         wanted = memory if memory is not None else r is not None and r.turn_type == "main"
         if wanted and self.memory is not None and r is not None:
             recalled = await self.memory.recall(prep.messages, r.session_id, r.user)
@@ -367,7 +370,10 @@ class ChatService:
             finish_reason=finish_reason,
             grammar=prep.params.grammar,
             sampling=sampling_record(
-                prep.params, self.engine.processed_logprobs, prep.completion.cached_version
+                prep.params,
+                self.engine.processed_logprobs,
+                prep.completion.cached_version,
+                prep.completion.replicas,
             ),
             memory=prep.memory,
             template_kwargs=prep.prompt.template_kwargs,

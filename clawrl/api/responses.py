@@ -45,11 +45,14 @@ class Completion:
     cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache
     reasoning_tokens: int = 0  # completion tokens of the think block, its tags included
     cached_version: str | None = None  # an older version that computed those tokens' KV (TokenEvent)
+    replicas: list[str] = field(default_factory=list)  # a replica set's servers that decoded it, in order
 
     def add(self, token: TokenEvent) -> None:
         self.tokens.append(token)
         self.cached_tokens += token.cached_tokens
         self.cached_version = token.cached_version or self.cached_version
+        if token.replica is not None:
+            self.replicas.append(token.replica)
         if not self.versions or self.versions[-1] != token.version:
             self.versions.append(token.version)
 

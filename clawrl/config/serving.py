@@ -9,6 +9,7 @@ from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_valid
 
 from clawrl.chat.template import check_template_kwargs
 from clawrl.config.section import API_KEY_ENV, CACHE_ENV, JUDGE_KEY_ENV, VLLM_KEY_ENV, Section
+from clawrl.config.urls import is_loopback, normal_url, repeated_urls
 from clawrl.config.users import UsersFileError, read_users
 from clawrl.memory import MAX_CHARS, MERGE_AT
 from clawrl.sessions.injected import DEFAULT_CONTEXT_PATTERNS
@@ -134,6 +135,14 @@ class VLLMConfig(Section):
         description="A vLLM server already running, e.g. http://127.0.0.1:8001, started with the flags "
         "`start` would use (docs/vllm.md). Mutually exclusive with start.",
     )
+    urls: list[str] = Field(
+        default_factory=list,
+        description="Several vLLM replicas behind this one gateway (docs/vllm.md#several-replicas): "
+        "attached, or with start = true each started by clawrl on its URL's port (127.0.0.1 only). "
+        "Requests keep to their session's replica, the rest go to the least busy; every version is "
+        "loaded on every live replica before it is served; a replica that dies has its requests "
+        "moved. Each server once (a repeat is refused at start). Not with url or port.",
+    )
     python: str | None = Field(
         None,
         description="The python of the venv vLLM is installed in. None: the venv scripts/setup-vllm "
@@ -192,12 +201,30 @@ class VLLMConfig(Section):
     def _one_server(self) -> VLLMConfig:
         if self.start and self.url:
             raise ValueError("engine.vllm: give either start = true or url, not both")
+        check_replica_urls(self.urls, url=self.url, start=self.start, port=self.port)
         if any(a.split("=")[0] == "--gpu-memory-utilization" for a in self.args):
             raise ValueError(
                 "engine.vllm.args: clawrl sets --gpu-memory-utilization from the memory budget; "
                 "give the server's share as --engine.gpu-share instead (docs/scale.md)"
             )
         return self
+
+
+def check_replica_urls(urls: list[str], *, url: str | None, start: bool, port: int) -> None:
+    """engine.vllm.urls: each an http(s) URL naming its own server; started ones on this machine."""
+    if not urls:
+        return
+    if url:
+        raise ValueError("engine.vllm: give either url (one server) or urls (several), not both")
+    if port:
+        raise ValueError("engine.vllm: with urls, each started replica's port is its URL's, not port")
+    for u in urls:
+        normal_url(u)  # a ValueError names the URL
+        if start and not is_loopback(u):
+            raise ValueError(f"engine.vllm.urls: clawrl starts vLLM on 127.0.0.1 only, not at {u}")
+    if repeats := repeated_urls(urls):
+        named = "; ".join(f"{again} is {first}" for again, first in repeats)
+        raise ValueError(f"engine.vllm.urls names the same vLLM server twice ({named}): list each once")
 
 
 class EngineConfig(Section):
@@ -281,8 +308,10 @@ class EngineConfig(Section):
 
     @model_validator(mode="after")
     def _vllm_server(self) -> EngineConfig:
-        if self.kind == "vllm" and not (self.vllm.start or self.vllm.url):
-            raise ValueError("engine.kind 'vllm' needs engine.vllm.start = true or engine.vllm.url")
+        if self.kind == "vllm" and not (self.vllm.start or self.vllm.url or self.vllm.urls):
+            raise ValueError(
+                "engine.kind 'vllm' needs engine.vllm.start = true or engine.vllm.url (several: urls)"
+            )
         return self
 
 

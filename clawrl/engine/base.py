@@ -79,10 +79,16 @@ class SamplingParams:
     # Whose request (the API key's user, docs/users.md): with an adapter per user, the engine decodes it
     # with that user's newest servable version (`Engine.version_of`).
     adapter: str = DEFAULT_USER
+    # The session the request continues (its user's when it has none): an engine with several
+    # replicas keeps a session on one, where its prompt's prefix is cached (clawrl/engine/replicas).
+    affinity: str | None = None
 
 
 def sampling_record(
-    params: SamplingParams, processed_logprobs: bool, prefix_kv_version: str | None = None
+    params: SamplingParams,
+    processed_logprobs: bool,
+    prefix_kv_version: str | None = None,
+    replicas: list[str] | None = None,
 ) -> dict[str, Any]:
     """What a turn records of how it was sampled (`Turn.sampling`), and what its logprobs are of.
 
@@ -93,19 +99,25 @@ def sampling_record(
     Greedy decoding ignores top-p and top-k, not penalties. `prefix_kv_version` (recorded only
     when set): the older policy version whose cached KV the prompt started from; the logprobs are
     then of that mixed computation, which the importance weight corrects like any other drift.
+    `replicas` (recorded only when set): the servers of a replica set that decoded the answer, in
+    order (two when one died mid-answer and another finished it: clawrl/engine/replicas).
     """
     truncated = params.temperature > 0 and (params.top_p < 1 or params.top_k > 0)
     penalised = (
         params.repetition_penalty != 1 or params.frequency_penalty != 0 or params.presence_penalty != 0
     )
-    return {
-        "top_p": params.top_p,
-        "top_k": params.top_k,
-        "repetition_penalty": params.repetition_penalty,
-        "frequency_penalty": params.frequency_penalty,
-        "presence_penalty": params.presence_penalty,
-        "logprobs": "processed" if processed_logprobs and (truncated or penalised) else "tempered",
-    } | ({"prefix_kv_version": prefix_kv_version} if prefix_kv_version else {})
+    return (
+        {
+            "top_p": params.top_p,
+            "top_k": params.top_k,
+            "repetition_penalty": params.repetition_penalty,
+            "frequency_penalty": params.frequency_penalty,
+            "presence_penalty": params.presence_penalty,
+            "logprobs": "processed" if processed_logprobs and (truncated or penalised) else "tempered",
+        }
+        | ({"prefix_kv_version": prefix_kv_version} if prefix_kv_version else {})
+        | ({"replicas": replicas} if replicas else {})
+    )
 
 
 @dataclass(frozen=True)
@@ -120,7 +132,8 @@ class TokenEvent:
     `finish_reason` is set on the last token of the completion. `cached_tokens`, on the first
     token only, counts the prompt tokens whose KV came from the prefix cache instead of a prefill;
     `cached_version`, on the first token only, names the older policy version that computed that
-    KV when it was not the version serving (the local engine's cache across versions).
+    KV when it was not the version serving (the local engine's cache across versions). `replica`
+    names the server of a replica set that decoded it, on the first token it decoded.
     """
 
     token_id: int
@@ -131,6 +144,9 @@ class TokenEvent:
     cached_tokens: int = 0
     rope_scaled: bool | None = None  # first token only: was RoPE scaled for this sequence (model/rope.py)
     cached_version: str | None = None
+    # A replica set's (clawrl/engine/replicas): the server that decoded this token and the ones after
+    # it, on the first token each server gave; None elsewhere.
+    replica: str | None = None
 
 
 @dataclass

@@ -8,7 +8,7 @@
 |        |                         |               | reloaded in place: engine/vllm/reload.py)  |
 | GPU    | no                      | any           | local, said once with how to get vLLM      |
 
-`engine.vllm.start` or `engine.vllm.url` set under "auto" asks for vLLM. "vLLM installed" is the
+`engine.vllm.start`, `engine.vllm.url` or `urls` set under "auto" asks for vLLM. "vLLM installed" is the
 venv `scripts/setup-vllm` makes in the cache folder (its CUDA build on a GPU machine:
 `vllm-cuda-<version>`, its CPU build elsewhere: `vllm-cpu-<version>`), or `engine.vllm.python`.
 An explicit kind is kept as it is: `engine.kind = "vllm"` without vLLM is refused when its
@@ -57,7 +57,7 @@ def choose(config: Config, cuda: bool, vllm_found: bool) -> Choice:
     e = config.engine
     if e.kind != "auto":
         return Choice(e.kind)
-    if e.vllm.start or e.vllm.url:
+    if e.vllm.start or e.vllm.url or e.vllm.urls:
         return Choice("vllm")
     if not cuda:
         return Choice("local")

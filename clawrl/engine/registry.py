@@ -6,7 +6,8 @@ engine never loads vLLM's client code and the other way round. A builder that ca
 build its engine raises `EngineUnavailable` (`clawrl serve` exits 2 with the reason).
 Adding an engine is one package under `clawrl/engine/`, one line here and one config
 section (docs/design.md, "Adding an engine"); `engine.kind`'s choices in the config
-are checked against this table by the tests. `engine.kind = "auto"` is decided here too,
+are checked against this table by the tests; `REPLICA_SETS` builds a kind as several servers
+behind one gateway (clawrl/engine/replicas). `engine.kind = "auto"` is decided here too,
 once, at start (`resolve_kind`, by `clawrl/engine/choice.py`'s table).
 """
 
@@ -26,6 +27,8 @@ ENGINES: dict[str, str] = {
     "local": "clawrl.engine.local.build:build_local_engine",
     "vllm": "clawrl.engine.vllm.build:build_vllm_engine",
 }
+# A kind whose section lists several servers (`engine.vllm.urls`) is built as a replica set.
+REPLICA_SETS: dict[str, str] = {"vllm": "clawrl.engine.replicas.build:build_replica_engine"}
 
 
 def resolve_kind(config: Config, cuda: bool) -> Config:
@@ -47,7 +50,10 @@ def build_engine(config: Config) -> tuple[Engine, Any]:
 
         config = resolve_kind(config, cuda_index(config.model.device, torch.cuda.is_available()) is not None)
     try:
-        module, _, name = ENGINES[config.engine.kind].partition(":")
+        target = ENGINES[config.engine.kind]
     except KeyError:
         raise ValueError(f"unknown engine.kind {config.engine.kind!r}; known: {', '.join(ENGINES)}") from None
+    if config.engine.kind == "vllm" and config.engine.vllm.urls:
+        target = REPLICA_SETS["vllm"]
+    module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)(config)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from clawrl.config import Config
@@ -28,6 +30,7 @@ from clawrl.engine.vllm.engine import VLLMEngine
 from clawrl.engine.vllm.server import VLLMServer, VLLMUnavailable, vllm_command
 from clawrl.model.adapter_slots import vllm_max_cpu_loras, vllm_max_loras
 from clawrl.model.load import (
+    LoadedTokenizer,
     generation_defaults,
     load_tokenizer,
     model_folder,
@@ -63,52 +66,87 @@ def server_gpus(config: Config) -> str | None:
     return visible_devices((gpu,), os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
-def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
-    v = config.engine.vllm
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per token stream and health poll
-    folder = model_folder(config.model.path, config.cache_dir())
+@dataclass(frozen=True)
+class ServedModel:
+    """What every vLLM server of a gateway serves: the folder, its tokenizer and window, the RoPE."""
+
+    folder: Path
+    loaded: LoadedTokenizer  # the tokenizer, window and stop tokens
+    rope: dict[str, Any] | None  # --hf-overrides past the trained window (model.load.vllm_rope)
+
+
+def served_model(config: Config) -> ServedModel:
     m = config.model
+    folder = model_folder(m.path, config.cache_dir())
     context = served_context(m.path, m.max_context)
     rope = vllm_rope(folder, context, m.rope_scaling, m.scale_rope)
     loaded = load_tokenizer(folder, context, scaled=rope is not None)
     if rope is not None:
         log.info("vLLM serves %d tokens with RoPE scaled at every position: --hf-overrides '%s'",
                  loaded.max_context, json.dumps(rope))  # fmt: skip
-    if v.start:
-        lora = config.train.weights == "lora"
-        share = config.engine.gpu_share  # set at start on a GPU (the memory budget); None on a CPU
-        v = v.model_copy(update={"max_loras": vllm_max_loras(config)})
-        python = vllm_python(config)
+    return ServedModel(folder, loaded, rope)
 
-        def launch(port: int) -> tuple[str, list[str]]:
-            command = vllm_command(
-                python=python,
-                model=folder,
-                port=port,
-                v=v,
-                max_context=loaded.max_context,
-                lora=lora,
-                rope=rope,
-                gpu_share=share,
-                max_cpu_loras=vllm_max_cpu_loras(config),
-            )
-            return f"http://127.0.0.1:{port}", command
 
-        url, command = launch(v.port or free_port())
-        log_path = config.run_dir / "logs" / "vllm.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        # A port clawrl chose may be taken before vLLM binds it: then it starts on another one.
-        relaunch = None if v.port else lambda: launch(free_port())
-        server = VLLMServer(
+def started_server(config: Config, served: ServedModel, *, port: int, log_path: Path) -> VLLMServer:
+    """A vLLM server clawrl starts on `port` (0: a free one, found anew if taken before vLLM binds it)."""
+    v = config.engine.vllm
+    lora = config.train.weights == "lora"
+    share = config.engine.gpu_share  # set at start on a GPU (the memory budget); None on a CPU
+    v = v.model_copy(update={"max_loras": vllm_max_loras(config)})
+    python = vllm_python(config)
+
+    def launch(port: int) -> tuple[str, list[str]]:
+        command = vllm_command(
+            python=python,
+            model=served.folder,
+            port=port,
             v=v,
-            url=url,
-            command=command,
-            log_path=log_path,
-            relaunch=relaunch,
-            devices=server_gpus(config),
-            reload_weights=not lora,  # full weights: loaded in place through vLLM's dev routes
+            max_context=served.loaded.max_context,
+            lora=lora,
+            rope=served.rope,
+            gpu_share=share,
+            max_cpu_loras=vllm_max_cpu_loras(config),
         )
-        log.info("starting vLLM on %s (up to %.0f s): %s", folder, v.startup_timeout_s, " ".join(command))
+        return f"http://127.0.0.1:{port}", command
+
+    url, command = launch(port or free_port())
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    # A port clawrl chose may be taken before vLLM binds it: then it starts on another one.
+    relaunch = None if port else lambda: launch(free_port())
+    log.info("starting vLLM on %s (up to %.0f s): %s", served.folder, v.startup_timeout_s, " ".join(command))
+    return VLLMServer(
+        v=v,
+        url=url,
+        command=command,
+        log_path=log_path,
+        relaunch=relaunch,
+        devices=server_gpus(config),
+        reload_weights=not lora,  # full weights: loaded in place through vLLM's dev routes
+    )
+
+
+def vllm_engine(config: Config, server: VLLMServer, served: ServedModel) -> VLLMEngine:
+    """The engine in front of `server`, which answers already (`VLLMServer.connect`)."""
+    return VLLMEngine(
+        server,
+        model_name=config.server.served_model_name,
+        max_context=served.loaded.max_context,
+        stop_token_ids=served.loaded.stop_token_ids,
+        max_lora_rank=config.engine.vllm.max_lora_rank,
+        sampling_defaults=generation_defaults(served.folder, config.model.repetition_guard),
+        constrained_decoding=config.engine.constrained_decoding,
+        rope_scaled=served.rope is not None,
+        per_user=config.per_user_adapters,
+        full_weights=config.train.weights == "full",
+    )
+
+
+def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
+    v = config.engine.vllm
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per token stream and health poll
+    served = served_model(config)
+    if v.start:
+        server = started_server(config, served, port=v.port, log_path=config.run_dir / "logs" / "vllm.log")
     else:
         assert v.url is not None  # checked by the config
         if config.engine.gpu_share is not None:
@@ -116,16 +154,4 @@ def build_vllm_engine(config: Config) -> tuple[VLLMEngine, Any]:
                      "the memory budget", config.engine.gpu_share)  # fmt: skip
         server = VLLMServer(v, v.url)
     server.connect()
-    engine = VLLMEngine(
-        server,
-        model_name=config.server.served_model_name,
-        max_context=loaded.max_context,
-        stop_token_ids=loaded.stop_token_ids,
-        max_lora_rank=v.max_lora_rank,
-        sampling_defaults=generation_defaults(folder, config.model.repetition_guard),
-        constrained_decoding=config.engine.constrained_decoding,
-        rope_scaled=rope is not None,
-        per_user=config.per_user_adapters,
-        full_weights=config.train.weights == "full",
-    )
-    return engine, loaded.tokenizer
+    return vllm_engine(config, server, served), served.loaded.tokenizer

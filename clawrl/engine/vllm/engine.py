@@ -194,7 +194,7 @@ class VLLMEngine:
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
         if not self.server.up:
-            raise EngineFailed(f"the vLLM server at {self.server.url} is {self.server.health.status}")
+            raise VLLMDown(f"the vLLM server at {self.server.url} is {self.server.health.status}")
         name, version = self._route(params.adapter)
         self._inflight[name] += 1
         done = failed = False
@@ -225,7 +225,8 @@ class VLLMEngine:
             async with self._http.stream("POST", "/v1/completions", json=body) as response:
                 if response.status_code != 200:
                     text = (await response.aread()).decode(errors="replace")
-                    raise EngineFailed(f"vLLM answered {response.status_code}: {text[:300]}")
+                    refused = VLLMRefused if response.status_code < 500 else VLLMDown  # 4xx: this request's
+                    raise refused(f"vLLM answered {response.status_code}: {text[:300]}")
                 first = True
                 async for line in response.aiter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
@@ -236,7 +237,7 @@ class VLLMEngine:
                         self._stats.tokens_generated += 1
                         yield event
         except httpx.HTTPError as exc:  # the server died or hung up mid-stream
-            raise EngineFailed(f"the vLLM server failed: {type(exc).__name__}: {exc}") from exc
+            raise VLLMDown(f"the vLLM server failed: {type(exc).__name__}: {exc}") from exc
 
     def _body(self, name: str, prompt_ids: list[int], params: SamplingParams) -> dict[str, Any]:
         grammar = params.grammar if self.constrained_decoding else None
@@ -357,22 +358,34 @@ class VLLMEngine:
     async def serve_version(self, version: Version) -> None:
         if self.full_weights:
             return await self._serve_full(version)
-        name = self._base if version.path is None else await self._load(version)
+        self.adopt(version, await self.prepare(version))
+        await self.unload_retired()
+
+    async def prepare(self, version: Version) -> str:
+        """Load a LoRA version's adapter without serving it yet; the vLLM model name to `adopt`.
+        Two steps so a replica set (clawrl/engine/replicas) serves it nowhere until every replica
+        has it."""
+        return self._base if version.path is None else await self._load(version)
+
+    def adopt(self, version: Version, name: str) -> None:
+        """Serve the `prepare`d `version` to new requests from now on (no await: every replica of a
+        set switches in one step); the adapter it replaces is retired (`unload_retired`)."""
         if self.per_user and version.user != DEFAULT_USER:  # the user's own name; the others' stay
             old = self._users.get(version.user, (self._base, version))[0]
             self._users[version.user] = (name, version)
-            if old not in (self._base, name):
-                self._retired.add(old)
-                await self._unload_idle()
-            log.info("now serving %s to %s (vLLM model %s)", version.name, version.user, name)
-            return
-        old = self._serving[0]
-        self._serving = (name, version if version.path else None)
-        self.version = version.name
+            whom = f" to {version.user}"
+        else:
+            old = self._serving[0]
+            self._serving = (name, version if version.path else None)
+            self.version = version.name
+            whom = ""
         if old not in (self._base, name):
             self._retired.add(old)
-            await self._unload_idle()
-        log.info("now serving %s (vLLM model %s)", version.name, name)
+        log.info("now serving %s%s (vLLM model %s at %s)", version.name, whom, name, self.server.url)
+
+    async def unload_retired(self) -> None:
+        """Unload the retired adapters no request uses any more (the rest when their last one ends)."""
+        await self._unload_idle()
 
     async def _serve_full(self, version: Version) -> None:
         """Load a full version's weights (v0: the base folder) into vLLM, then announce it."""
@@ -476,9 +489,9 @@ class VLLMEngine:
         try:
             response = await self._http.request(method, path, json=body, params=params, timeout=300)
         except httpx.HTTPError as exc:
-            raise EngineFailed(f"the vLLM server at {self.server.url} failed: {exc}") from exc
+            raise VLLMDown(f"the vLLM server at {self.server.url} failed: {exc}") from exc
         if response.status_code >= 500:
-            raise EngineFailed(f"vLLM answered {response.status_code}: {response.text[:300]}")
+            raise VLLMDown(f"vLLM answered {response.status_code}: {response.text[:300]}")
         if response.status_code != 200:
             raise VLLMRefused(f"{response.status_code} {response.text[:300]}")
         return response.json() if "json" in response.headers.get("content-type", "") else response.text
@@ -486,6 +499,11 @@ class VLLMEngine:
 
 class VLLMRefused(EngineFailed):
     """vLLM answered a 4xx: it understood the request and will not do it."""
+
+
+class VLLMDown(EngineFailed):
+    """The vLLM server failed: no answer, a dropped connection, a 5xx. Another replica may serve
+    the request (clawrl/engine/replicas); a 4xx (`VLLMRefused`) or a bad request would fail there too."""
 
 
 def _adapter_config(folder: Path, version: str) -> dict[str, Any]:

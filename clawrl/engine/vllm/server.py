@@ -197,6 +197,13 @@ class VLLMServer:
     def up(self) -> bool:
         return self.health.status == "ok"
 
+    def suspect(self, why: str) -> None:
+        """A request found the server failing: count it down until `/health` answers again (then the
+        engine's `on_ready` runs, as after a restart). A replica set moves its requests meanwhile."""
+        if self.health.status == "ok":
+            self.health.status, self.health.last_error = "down", why
+            log.error("the vLLM server at %s failed a request: %s", self.url, why)
+
     def connect(self) -> None:
         """Start the server (if clawrl owns it) and wait until it answers; raise VLLMUnavailable."""
         for tries_left in range(PORT_TRIES - 1, -1, -1):

@@ -1,0 +1,1 @@
+"""Several vLLM servers behind one gateway (`engine.vllm.urls`): engine.py, routing.py, versions.py."""
