@@ -135,8 +135,10 @@ def test_a_replica_that_dies_mid_answer_has_it_finished_by_the_other(tmp_path, s
     a.configure(die_after=5, delay_s=0.02)
 
     async def body(engine: ReplicaEngine) -> dict[str, Any]:
-        prompt = [7, 8, 9]
-        tokens, replicas = await _answer(engine, prompt, max_tokens=20, affinity=session)
+        prompt = [7, 8, 9]  # with the embedded model's default penalties: resumed all the same
+        tokens, replicas = await _answer(
+            engine, prompt, max_tokens=20, affinity=session, presence_penalty=1.0, frequency_penalty=0.3
+        )
         out = {"tokens": tokens, "replicas": replicas, "expected": _unbroken(prompt, 20)}
         _, out["next"] = await _answer(engine, [7, 8, 9, 10], affinity=session)  # moved with its session
         out["status"] = engine.stats().extra["replicas"][0]["status"]
@@ -250,12 +252,16 @@ def _turns(run_dir: Path, n: int) -> list | None:
     return turns if len(turns) == n else None
 
 
+def _gateway(run_dir: Path, urls: list[str]) -> RemoteServer:
+    """`clawrl serve` attached to the stand-ins (the embedded model's tokenizer and defaults)."""
+    args = ["--engine.kind", "vllm", "--engine.vllm.urls", json.dumps(urls)]
+    return RemoteServer(run_dir, [*args, "--engine.vllm.require-key", "false", "--judge.enabled", "false"])
+
+
 def test_each_turn_records_the_replica_that_answered(tmp_path, standins):
     urls = [s.url for s in standins]
     run_dir = tmp_path / "gateway"
-    args = ["--engine.kind", "vllm", "--engine.vllm.urls", json.dumps(urls)]
-    args += ["--engine.vllm.require-key", "false", "--judge.enabled", "false"]
-    server = RemoteServer(run_dir, args)
+    server = _gateway(run_dir, urls)
     try:
         client = server.client()
         for i in range(4):
@@ -275,3 +281,28 @@ def test_each_turn_records_the_replica_that_answered(tmp_path, standins):
     served = {s.url: len(s.log()) for s in standins}
     assert sum(served.values()) == 4
     assert served == {u: sum(t.sampling["replicas"] == [u] for t in turns) for u in urls}
+
+
+def test_a_client_streaming_from_a_replica_that_dies_gets_its_whole_answer(tmp_path, standins):
+    urls = [s.url for s in standins]
+    run_dir = tmp_path / "gateway"
+    server = _gateway(run_dir, urls)
+    try:
+        client = server.client()
+        messages = [{"role": "user", "content": "hello"}]
+        first = client.chat.completions.create(model="clawrl", messages=messages, max_tokens=6)
+        home = next(s for s in standins if s.log())  # the session's replica
+        home.configure(die_after=4, delay_s=0.02)
+        answer = first.choices[0].message.model_dump(exclude_none=True)
+        messages += [answer, {"role": "user", "content": "more"}]
+        stream = client.chat.completions.create(model="clawrl", messages=messages, max_tokens=12, stream=True)
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+        turns = wait_for(lambda: _turns(run_dir, 2), 30, "two recorded turns")
+    finally:
+        server.stop()
+    turn = turns[1]
+    other = next(u for u in urls if u != home.url)
+    assert turn.sampling["replicas"] == [home.url, other] and turn.finish_reason == "length"
+    assert turn.session_id == turns[0].session_id  # the same session, moved with its request
+    assert turn.response_ids == _unbroken(turn.prompt_ids, 12)  # whole, as if nothing had failed
+    assert text == turn.response_text and text

@@ -17,11 +17,14 @@ clawrl); this engine routes each request to one of them and keeps them serving t
   next replica as the prompt, for the tokens still allowed, so the client's stream carries on where
   it stopped. Each token is still sampled from the same version's distribution given everything
   before it, so the turn stays a faithful record (its `sampling["replicas"]` names both servers).
-  Two requests cannot be resumed so, and end with an error in their stream as on one server: one
-  decoded under a grammar (vLLM's structured outputs would start the grammar over at the resumed
-  prompt) and one with a presence or frequency penalty (vLLM counts those on the answer's tokens
-  only, which the resumed prompt would hide). A refused request (`VLLMRefused`, a 4xx) is the
-  request's fault and fails at once. A client that hangs up cancels the request where it runs.
+  One deviation: vLLM counts the presence and frequency penalties on the answer's own tokens, so on
+  the resumed part the tokens sent before it count for the repetition penalty (as prompt tokens)
+  but not for those two; such a turn's logprobs are of the penalised, "processed" kind anyway,
+  which the trainer never takes a ratio to (engine/base.py `sampling_record`). An answer decoded
+  under a grammar is not resumed: vLLM's structured outputs would start the grammar over at the
+  resumed prompt, so it ends with an error in its stream, as on one server. A refused request
+  (`VLLMRefused`, a 4xx) is the request's fault and fails at once. A client that hangs up cancels
+  the request where it runs.
 - **Recording.** The first token each replica decodes carries its URL (`TokenEvent.replica`); the
   turn records them in order (`Turn.sampling["replicas"]`).
 
@@ -50,8 +53,7 @@ T = TypeVar("T")
 
 def resumable(params: SamplingParams, made: int) -> bool:
     """Whether a request that streamed `made` tokens can be finished on another replica (above)."""
-    free = params.grammar is None and params.presence_penalty == 0 and params.frequency_penalty == 0
-    return free and made < params.max_tokens
+    return params.grammar is None and made < params.max_tokens
 
 
 class ReplicaEngine:
