@@ -145,6 +145,14 @@ class TrainConfig(Section):
         "that learnt issue 53's preferences, docs/evaluation.md). One generation per such turn, "
         "on the serving engine; false: none.",
     )
+    hint_rewrite_candidates: int = Field(
+        1,
+        ge=1,
+        le=8,
+        description="Answers sampled to the hinted prompt per rewrite; the one the hint explains most "
+        "(the largest sum of log p(token | hinted) - log p(token | bare)) is kept (clawrl/judge/rewriter.py). "
+        "1: the one answer, unscored.",
+    )
     reward_baseline: Literal["batch", "none"] = Field(
         "batch",
         description="'batch': each judged reward in a step less the mean of the step's other judged "
@@ -274,6 +282,13 @@ class TrainConfig(Section):
     restart_backoff_max_s: float = Field(120.0, gt=0, description="Longest delay between two restarts.")
     swap_poll_s: float = Field(
         1.0, gt=0, description="How often the server looks for a newly published version."
+    )
+    lease_s: float = Field(
+        60.0,
+        gt=0,
+        description="A remote trainer (`clawrl train --server URL`, docs/several-processes.md) not heard "
+        "from for this long loses its lease: the gateway hands its claimed samples back to the queue. "
+        "It sends a heartbeat every third of it.",
     )
     loggers: list[Literal["jsonl", "tensorboard"]] = Field(
         default_factory=lambda: ["jsonl"],

@@ -7,7 +7,9 @@ registry, build each service with its collaborators, hand them to the app, run u
            ├─ UserEraser (the Collector, engine, watcher, trainer): a user's data erased while serving
            ├─ JudgeLoop (a judge backend on the engine or an OpenAI-compatible server, the method)
            ├─ VersionWatcher (the engine: serves each published version)
-           └─ TrainerSupervisor (the trainer process, `clawrl/wiring/trainer.py`)
+           └─ TrainerSupervisor (the trainer process, `clawrl/wiring/trainer.py`), or with
+              train.enabled false TrainerDesk (a remote trainer's lease, calls and uploads:
+              `clawrl/train/remote/desk.py`, `clawrl/api/trainer.py`)
     engine ── ChatService ── the routes; PipelineState ── /metrics, /dashboard; HealthReport ── /healthz
 
 Services start in that order (engine first) and stop in reverse (`clawrl/api/app.py`).
@@ -47,6 +49,7 @@ from clawrl.sessions.tracker import SessionTracker
 from clawrl.sessions.turn_type import SidePatterns
 from clawrl.store.db import Store, StoreError
 from clawrl.store.writer import StoreWriter
+from clawrl.train.remote.desk import TrainerDesk
 from clawrl.train.supervisor import TrainerSupervisor
 from clawrl.types import DEFAULT_USER
 from clawrl.wiring.layout import StartRefused, plan_start
@@ -104,7 +107,7 @@ def open_store(config: Config) -> Store | None:
 def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | None) -> Any:
     """Every service of the server, each given its collaborators; without a store it only serves."""
     s = config.server
-    writer = judge = collector = watcher = trainer = episodes = memory = None
+    writer = judge = collector = watcher = trainer = episodes = memory = desk = None
     if store is not None:
         writer = StoreWriter(config.collect.retry_every_s, config.collect.max_pending_writes)
         if config.judge.enabled:
@@ -117,6 +120,10 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
         if config.train.enabled:
             # The resolved config.json `clawrl serve` wrote: the trainer trains exactly what is served.
             trainer = TrainerSupervisor(config.run_dir / "config.json", config.run_dir, config.train)
+        else:  # `clawrl train --server URL` may train it from another host
+            desk = TrainerDesk(
+                store, collector.db, config.run_dir, train=config.train, per_user=config.per_user_adapters
+            )
     pipeline = PipelineState(
         engine,
         model=s.served_model_name,
@@ -139,7 +146,7 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
             users=served_users(config),
         )
     services: list[Service] = [engine]
-    services += [x for x in (collector, judge, episodes, watcher, trainer) if x is not None]
+    services += [x for x in (collector, judge, episodes, watcher, trainer, desk) if x is not None]
     routes = Routes(
         chat=ChatService(
             engine=engine,
@@ -169,6 +176,7 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
         max_body_bytes=s.max_body_bytes,
         episodes=episodes,
         memory=memory,
+        trainer_desk=desk,
         eraser=None
         if collector is None
         else eraser(config=config, collector=collector, engine=engine, watcher=watcher, trainer=trainer),
@@ -253,7 +261,11 @@ def build_judge(
         log.info("memory distillation off: with users and train.adapters shared, one user's memory "
                  "would be trained into the policy every user is served")  # fmt: skip
     served = lambda: engine.version  # noqa: E731
-    rewrite = engine_rewriter(engine, REWRITE_MAX_TOKENS) if config.train.hint_rewrite else None
+    rewrite = (
+        engine_rewriter(engine, REWRITE_MAX_TOKENS, config.train.hint_rewrite_candidates)
+        if config.train.hint_rewrite
+        else None
+    )
     return JudgeLoop(
         store=store,
         writer=writer,
