@@ -26,9 +26,11 @@ from clawrl.api.memory import memory_router
 from clawrl.api.metrics import Metrics, MetricsMiddleware, metrics_router
 from clawrl.api.routes import health_router, v1_router
 from clawrl.api.state import PipelineState
+from clawrl.api.trainer import UPLOADS, trainer_router
 from clawrl.api.users import UserEraser, users_router
 from clawrl.collect.episodes import EpisodeBook
 from clawrl.collect.memory import MemoryBook
+from clawrl.train.remote.desk import TrainerDesk
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,7 @@ class Routes:
     episodes: EpisodeBook | None = None  # Track 2's POST /v1/episodes (None: collection is off)
     memory: MemoryBook | None = None  # GET and DELETE /v1/memory (None: collection is off)
     eraser: UserEraser | None = None  # DELETE /v1/users/{name}/data (None: collection is off)
+    trainer_desk: TrainerDesk | None = None  # /v1/trainer (None: a trainer of its own, or no store)
 
 
 def create_app(
@@ -80,7 +83,7 @@ def create_app(
 
     # No /docs or /redoc: they pull Swagger's JavaScript from a CDN; /openapi.json describes the API.
     app = FastAPI(title="clawrl", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.add_middleware(BodyLimit, max_bytes=routes.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=routes.max_body_bytes, exempt=(UPLOADS,))
     app.add_middleware(MetricsMiddleware, metrics=routes.metrics)  # outermost: times every request whole
     app.state.chat, app.state.health = routes.chat, routes.health
     app.state.pipeline, app.state.metrics = routes.pipeline, routes.metrics
@@ -88,11 +91,13 @@ def create_app(
     app.state.episodes = routes.episodes
     app.state.memory = routes.memory
     app.state.eraser = routes.eraser
+    app.state.trainer_desk = routes.trainer_desk
     install_error_handlers(app)
     app.include_router(v1_router(routes.keys))
     app.include_router(episodes_router(routes.keys))
     app.include_router(memory_router(routes.keys))
     app.include_router(users_router(routes.keys))
+    app.include_router(trainer_router(routes.keys))
     app.include_router(health_router(routes.keys))
     app.include_router(metrics_router(routes.keys))
     app.include_router(dashboard_router(routes.keys))

@@ -80,6 +80,13 @@ def _train_parsers(sub: Any) -> None:
         "accelerate when num_processes > 1",
     )
     train.add_argument("--steps", type=int, help="stop after publishing this many versions")
+    train.add_argument(
+        "--server",
+        metavar="URL",
+        help="train for the gateway at URL (`clawrl serve --train.enabled false`) through its API, on any "
+        "host: the admin key from --server.api-key or $CLAWRL_API_KEY; --run-dir holds this trainer's "
+        "own copies of the versions (docs/several-processes.md)",
+    )
     train.set_defaults(run=cmd_train)
     rollback = sub.add_parser(
         "rollback",
@@ -287,6 +294,7 @@ def cmd_train(config: Any, args: argparse.Namespace) -> int:
         launch=args.launch,
         in_group=args.in_group,
         steps=args.steps,
+        server=args.server,
     )
 
 

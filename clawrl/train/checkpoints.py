@@ -119,6 +119,12 @@ def copy_version(run_dir: Path, version: str, files: list[Path], manifest: dict)
     return _write_atomically(version_dir(run_dir, version), fill)
 
 
+def write_folder(run_dir: Path, version: str, fill: Callable[[Path], None]) -> Path:
+    """Write `version`'s folder with `fill` (the files a remote trainer uploaded: train/remote/), as
+    `save_version` writes one: atomically, never over an existing folder."""
+    return _write_atomically(version_dir(run_dir, version), fill)
+
+
 def _write_atomically(final: Path, fill: Callable[[Path], None]) -> Path:
     """Let `fill` write a hidden temporary folder, then rename it to `final` (never over one)."""
     if final.exists():

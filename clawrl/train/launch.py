@@ -42,15 +42,17 @@ log = logging.getLogger("clawrl.trainer")
 CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
 
 
-def rank_command(config_file: Path, run_dir: Path, steps: int | None) -> list[str]:
-    """What each rank runs (after `python -m`): `clawrl train` as one rank of this launcher's group."""
+def rank_command(config_file: Path, run_dir: Path, steps: int | None, server: str | None = None) -> list[str]:
+    """What each rank runs (after `python -m`): `clawrl train` as one rank of this launcher's group
+    (`server`: a remote trainer's gateway, which rank 0 alone calls: train/remote/)."""
     args = ["clawrl", "train", "--config", str(config_file), "--run-dir", str(run_dir)]
     args += ["--launch", "none"]
     args += ["--in-group", "--exit-with-parent", str(os.getpid())]
+    args += [] if server is None else ["--server", server]
     return args + ([] if steps is None else ["--steps", str(steps)])
 
 
-def launch_group(config: Config, parent_pid: int | None, steps: int | None) -> int:
+def launch_group(config: Config, parent_pid: int | None, steps: int | None, server: str | None = None) -> int:
     """Run the group of `train.distributed.num_processes` ranks until it ends; the exit code."""
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -79,7 +81,7 @@ def launch_group(config: Config, parent_pid: int | None, steps: int | None) -> i
         "--monitor_interval",
         "0.2",
         "-m",
-        *rank_command(config_file, config.run_dir, steps),
+        *rank_command(config_file, config.run_dir, steps, server),
     ]
     if dist.gpus is not None:  # the ranks inherit it (this process allocates nothing on a GPU)
         os.environ[CUDA_VISIBLE] = visible_devices(tuple(dist.gpus), os.environ.get(CUDA_VISIBLE))

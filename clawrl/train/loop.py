@@ -207,8 +207,10 @@ class TrainLoop:
             log.info("training from %s (step %d)", version.name, version.step)
 
     def _load(self, version: Version) -> None:
-        folder = self.fetch(version) if self.fetch is not None else Path(version.path) if version.path else None
-        self.policy.load(folder)
+        if self.fetch is not None:
+            self.policy.load(self.fetch(version))
+        else:
+            self.policy.load(Path(version.path) if version.path else None)
         if self.saves is not None and version.path:
             self.saves.restore(version.name)
         self.version, self.step, self._current = version.name, version.step, version

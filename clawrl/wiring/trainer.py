@@ -23,8 +23,14 @@ is `clawrl train --launch none --in-group` (`clawrl/train/group.py`, `clawrl/tra
 rank 0 alone reads the store and publishes). Under `accelerate launch -m clawrl
 train` (a group started by hand, e.g. across machines) rank 0 takes the lock.
 
+With `--server URL` (a remote trainer, `clawrl/train/remote/`) the store is its gateway's, reached
+through the gateway's API with the admin key; `clawrl.db` is never opened here, the run folder
+holds the trainer's own copies of the versions, and memory's retirement probe does not run (it
+reads conversations).
+
 Exit codes: 0 stopped (Ctrl-C, parent gone, `--steps` done), 2 bad setup (no
-store, no model), 3 another trainer holds the run folder. A crash (or a
+store, no model, a gateway that refuses the key), 3 another trainer holds the run folder (or,
+remote, the gateway's samples). A crash (or a
 failed rank of a group) is exit 1; the supervisor restarts it.
 """
 
@@ -54,6 +60,8 @@ from clawrl.train.loop import TrainLoop
 from clawrl.train.memory_probe import MemoryProbe
 from clawrl.train.policy import build_policy
 from clawrl.train.ranks import RankStatus
+from clawrl.train.remote.client import RemoteStore
+from clawrl.train.remote.errors import TrainerBusy, TrainerRefused
 from clawrl.types import Version
 
 log = logging.getLogger("clawrl.trainer")
@@ -93,6 +101,7 @@ def run_trainer(
     launch: str = "auto",
     in_group: bool = False,
     steps: int | None = None,
+    server: str | None = None,
 ) -> int:
     """`clawrl train`: launch a group of ranks (`launch`), or train in this process (alone or as a rank).
 
@@ -100,6 +109,8 @@ def run_trainer(
     "none" trains here; "auto" (the default) launches when num_processes > 1, unless this process
     already is a rank (started by `accelerate launch` or torchrun). `in_group`: a rank of our own
     launcher, which holds the trainer lock. `steps`: stop after publishing that many versions.
+    `server`: a gateway's URL; the store is reached through its API (clawrl/train/remote/), with
+    the admin key `server.api_key`, and never opened here.
     """
     cfg = config.train
     if refused := strategy_refusal(cfg.distributed):
@@ -109,7 +120,7 @@ def run_trainer(
     warnings.filterwarnings("ignore", category=FutureWarning)
     world = launched_world_size()
     if launch == "accelerate" or (launch == "auto" and cfg.distributed.num_processes > 1 and world == 1):
-        return _launcher(config, parent_pid, steps)
+        return _launcher(config, parent_pid, steps, server)
     group = open_group(cfg.distributed, world, config.model.device)
     lock = None
     try:
@@ -123,7 +134,7 @@ def run_trainer(
         _be_nice(cfg.nice)
     torch.set_num_threads(max(1, (cfg.threads or max(1, (os.cpu_count() or 2) // 2)) // group.world))
     try:
-        return _train(config, group, parent_pid, steps)
+        return _train(config, group, parent_pid, steps, server)
     finally:
         group.close()
         if lock is not None:
@@ -137,7 +148,7 @@ def trained_users(config: Config) -> frozenset[str] | None:
     return None if config.server.users is None else config.server.user_names
 
 
-def _launcher(config: Config, parent_pid: int | None, steps: int | None) -> int:
+def _launcher(config: Config, parent_pid: int | None, steps: int | None, server: str | None) -> int:
     from clawrl.train.launch import launch_group
 
     try:
@@ -147,23 +158,28 @@ def _launcher(config: Config, parent_pid: int | None, steps: int | None) -> int:
         return 3
     _be_nice(config.train.nice)  # the ranks inherit it
     try:
-        return launch_group(config, parent_pid, steps)
+        return launch_group(config, parent_pid, steps, server)
     finally:
         lock.close()
 
 
-def _train(config: Config, group: RankGroup, parent_pid: int | None, steps: int | None) -> int:
+def _train(
+    config: Config, group: RankGroup, parent_pid: int | None, steps: int | None, server: str | None = None
+) -> int:
     if config.train.batch_size < group.world:  # a rank without a sample could not join the reduction
         log.error("train.batch_size %d < the group's %d ranks", config.train.batch_size, group.world)
         return 2
-    store = None
+    store: Store | RemoteStore | None = None
     try:
-        if group.is_main:  # rank 0 alone reads and writes the store
-            store = Store.open(config.run_dir / "clawrl.db")
         base = model_folder(config.model.path, config.cache_dir())
-    except (StoreError, ModelNotFound) as exc:
+        if group.is_main:  # rank 0 alone reads and writes the store
+            store = open_store(config, server)
+    except (StoreError, ModelNotFound, TrainerRefused) as exc:
         log.error("%s", exc)
         return 2
+    except TrainerBusy as exc:
+        log.error("%s", exc)
+        return 3
     loop = None
     try:
         m = config.model
@@ -194,7 +210,7 @@ def _train(config: Config, group: RankGroup, parent_pid: int | None, steps: int 
         # would judge one user's experiences on another's adapter: not run (docs/users.md).
         probe = (
             None
-            if per_user
+            if per_user or server is not None
             else memory_probe(config=config, store=store, model=policy.model, base=base, group=group)
         )
         users = trained_users(config)
@@ -211,6 +227,7 @@ def _train(config: Config, group: RankGroup, parent_pid: int | None, steps: int 
             users=users,
             per_user=per_user,
             baseline="none" if config.method == "grpo" else config.train.reward_baseline,
+            fetch=store.fetch if isinstance(store, RemoteStore) else None,
         )
         loop.resume()
         loop.run(exit_watch(parent_pid) if parent_pid is not None else lambda: False, steps)
@@ -223,6 +240,14 @@ def _train(config: Config, group: RankGroup, parent_pid: int | None, steps: int 
         if store is not None:
             store.close()
     return 0
+
+
+def open_store(config: Config, server: str | None) -> Store | RemoteStore:
+    """The run folder's store, or with `server` its gateway's, through the API (the lease taken)."""
+    if server is None:
+        return Store.open(config.run_dir / "clawrl.db")
+    key = config.server.api_key.get_secret_value() if config.server.api_key else None
+    return RemoteStore.connect(server, key, config.run_dir)
 
 
 def _be_nice(level: int) -> None:
