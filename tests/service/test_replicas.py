@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 from collections.abc import Callable
 from contextlib import aclosing
@@ -306,3 +307,28 @@ def test_a_client_streaming_from_a_replica_that_dies_gets_its_whole_answer(tmp_p
     assert turn.session_id == turns[0].session_id  # the same session, moved with its request
     assert turn.response_ids == _unbroken(turn.prompt_ids, 12)  # whole, as if nothing had failed
     assert text == turn.response_text and text
+
+
+def test_a_replica_that_hangs_mid_answer_has_it_finished_by_the_other(tmp_path, standins):
+    a, b = standins
+    urls = [a.url, b.url]
+    a.configure(delay_s=0.05)
+
+    async def body(engine: ReplicaEngine) -> tuple[list[int], list[str], float]:
+        async def freeze() -> None:  # a machine cut off: its connections stay open, nothing answers
+            await _until(lambda: engine.replicas[0].inflight, 10, "the request on a")
+            await asyncio.sleep(0.2)
+            a.proc.send_signal(signal.SIGSTOP)
+
+        started = time.monotonic()
+        frozen = asyncio.create_task(freeze())
+        tokens, replicas = await _answer(engine, [4, 4], max_tokens=60, affinity=_session_on(a.url, urls))
+        await frozen
+        return tokens, replicas, time.monotonic() - started
+
+    try:
+        tokens, replicas, seconds = _run(tmp_path, urls, body)
+    finally:
+        a.proc.send_signal(signal.SIGCONT)
+    assert replicas == [a.url, b.url] and tokens == _unbroken([4, 4], 60)
+    assert seconds < limit(20)  # moved once a's /health timed out (5 s), not left waiting

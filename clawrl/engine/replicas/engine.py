@@ -56,6 +56,28 @@ def resumable(params: SamplingParams, made: int) -> bool:
     return params.grammar is None and made < params.max_tokens
 
 
+async def while_up(replica: Replica, events: AsyncIterator[T], poll_s: float) -> AsyncIterator[T]:
+    """`events`, ended by `VLLMDown` once `replica` counts as down while one is awaited: a server
+    that hangs (a frozen process, a machine cut off) never closes its streams, but its `/health`
+    stops answering, and its supervisor marks it down (server.py)."""
+    while True:
+        step = asyncio.ensure_future(anext(events))
+        try:
+            while not step.done():
+                await asyncio.wait([step], timeout=poll_s)
+                if not step.done() and not replica.engine.server.up:
+                    raise VLLMDown(f"the vLLM server at {replica.url} stopped answering mid-request")
+        finally:
+            if not step.done():  # the request's read is abandoned, and its generator let go of
+                step.cancel()
+                await asyncio.wait([step])
+        try:
+            event = step.result()
+        except StopAsyncIteration:
+            return
+        yield event
+
+
 class ReplicaEngine:
     """The Engine over several vLLM replicas (the module docstring)."""
 
@@ -131,9 +153,10 @@ class ReplicaEngine:
         while (replica := self._next(key, tried)) is not None:
             tried.append(replica)
             try:
-                async for event in self._decode(replica, prompt_ids, made, params):
-                    made.append(event.token_id)
-                    yield event
+                async with aclosing(self._decode(replica, prompt_ids, made, params)) as events:
+                    async for event in events:
+                        made.append(event.token_id)
+                        yield event
                 return
             except VLLMDown as exc:
                 self._failed(replica, exc, errors)
@@ -154,7 +177,7 @@ class ReplicaEngine:
         replica.inflight += 1
         try:
             async with aclosing(replica.engine.generate(prompt_ids + made, params)) as events:
-                async for event in events:
+                async for event in while_up(replica, events, self._poll_s):
                     if first:  # a resumed part's cache counts and RoPE flag were the first part's
                         more = {"cached_tokens": 0, "rope_scaled": None} if made else {}
                         event = dataclasses.replace(event, replica=replica.url, **more)
