@@ -22,6 +22,7 @@ from clawrl.config import GuardConfig
 from clawrl.engine.base import Engine
 from clawrl.engine.watcher import VersionWatcher
 from clawrl.judge.worker import JudgeLoop
+from clawrl.train.remote.desk import TrainerDesk
 from clawrl.train.supervisor import TrainerSupervisor
 from clawrl.types import DEFAULT_USER
 from clawrl.version_folder import folder_bytes
@@ -39,6 +40,7 @@ class HealthReport:
     pipeline: PipelineState | None = None  # the store's counters (samples by status and skip reason)
     run_dir: Path | None = None  # whose checkpoints/ `disk` measures
     memory: bool = False  # memory.enabled: main turns get the memory block (docs/memory.md)
+    desk: TrainerDesk | None = None  # train.enabled false: a remote trainer's lease (train/remote/)
 
     async def body(self, detailed: bool = True, user: str = DEFAULT_USER) -> tuple[dict[str, Any], int]:
         """The /healthz body and its status code; not `detailed`: the status, model and version only
@@ -59,13 +61,19 @@ class HealthReport:
             "open_sessions": len(self.collector.tracker) if self.collector else None,
             "store": store,
             "judge": self.judge.health() if self.judge is not None else OFF,
-            "trainer": self.trainer.health() if self.trainer is not None else OFF,
+            "trainer": self._trainer(),
             "guard": self._guard(),
             "memory": {"status": "on" if self.memory else "off"},
             "samples": await self._samples(),
             "disk": await self._disk(),
         }
         return to_json(body), code
+
+    def _trainer(self) -> Any:
+        """The trainer process this server supervises, or the remote trainer holding its lease."""
+        if self.trainer is not None:
+            return self.trainer.health()
+        return self.desk.health() if self.desk is not None else OFF
 
     async def _samples(self) -> dict[str, Any] | None:
         """Samples by status, the skipped ones by reason, and an error when every one was skipped."""

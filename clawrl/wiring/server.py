@@ -170,6 +170,7 @@ def build_app(config: Config, engine: Engine, tokenizer: Any, store: Store | Non
             pipeline=pipeline,
             run_dir=config.run_dir,
             memory=memory is not None and config.memory.enabled,
+            desk=desk,
         ),
         affinity_keys=config.collect.affinity_keys,
         keys=server_keys(s),

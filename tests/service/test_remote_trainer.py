@@ -86,7 +86,7 @@ def test_a_remote_trainer_is_served_and_one_killed_mid_step_loses_no_sample(tmp_
     run = gateway.run_dir
     first = second = None
     try:
-        assert gateway.health()["trainer"]["status"] == "off"  # no trainer of its own
+        assert gateway.health()["trainer"]["status"] == "waiting for a remote trainer"  # none of its own
         first = Trainer(tmp_path / "trainer-host" / "first", gateway.url, tiny_model_dir)
         rate_a_batch(gateway, 1)
         wait_for(lambda: gateway.health()["version"] == "v1", 180, "v1, trained remotely, served")
@@ -94,6 +94,8 @@ def test_a_remote_trainer_is_served_and_one_killed_mid_step_loses_no_sample(tmp_
             model="clawrl", messages=[{"role": "user", "content": "and now?"}], max_tokens=4
         )
         assert answer.system_fingerprint == "clawrl-v1"
+        trainer = gateway.health()["trainer"]
+        assert trainer["status"] == "remote" and trainer["remote"].split(":")[1] == str(first.pid())
         v1 = latest(run)
         assert v1.path == str(run / "checkpoints" / "v1") and (Path(v1.path) / "manifest.json").is_file()
         assert not (first.run_dir / "clawrl.db").exists()  # the trainer never opened a store

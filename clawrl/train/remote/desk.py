@@ -105,6 +105,13 @@ class TrainerDesk:
                 f"a trainer on the gateway's host (pid {exc.pid or 'unknown'}) trains {self.run_dir}"
             ) from None
 
+    def health(self) -> dict[str, Any]:
+        """`trainer` on the gateway's /healthz: the remote trainer training now, if one is."""
+        holder = self.lease.holder or None  # UNKNOWN: nobody has called since the gateway started
+        ago = None if holder is None else round(self.clock() - self.lease.seen, 1)
+        status = "remote" if holder is not None else "waiting for a remote trainer"
+        return {"status": status, "remote": holder, "heard_s_ago": ago, "lease_s": self.cfg.lease_s}
+
     async def call(self, trainer: str, name: str, args: dict[str, Any]) -> Any:
         """Run the store call `name` (KeyError: no such call; pydantic's ValidationError: arguments
         it does not take) for `trainer`."""
