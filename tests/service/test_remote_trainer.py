@@ -86,7 +86,7 @@ def test_a_remote_trainer_is_served_and_one_killed_mid_step_loses_no_sample(tmp_
     run = gateway.run_dir
     first = second = None
     try:
-        assert gateway.health()["trainer"]["status"] == "waiting for a remote trainer"  # none of its own
+        assert gateway.health()["trainer"]["status"] == "off"  # none of its own, no remote one yet
         first = Trainer(tmp_path / "trainer-host" / "first", gateway.url, tiny_model_dir)
         rate_a_batch(gateway, 1)
         wait_for(lambda: gateway.health()["version"] == "v1", 180, "v1, trained remotely, served")

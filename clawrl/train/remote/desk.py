@@ -109,7 +109,8 @@ class TrainerDesk:
         """`trainer` on the gateway's /healthz: the remote trainer training now, if one is."""
         holder = self.lease.holder or None  # UNKNOWN: nobody has called since the gateway started
         ago = None if holder is None else round(self.clock() - self.lease.seen, 1)
-        status = "remote" if holder is not None else "waiting for a remote trainer"
+        # "off" while none holds it: `clawrl eval` and `clawrl envs train` refuse a server making no version
+        status = "remote" if holder is not None else "off"
         return {"status": status, "remote": holder, "heard_s_ago": ago, "lease_s": self.cfg.lease_s}
 
     async def call(self, trainer: str, name: str, args: dict[str, Any]) -> Any:
