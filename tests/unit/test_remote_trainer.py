@@ -41,7 +41,7 @@ LEASE_S = 1.0
 class Gateway:
     """The trainer routes of a gateway over `store`, on a free port of 127.0.0.1."""
 
-    def __init__(self, store: Store, run_dir: Path) -> None:
+    def __init__(self, store: Store, run_dir: Path, port: int | None = None) -> None:
         writer = StoreWriter(1.0, 100)
         self.desk = TrainerDesk(store, writer.run, run_dir, train=Config(train={"lease_s": LEASE_S}).train)
 
@@ -56,7 +56,7 @@ class Gateway:
         app.state.trainer_desk = self.desk
         install_error_handlers(app)
         app.include_router(trainer_router(Keys(KEY)))
-        port = free_port()
+        self.port = port = port or free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run)
@@ -191,3 +191,24 @@ def test_a_vanished_trainers_claims_go_back_after_the_lease(gateway, tmp_path: P
         second.close()  # a trainer that stops gives its lease and claims back at once
     assert gw.desk.lease.holder is None and store.count_samples("ready") == 4
     hold(gw.desk.run_dir, TRAINER_LOCK, "trainer").close()  # the folder is free for a local trainer
+
+
+def test_a_trainer_cut_off_tries_again_and_goes_on_when_the_gateway_is_back(gateway, tmp_path: Path) -> None:
+    gw, store = gateway
+    remote = RemoteStore.connect(gw.url, KEY, tmp_path / "trainer")
+    back = None
+    try:
+        claimed = remote.claim_samples([s.id for s in remote.ready_samples()])
+        gw.stop()  # the gateway goes away with the batch claimed
+        seen: dict[str, int] = {}
+        call = threading.Thread(target=lambda: seen.update(training=remote.count_samples("training")))
+        call.start()
+        time.sleep(1.5)
+        assert call.is_alive() and not seen  # trying again, not failing
+        back = Gateway(store, gw.desk.run_dir, port=gw.port)  # restarted: the claims wait for their trainer
+        call.join(timeout=60)
+        assert seen == {"training": len(claimed)} and back.desk.lease.holder == remote.trainer
+    finally:
+        remote.close()
+        if back is not None:
+            back.stop()
