@@ -83,6 +83,9 @@ class RemoteStore:
         store = cls(url, api_key, run_dir)
         try:
             lease_s = float(store._request("POST", "/v1/trainer/heartbeat", retry=False).json()["lease_s"])
+        except httpx.HTTPStatusError as exc:  # not a gateway that takes a trainer (another server, a proxy)
+            store.close()
+            raise TrainerRefused(f"{url} is no clawrl gateway taking a trainer: {exc}") from None
         except BaseException:
             store.close()
             raise
