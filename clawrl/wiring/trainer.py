@@ -134,7 +134,7 @@ def run_trainer(
         _be_nice(cfg.nice)
     torch.set_num_threads(max(1, (cfg.threads or max(1, (os.cpu_count() or 2) // 2)) // group.world))
     try:
-        return _train(config, group, parent_pid, steps, server)
+        return _train(config, group, parent_pid=parent_pid, steps=steps, server=server)
     finally:
         group.close()
         if lock is not None:
@@ -164,7 +164,7 @@ def _launcher(config: Config, parent_pid: int | None, steps: int | None, server:
 
 
 def _train(
-    config: Config, group: RankGroup, parent_pid: int | None, steps: int | None, server: str | None = None
+    config: Config, group: RankGroup, *, parent_pid: int | None, steps: int | None, server: str | None = None
 ) -> int:
     if config.train.batch_size < group.world:  # a rank without a sample could not join the reduction
         log.error("train.batch_size %d < the group's %d ranks", config.train.batch_size, group.world)

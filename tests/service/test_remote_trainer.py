@@ -2,8 +2,9 @@
 its gateway's (`clawrl serve --train.enabled false`), connected over loopback only. It claims,
 reports and publishes through the gateway's API (clawrl/train/remote/); the gateway alone opens
 `clawrl.db`. Rewards come from explicit ratings (judge backend `feedback`): every rated answer is a
-ready `rl` sample at once. The refusals (a wrong key, a garbled upload) and the lease's arithmetic
-are tested in-process: tests/unit/test_remote_trainer.py.
+ready `rl` sample at once. A trainer with a wrong key exits 2 here; what the gateway does with it
+(401, nothing claimed), a garbled upload, the lease taken and run out and a trainer cut off are
+tested in-process: tests/unit/test_remote_trainer.py.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ BATCH = 4
 class Trainer:
     """`clawrl train --server URL` in `run_dir`, the admin key from $CLAWRL_API_KEY."""
 
-    def __init__(self, run_dir: Path, url: str, model: Path) -> None:
+    def __init__(self, run_dir: Path, url: str, model: Path, key: str = KEY) -> None:
         self.run_dir = run_dir
         run_dir.mkdir(parents=True)
         self.out = run_dir.parent / f"{run_dir.name}.out"
@@ -36,7 +37,7 @@ class Trainer:
         cmd += ["--method", "rl", "--train.batch-size", str(BATCH), "--train.poll-s", "0.2"]
         cmd += ["--train.nice", "0", "--guard.enabled", "false"]
         with open(self.out, "w") as out:
-            env = {**os.environ, "CLAWRL_API_KEY": KEY}
+            env = {**os.environ, "CLAWRL_API_KEY": key}
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 
     def output(self) -> str:
@@ -87,6 +88,9 @@ def test_a_remote_trainer_is_served_and_one_killed_mid_step_loses_no_sample(tmp_
     first = second = None
     try:
         assert gateway.health()["trainer"]["status"] == "off"  # none of its own, no remote one yet
+        wrong = Trainer(tmp_path / "trainer-host" / "wrong", gateway.url, tiny_model_dir, key="sk-not-it")
+        assert wrong.proc.wait(limit(120)) == 2 and "(401)" in wrong.output()
+        assert gateway.health()["trainer"]["status"] == "off"  # it took no lease
         first = Trainer(tmp_path / "trainer-host" / "first", gateway.url, tiny_model_dir)
         rate_a_batch(gateway, 1)
         wait_for(lambda: gateway.health()["version"] == "v1", 180, "v1, trained remotely, served")
