@@ -9,19 +9,23 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sys
 import time
 from collections.abc import Callable
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from clawrl.config import Config
+from clawrl.config import Config, VLLMConfig
 from clawrl.engine.base import EngineFailed, SamplingParams, VersionRefused
-from clawrl.engine.replicas.build import build_replica_engine
+from clawrl.engine.replicas.build import build_replica_engine, connect_all
 from clawrl.engine.replicas.engine import ReplicaEngine
 from clawrl.engine.replicas.routing import by_affinity
+from clawrl.engine.vllm.server import VLLMServer
+from clawrl.net import free_port
 from clawrl.store.db import Store
 from clawrl.types import Version
 from tests.conftest import RemoteServer
@@ -189,7 +193,7 @@ def test_an_answer_under_a_grammar_is_not_resumed_it_fails(tmp_path, standins):
 
 def test_a_version_is_loaded_on_every_replica_before_it_is_announced(tmp_path, standins):
     a, b = standins
-    b.configure(load_delay_s=1.0)
+    b.configure(load_delay_s=3.0)  # long enough for a's load to be seen first on a busy machine
     v1 = _adapter(tmp_path, "v1")
     urls = [a.url, b.url]
 
@@ -198,6 +202,7 @@ def test_a_version_is_loaded_on_every_replica_before_it_is_announced(tmp_path, s
         await _until(lambda: a.log("load"), 10, "a to load v1")  # a has it; b is still loading
         during = [await _answer(engine, [2, i]) for i in range(4)]
         version_during = engine.version
+        assert not swap.done(), "b finished loading before the requests between the two loads ran"
         await swap
         after = [await _answer(engine, [4], affinity=_session_on(s.url, urls)) for s in standins]
         return {"during": during, "version_during": version_during, "version": engine.version, "after": after}
@@ -332,3 +337,20 @@ def test_a_replica_that_hangs_mid_answer_has_it_finished_by_the_other(tmp_path, 
         a.proc.send_signal(signal.SIGCONT)
     assert replicas == [a.url, b.url] and tokens == _unbroken([4, 4], 60)
     assert seconds < limit(20)  # moved once a's /health timed out (5 s), not left waiting
+
+
+def test_started_replicas_outlive_the_threads_that_waited_for_them(tmp_path):
+    """clawrl starts its replicas side by side; each child's death signal is tied to the thread that
+    started it, so they are started in this thread and only waited on in others (build.py)."""
+    servers = []
+    for port in (free_port(), free_port()):
+        command = [sys.executable, "-m", "tests.service.vllm_standin", "--port", str(port)]
+        url, log_path = f"http://127.0.0.1:{port}", tmp_path / f"{port}.log"
+        servers.append(VLLMServer(VLLMConfig(require_key=False), url, command=command, log_path=log_path))
+    try:
+        connect_all(servers)
+        time.sleep(1)  # the waiting threads have ended
+        assert all(httpx.get(s.url + "/health", timeout=10).status_code == 200 for s in servers)
+    finally:
+        for server in servers:
+            server.close()

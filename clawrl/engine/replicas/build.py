@@ -43,9 +43,13 @@ def replica_servers(config: Config, served: ServedModel) -> list[VLLMServer]:
 
 
 def connect_all(servers: list[VLLMServer]) -> None:
-    """Start (or reach) every server side by side; any failure stops them all and is raised."""
+    """Start every server (in this thread: `VLLMServer.launch` says why), then wait for them all
+    side by side; any failure stops them all and is raised."""
+    for server in servers:
+        server.launch()
     with ThreadPoolExecutor(len(servers)) as pool:
-        failures = [f.exception() for f in [pool.submit(s.connect) for s in servers]]
+        waits = [pool.submit(s.connect, launched=True) for s in servers]
+        failures = [f.exception() for f in waits]
     failed = [exc for exc in failures if exc is not None]
     if failed:
         for server in servers:

@@ -37,6 +37,7 @@ class Replica:
             "inflight": self.inflight,
             "answered": self.answered,
             "moved": self.moved,
+            "pid": health.pid,  # of a vLLM clawrl started (None: attached)
             "restarts": health.restarts,
             "last_error": health.last_error,
         }

@@ -204,18 +204,27 @@ class VLLMServer:
             self.health.status, self.health.last_error = "down", why
             log.error("the vLLM server at %s failed a request: %s", self.url, why)
 
-    def connect(self) -> None:
-        """Start the server (if clawrl owns it) and wait until it answers; raise VLLMUnavailable."""
+    def launch(self) -> None:
+        """Start the server's process now, in this thread, for `connect(launched=True)` to wait on
+        from another: the child's death signal (`_die_with_parent`) fires when the *thread* that
+        started it ends, so a server started from a worker thread is stopped with that thread."""
+        if self._command is not None:
+            self._spawn()
+
+    def connect(self, *, launched: bool = False) -> None:
+        """Start the server (if clawrl owns it and `launch` did not) and wait until it answers;
+        raise VLLMUnavailable."""
         for tries_left in range(PORT_TRIES - 1, -1, -1):
             try:
-                return self._connect()
+                return self._connect(spawn=not launched)
             except VLLMUnavailable:
                 if not tries_left or not self._port_taken():
                     raise
                 self._new_port()
+                launched = False
 
-    def _connect(self) -> None:
-        if self._command is not None:
+    def _connect(self, spawn: bool = True) -> None:
+        if self._command is not None and spawn:
             self._spawn()
         deadline = time.monotonic() + (self.config.startup_timeout_s if self._command else 5.0)
         while not self._answers_sync():
