@@ -42,14 +42,15 @@ def standins(tmp_path):
         s.kill()
 
 
-def _config(tmp_path: Path, urls: list[str]) -> Config:
+def _config(tmp_path: Path, urls: list[str], **more: Any) -> Config:
     vllm = {"urls": urls, "require_key": False, "health_poll_s": 0.1}
-    return Config.model_validate({"run_dir": str(tmp_path / "run"), "engine": {"kind": "vllm", "vllm": vllm}})
+    engine = {"kind": "vllm", "vllm": vllm}
+    return Config.model_validate({"run_dir": str(tmp_path / "run"), "engine": engine, **more})
 
 
-def _run(tmp_path: Path, urls: list[str], body: Callable[[ReplicaEngine], Any]) -> Any:
+def _run(tmp_path: Path, urls: list[str], body: Callable[[ReplicaEngine], Any], **more: Any) -> Any:
     """Build the replica engine on `urls` the way `clawrl serve` does, start it, run `body`, stop it."""
-    engine, _ = build_replica_engine(_config(tmp_path, urls))
+    engine, _ = build_replica_engine(_config(tmp_path, urls, **more))
 
     async def main() -> Any:
         await engine.start()
@@ -250,6 +251,33 @@ def test_a_version_one_replica_refuses_is_served_nowhere(tmp_path, standins):
 
     assert _run(tmp_path, [a.url, b.url], body) == "v0"
     assert all(e["model"] == BASE for s in standins for e in s.log())
+
+
+def test_each_users_adapter_is_on_every_replica_and_forgetting_a_user_forgets_it_on_all(tmp_path, standins):
+    a, b = standins
+    urls = [a.url, b.url]
+    alice = _adapter(tmp_path, "v1")
+    alice = Version(name="alice/v1", step=1, path=alice.path)
+
+    async def body(engine: ReplicaEngine) -> dict[str, Any]:
+        await engine.serve_version(alice)
+        out = {"alice": engine.version_of("alice"), "bob": engine.version_of("bob"), "all": engine.version}
+        for s in standins:  # alice's sessions on each replica, then bob's
+            await _answer(engine, [1], adapter="alice", affinity=_session_on(s.url, urls, other="-alice"))
+            await _answer(engine, [1], adapter="bob", affinity=_session_on(s.url, urls, other="-bob"))
+        await engine.forget_user("alice")
+        out["forgotten"] = engine.version_of("alice")
+        for s in standins:
+            await _answer(engine, [2], adapter="alice", affinity=_session_on(s.url, urls, other="-alice"))
+        return out
+
+    out = _run(tmp_path, urls, body, train={"adapters": "per_user"})
+    assert out == {"alice": "alice/v1", "bob": "v0", "all": "v0", "forgotten": "v0"}
+    for s in standins:
+        (load,) = s.log("load")
+        first, second, third = s.log()
+        assert first["model"] == load["name"] and second["model"] == BASE  # alice's adapter, bob the base
+        assert third["model"] == BASE and third["salt"] != first["salt"]  # forgotten: the base, a new salt
 
 
 def _turns(run_dir: Path, n: int) -> list | None:
