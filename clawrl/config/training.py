@@ -169,6 +169,14 @@ class TrainConfig(Section):
         "per token before it is weighed (OpenClaw-RL's combine launcher: 1.0), so a few tokens the hint "
         "contradicts cannot set a step's direction against the +-1 reward. 0: not clipped.",
     )
+    opd_centre: bool = Field(
+        True,
+        description="Each opd sample's clipped gaps less their mean over its answer (clawrl/train/"
+        "advantages.py, centred_gap): on the policy's own answer the gap is -KL(policy || teacher) on "
+        "the whole, a push down on every sampled token that spreads the policy; centred, the tokens the "
+        "hint favours go up and those it disfavours down. A hint rewrite's gaps are not centred. "
+        "false: the gaps as they are (OpenClaw-RL's).",
+    )
     dual_clip: float = Field(
         3.0,
         ge=0,

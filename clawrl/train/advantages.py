@@ -41,16 +41,36 @@ def advantages(
     w_rl: float = 1.0,
     w_opd: float = 1.0,
     opd_clip: float = 1.0,
+    centre: Tensor | None = None,
 ) -> Tensor:
     """A_t [T] for one sample of `kind` (`rl` or `opd`); student_logp [T] gives the shape (and the
-    opd gap's base)."""
+    opd gap's base). `centre`: a [T] mask of the tokens whose clipped gaps' mean is subtracted from
+    every gap (`centred_gap`); None: the gaps as they are."""
     student = student_logp.detach()
     base = torch.full_like(student, w_rl * float(reward))
     if kind == "rl":
         return base
     if kind == "opd":
-        return base + w_opd * clip_gap(opd_gap(student, teacher_logp), opd_clip)
+        gap = clip_gap(opd_gap(student, teacher_logp), opd_clip)
+        return base + w_opd * (gap if centre is None else centred_gap(gap, centre))
     raise ValueError(f"unknown sample kind {kind!r}; known kinds: rl, opd")
+
+
+def centred_gap(gap: Tensor, mask: Tensor) -> Tensor:
+    """The gap less its mean over the masked tokens (`train.opd_centre`).
+
+    On the policy's own answer the gap's expectation is -KL(policy || teacher) <= 0 at every token:
+    uncentred, it pushes the sampled tokens down on the whole, as a -1 reward does, and spread issue
+    53's policies (answer entropy 1.32x v0's after one step with the reward baseline on). A
+    constant's expected gradient is zero (the score function's mean), so taking the sample's mean
+    out keeps the direction (the tokens the hint favours up, those it disfavours down) and drops
+    the push. A rewrite is the teacher's own answer (gap >= 0 on the whole: towards what the hint
+    brought) and is not centred."""
+    weights = mask.to(gap.dtype)
+    count = weights.sum()
+    if count <= 0:
+        return gap
+    return gap - (gap * weights).sum() / count
 
 
 def opd_gap(student_logp: Tensor, teacher_logp: Tensor | None) -> Tensor:
@@ -96,12 +116,15 @@ def batch_advantages(
     w_opd: float = 1.0,
     opd_clip: float = 1.0,
     stats: GapStats | None = None,
+    opd_centre: bool = False,
 ) -> Tensor:
     """A [B, T] for a right-padded batch; zero past each sample's response.
 
     student [B, T]: the response tokens' logprobs after the turns' own prompts (the trainer's);
     teacher [B, T]: the same tokens after the hinted prompts (rows of `rl` samples are ignored
     and may hold anything), or None when the batch has no `opd` sample. `stats` collects the gaps.
+    `opd_centre`: each opd sample's gaps less their mean over its trained tokens, but a rewrite's
+    (`centred_gap`).
     """
     if student.dim() != 2 or student.shape[0] != len(samples):
         raise ValueError(f"student must be [B={len(samples)}, T], got shape {tuple(student.shape)}")
@@ -114,6 +137,9 @@ def batch_advantages(
             raise ValueError(f"sample {i} has {n} response tokens, the batch only {student.shape[1]}")
         row_teacher = None if teacher is None else teacher[i, :n]
         row = student[i, :n]
+        centre = None
+        if opd_centre and sample.kind == "opd" and not sample.rewrite:
+            centre = torch.tensor(sample.loss_mask or [1] * n, device=row.device)
         out[i, :n] = advantages(
             kind=sample.kind,
             reward=sample.reward,
@@ -122,6 +148,7 @@ def batch_advantages(
             w_rl=w_rl,
             w_opd=w_opd,
             opd_clip=opd_clip,
+            centre=centre,
         )
         if stats is not None and sample.kind == "opd":
             stats.add(opd_gap(student[i, :n], row_teacher))

@@ -356,6 +356,7 @@ class Trainer:
             w_opd=cfg.w_opd,
             opd_clip=cfg.opd_clip,
             stats=gaps,
+            opd_centre=cfg.opd_centre,
         )
         recorded = torch.tensor([bool(s.logprobs) for s in group], device=device)
         causes = torch.tensor([mismatch_cause(s, self._current) for s in group], device=device)

@@ -37,3 +37,28 @@ def test_none_or_a_single_judged_sample_is_left_as_judged():
     assert [s.reward for s in centred([_sample(1.0), _sample(-1.0)], "none")] == [1.0, -1.0]
     with pytest.raises(ValueError, match="unknown reward baseline"):
         centred(batch, "mean")
+
+
+def test_an_own_answers_gap_is_centred_and_a_rewrites_is_not():
+    """train.opd_centre: the policy's own answer loses its gaps' mean (no net push down); a rewrite,
+    the teacher's own answer, keeps them; an rl sample has no gap."""
+    import torch
+
+    from clawrl.train.advantages import batch_advantages
+
+    own = Sample(
+        turn_id="a", kind="opd", prompt_ids=[1], response_ids=[2, 3, 4], logprobs=[], version="v0",
+        temperature=1.0, reward=0.0, teacher_prompt_ids=[1, 9], loss_mask=[1, 1, 0],
+    )  # fmt: skip
+    rewrite = Sample(
+        turn_id="a", kind="opd", prompt_ids=[1], response_ids=[5, 6, 7], logprobs=[], version="v0",
+        temperature=1.0, reward=0.0, teacher_prompt_ids=[1, 9], rewrite=True,
+    )  # fmt: skip
+    student = torch.tensor([[-1.0, -1.0, -1.0], [-2.0, -2.0, -2.0]])
+    teacher = torch.tensor([[-1.5, -0.9, -3.0], [-1.5, -1.9, -2.0]])  # gaps -0.5, 0.1, -1 (clipped); 0.5, 0.1, 0
+    on = batch_advantages([own, rewrite], student, teacher, opd_centre=True)
+    off = batch_advantages([own, rewrite], student, teacher, opd_centre=False)
+    assert off[0].tolist() == pytest.approx([-0.5, 0.1, -1.0])
+    assert on[0].tolist() == pytest.approx([-0.3, 0.3, -0.8])  # less -0.2, the mean of the trained two
+    assert on[1].tolist() == pytest.approx(off[1].tolist())
+    assert off[1].tolist() == pytest.approx([0.5, 0.1, 0.0])

@@ -190,8 +190,10 @@ def test_micro_batches_give_the_same_step_as_one_batch(tiny_model_dir):
         assert one[key] == pytest.approx(many[key], rel=1e-4, abs=1e-6), key
     assert one["tokens"] == many["tokens"] == 4 + 4 + 2 + 3
     # AdamW's first step moves each weight by about lr (1e-2) whatever the gradient's size, so float
-    # noise in a near-zero gradient shows up as ~1e-6 in the weights: compare to 0.1% of a step.
-    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(lora_one, lora_many, strict=True))
+    # noise in a near-zero gradient shows up as 1e-6 to 1.4e-5 in the weights (the most since the
+    # opd gap is centred, train.opd_centre): compare to 0.5% of a step; a packing bug moves a whole one.
+    diffs = [float((a - b).abs().max()) for a, b in zip(lora_one, lora_many, strict=True)]
+    assert max(diffs) < 5e-5, diffs
     assert one["grad_norm"] > 0
 
 
