@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -25,10 +26,12 @@ class StandInProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
-    def start(self) -> None:
+    def start(self, **settings: Any) -> None:
+        """Start it (again) on its port; `settings`: the test hooks' (vllm_standin.py) from the start."""
+        command = [sys.executable, "-m", "tests.service.vllm_standin", "--port", str(self.port)]
         with open(self._log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.service.vllm_standin", "--port", str(self.port)],
+                [*command, "--config", json.dumps(settings)],
                 cwd=ROOT,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -30,7 +30,7 @@ from clawrl.store.db import Store
 from clawrl.types import Version
 from tests.conftest import RemoteServer
 from tests.service.standins import StandInProcess
-from tests.service.vllm_standin import BASE, next_token
+from tests.service.vllm_standin import BASE, logprob, next_token
 from tests.timing import limit, wait_for
 
 
@@ -192,6 +192,21 @@ def test_an_answer_under_a_grammar_is_not_resumed_it_fails(tmp_path, standins):
     assert b.log() == []  # nothing was sent on: a resumed grammar would start over
 
 
+def test_judge_calls_are_answered_by_a_live_replica(tmp_path, standins):
+    a, b = standins
+
+    a.configure(die_after=0)  # the first listed, which the calls try first: it dies on the first
+
+    async def body(engine: ReplicaEngine) -> tuple[list[float], list[float]]:
+        score = await engine.score([5, 6], [7, 8])
+        labels = await engine.next_token_logprobs([5, 6], [9, 10])
+        return score, labels
+
+    score, labels = _run(tmp_path, [a.url, b.url], body)
+    assert score == [logprob(7), logprob(8)] and labels == [logprob(9), logprob(10)]
+    assert len(b.log()) == 2
+
+
 def test_a_version_is_loaded_on_every_replica_before_it_is_announced(tmp_path, standins):
     a, b = standins
     b.configure(load_delay_s=3.0)  # long enough for a's load to be seen first on a busy machine
@@ -235,6 +250,31 @@ def test_a_replica_down_at_an_announcement_catches_up_before_it_serves(tmp_path,
     assert _run(tmp_path, urls, body) == [a.url]
     assert [e["name"] for e in a.log("load")] == [b.log("load")[0]["name"]]
     assert a.log()[0]["model"] == a.log("load")[0]["name"]  # served v1, loaded before
+
+
+def test_a_replica_that_cannot_catch_up_takes_no_request_until_it_has(tmp_path, standins):
+    a, b = standins
+    urls = [a.url, b.url]
+    v1 = _adapter(tmp_path, "v1")
+
+    async def body(engine: ReplicaEngine) -> list[list[str]]:
+        a.kill()
+        await _until(lambda: not engine.replicas[0].live, 10, "a to count as down")
+        await engine.serve_version(v1)
+        a.start(refuse_loads=True)  # back, but it cannot load v1
+        await _until(lambda: engine.replicas[0].engine.server.up, 30, "a to answer again")
+        await asyncio.sleep(1)
+        behind = [
+            (await _answer(engine, [6, i], affinity=_session_on(a.url, urls, f"-{i}")))[1] for i in range(3)
+        ]
+        a.configure(refuse_loads=False)
+        await _until(lambda: engine.replicas[0].live, 30, "a to catch up on its next try")
+        back = (await _answer(engine, [7], affinity=_session_on(a.url, urls)))[1]
+        return [*behind, back]
+
+    answered = _run(tmp_path, urls, body)
+    assert answered == [[b.url]] * 3 + [[a.url]]  # a's sessions went to b while a was behind
+    assert all(e["model"] == a.log("load")[0]["name"] for e in a.log())  # a served v1 only, once loaded
 
 
 def test_a_version_one_replica_refuses_is_served_nowhere(tmp_path, standins):

@@ -12,11 +12,12 @@ POST /v1/completions (streamed as server-sent events with `token_ids` and `logpr
 neither the base nor a loaded adapter is a 404, as in vLLM), POST /v1/load_lora_adapter (a name
 loaded already is a 400), POST /v1/unload_lora_adapter. No key: attach with require_key false.
 
-Test hooks (not vLLM's): POST /standin/config sets `delay_s` (between two streamed tokens),
-`load_delay_s` (before an adapter load answers), `refuse_loads` (answer loads 400) and
-`die_after` (exit at once after streaming that many tokens of the next answer); GET /standin/log
-lists what it served: `{"kind": "completion", "model", "prompt", "salt", "at"}` and
-`{"kind": "load", "name", "at"}` (unix seconds, when the load was done).
+Test hooks (not vLLM's): POST /standin/config (or `--config JSON` at start) sets `delay_s`
+(between two streamed tokens), `load_delay_s` (before an adapter load answers), `refuse_loads`
+(answer loads 400) and `die_after` (exit at once after streaming that many tokens of the next
+answer, or before answering a call that is not streamed); GET /standin/log lists what it served:
+`{"kind": "completion", "model", "prompt", "salt", "at"}` and `{"kind": "load", "name", "at"}`
+(unix seconds, when the load was done).
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ class StandIn:
         entry = {"kind": "completion", "model": model, "prompt": prompt, "salt": body.get("cache_salt")}
         self.log.append({**entry, "at": time.time()})
         if not body.get("stream"):
+            if self.config.pop("die_after", None) is not None:
+                os._exit(1)  # a vLLM that dies before it answers
             return JSONResponse(self._whole(body, prompt))
         return StreamingResponse(self._stream(body, prompt), media_type="text/event-stream")
 
@@ -127,8 +130,9 @@ class StandIn:
         yield "data: [DONE]\n\n"
 
 
-def app() -> Starlette:
+def app(config: dict[str, Any] | None = None) -> Starlette:
     s = StandIn()
+    s.config.update(config or {})
     return Starlette(
         routes=[
             Route("/health", s.health),
@@ -145,5 +149,6 @@ def app() -> Starlette:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--config", type=json.loads, default={}, help="the test hooks' settings at start")
     args = parser.parse_args()
-    uvicorn.run(app(), host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(app(args.config), host="127.0.0.1", port=args.port, log_level="warning")

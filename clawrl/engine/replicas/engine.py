@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import TypeVar
@@ -121,7 +122,8 @@ class ReplicaEngine:
         while True:
             await asyncio.sleep(self._poll_s)
             for replica in self.replicas:
-                if not replica.synced and replica.engine.server.up:
+                due = time.monotonic() >= replica.next_catch_up
+                if not replica.synced and replica.engine.server.up and due:
                     await self.versions.catch_up(replica)
 
     def version_of(self, user: str) -> str:

@@ -14,6 +14,7 @@ class Replica:
     # Holds every announced version. False when it was down at an announcement (or failed to load
     # one): no request goes to it until it has caught up (versions.py).
     synced: bool = True
+    next_catch_up: float = 0.0  # monotonic seconds: after a failed catch-up, not tried again before
     inflight: int = 0  # requests and judge calls on it now (routing's load)
     answered: int = 0  # requests it finished
     moved: int = 0  # requests it failed, each moved on to another replica

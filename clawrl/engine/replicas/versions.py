@@ -11,7 +11,8 @@ refusal on one puts the others back on the version served before.
 
 A replica that is down when a version is announced, or fails while loading it, is marked behind
 (`Replica.synced` false) and gets no request until it has served every announced version again
-(`catch_up`, run by the engine once the replica's `/health` answers). One lock orders
+(`catch_up`, run by the engine once the replica's `/health` answers; one that fails is tried
+again `CATCH_UP_RETRY_S` later, the replica out of routing meanwhile). One lock orders
 announcements, catch-ups and erasures, so a replica never catches up to a version older than one
 announced meanwhile.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 
 from clawrl.engine.base import EngineError
@@ -29,6 +31,7 @@ from clawrl.types import DEFAULT_USER, Version
 
 log = logging.getLogger(__name__)
 BASE = Version(name="v0", step=0)  # the base model: what a rollback of full weights goes back to
+CATCH_UP_RETRY_S = 10  # a replica that failed to catch up (a refusal, a load that failed) waits this long
 
 
 class Versions:
@@ -110,7 +113,9 @@ class Versions:
                 for version in sorted(self.served.values(), key=lambda v: v.user != DEFAULT_USER):
                     await replica.engine.serve_version(version)
             except EngineError as exc:
-                log.warning("the vLLM replica at %s is behind and could not catch up: %s", replica.url, exc)
+                replica.next_catch_up = time.monotonic() + CATCH_UP_RETRY_S
+                log.warning("the vLLM replica at %s is behind and could not catch up (again in %d s): %s",
+                            replica.url, CATCH_UP_RETRY_S, exc)  # fmt: skip
                 return
             replica.synced = True
             log.info("the vLLM replica at %s serves every announced version again", replica.url)
