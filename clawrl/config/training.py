@@ -360,11 +360,13 @@ class GuardConfig(Section):
         "that forgets is held (never served). Runs in the trainer process, off the serving path.",
     )
     max_drop: float = Field(
-        0.02,
+        0.05,
         ge=0,
         le=1,
         description="Hold a version whose canary score (the mean per-token probability of the general "
-        "set's reference answers) falls more than this fraction below the base model's.",
+        "set's reference answers) falls more than this fraction below the base model's. 0.05 (was 0.02): "
+        "one harmless step of a style moves it -4.9% to +9.1% (13 issue-53 runs, docs/evaluation.md), "
+        "and every version that spread (entropy >= 1.42x) fell past 5% or lost past max_accuracy_drop.",
     )
     max_accuracy_drop: float = Field(
         0.2,
