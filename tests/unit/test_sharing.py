@@ -41,6 +41,13 @@ def openclaw_turns() -> list[Sample]:
     return [a, b, a2, c]
 
 
+def mixed_turns() -> list[Sample]:
+    """openclaw_turns and a conversation behind another prompt: a merged row beside a row alone (a
+    hint rewrite and its turn share their prompt; the step's other samples need not)."""
+    other = torch.randint(9000, 12000, (90,), generator=torch.Generator().manual_seed(2)).tolist()
+    return [*openclaw_turns(), turn(other, [11, 12, 13, 14], 4)]
+
+
 def test_rows_behind_one_system_prompt_share_one_row():
     samples = openclaw_turns()
     alone = pack_prefixes(samples)
@@ -73,8 +80,17 @@ def test_a_shared_prefix_is_exact_on_qwen3(qwen3_model_dir):
     _same(*(_scored(model, shared, False) for shared in (False, True)))
 
 
-def _scored(model, shared: bool, additive: bool):
-    samples = openclaw_turns()
+def test_a_merged_row_beside_a_row_alone_gives_the_logprobs_and_gradients_of_the_rows_alone(tiny_model_dir):
+    """A step's rows need not all share: one merged row and one alone, under the block mask (three
+    issue-53 runs failed a step in three on it: zip of a lone row's no blocks)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    layout = share_prefixes(pack_prefixes(mixed_turns()), mixed_turns(), 2048)
+    assert sorted(len(m) for m in layout.members) == [1, 4] and [] in layout.starts
+    _same(*(_scored(model, shared, False, mixed_turns) for shared in (False, True)))
+
+
+def _scored(model, shared: bool, additive: bool, turns=openclaw_turns):
+    samples = turns()
     layout = pack_prefixes(samples)
     if shared:
         layout = share_prefixes(layout, samples, 2048)
