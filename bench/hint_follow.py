@@ -1,7 +1,7 @@
 """Does the model meet a persona's preference when the hint is in its prompt? The teacher's reach.
 
 Run: .venv/bin/python bench/hint_follow.py configs/personas/bold.toml [more.toml ...] [--tasks 8]
-                                          [--samples 2] [--model DIR]
+                                          [--samples 2] [--model DIR] [--best-of K]
 
 Every method that learns from the policy's own hindsight (opd's rescoring, rewrites, memory
 distillation) can teach only what the policy writes when it is told. For each persona file this
@@ -10,6 +10,12 @@ defaults), once with the bare question and once with every check's first hint ap
 teacher prompt appends it (`[Hindsight hint] ...`, clawrl/algo/teacher.py), and prints how many of
 each met the persona's checks, the ratio of the two measured in the same run, and the mean score.
 A preference the hinted model never meets cannot be distilled from it.
+
+`--best-of K` measures the rewriter's selection (`train.hint_rewrite_candidates`,
+clawrl/judge/rewriter.py) instead: per task, K hinted answers sampled at once, and how many tasks'
+kept answer (the largest sum of log p(t | hinted) - log p(t | bare)) meets the checks, against the
+mean over the K (one answer unscored) and the tasks where any of the K does (the ceiling), at
+`--temperature` (1.0, as `clawrl eval`'s training turns and so their rewrites are sampled).
 """
 
 from __future__ import annotations
@@ -32,6 +38,10 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--samples", type=int, default=2)
     parser.add_argument("--model", type=Path, help="a model folder (default: the embedded model)")
+    parser.add_argument("--best-of", type=int, default=0, help="measure best-of-K rewrite selection")
+    parser.add_argument(
+        "--temperature", type=float, default=1.0, help="--best-of's sampling (clawrl eval's turns: 1.0)"
+    )
     args = parser.parse_args()
 
     import torch
@@ -61,6 +71,52 @@ def main() -> None:
                 pad_token_id=tokenizer.eos_token_id,
             )
         return tokenizer.decode(out[0][ids.shape[1] :], skip_special_tokens=True)
+
+    def ids_of(question: str):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, return_tensors="pt"
+        )
+        return ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+
+    def logps(prompt, answer):
+        with torch.no_grad():
+            logits = model(torch.cat([prompt, answer], 1)).logits[0, prompt.shape[1] - 1 : -1].float()
+        return torch.log_softmax(logits, -1).gather(1, answer[0][:, None])[:, 0]
+
+    if args.best_of:
+        print(f"| persona | tasks | one answer met (mean over {args.best_of}) | best of {args.best_of} by hint gain met | any of {args.best_of} met |")
+        print("| --- | --- | --- | --- | --- |")
+        for path in args.personas:
+            persona = load_persona(path)
+            tasks = (persona.tasks or load_tasks("math"))[: args.tasks]
+            hint = " ".join(rule.hints[0] for rule in persona.rules)
+            one = best = anyone = 0.0
+            for task in tasks:
+                question = persona.first_message(task)
+                hinted, bare = ids_of(f"{question}\n\n{HINT_PREFIX}{hint}"), ids_of(question)
+                with torch.no_grad():
+                    out = model.generate(
+                        hinted.repeat(args.best_of, 1),
+                        attention_mask=torch.ones_like(hinted).repeat(args.best_of, 1),
+                        max_new_tokens=200,
+                        do_sample=True,
+                        temperature=args.temperature,
+                        top_p=1.0,
+                        pad_token_id=tokenizer.eos_token_id,
+                    )
+                drafts = []
+                for row in out:
+                    answer = row[hinted.shape[1] :]
+                    ends = (answer == tokenizer.eos_token_id).nonzero()
+                    answer = answer[: int(ends[0]) + 1] if len(ends) else answer
+                    gain = float((logps(hinted, answer[None]) - logps(bare, answer[None])).sum())
+                    met = persona.score(task, tokenizer.decode(answer, skip_special_tokens=True)) >= 1.0
+                    drafts.append((gain, met))
+                one += sum(m for _, m in drafts) / len(drafts)
+                best += max(drafts)[1]
+                anyone += any(m for _, m in drafts)
+            print(f"| `{persona.name}` | {len(tasks)} | {one:.2f} | {best:.0f} | {anyone:.0f} |", flush=True)
+        return
 
     print("| persona | bare: met (mean score) | hinted: met (mean score) | hinted / bare met |")
     print("| --- | --- | --- | --- |")
