@@ -154,11 +154,13 @@ class TrainConfig(Section):
         "1: the one answer, unscored.",
     )
     reward_baseline: Literal["batch", "none"] = Field(
-        "batch",
+        "none",
         description="'batch': each judged reward in a step less the mean of the step's other judged "
         "rewards (clawrl/train/baseline.py), so a step of -1s alone, from a preference the policy never "
         "meets, teaches through the hint instead of spreading the policy (docs/evaluation.md, issue 53). "
-        "'none': the reward as judged. Track 2's grpo centres within each group instead (not this).",
+        "'none' (the default): the reward as judged. Off by default: a step whose judged rewards are all "
+        "alike (four thumbs up) then trains nothing, and in issue 53's runs it did not stop the spread "
+        "alone. Track 2's grpo centres within each group instead (not this).",
     )
     w_rl: float = Field(1.0, ge=0, description="combine: weight of the reward advantage.")
     w_opd: float = Field(1.0, ge=0, description="combine: weight of the distillation advantage.")
@@ -170,12 +172,14 @@ class TrainConfig(Section):
         "contradicts cannot set a step's direction against the +-1 reward. 0: not clipped.",
     )
     opd_centre: bool = Field(
-        True,
+        False,
         description="Each opd sample's clipped gaps less their mean over its answer (clawrl/train/"
         "advantages.py, centred_gap): on the policy's own answer the gap is -KL(policy || teacher) on "
         "the whole, a push down on every sampled token that spreads the policy; centred, the tokens the "
         "hint favours go up and those it disfavours down. A hint rewrite's gaps are not centred. "
-        "false: the gaps as they are (OpenClaw-RL's).",
+        "Off by default: on a short answer the sample's mean is most of its signal (one token: all of "
+        "it), and a test of OPD raising a one-word answer the hint names failed with it on; a step-level "
+        "mean would keep that and is not built. false: the gaps as they are (OpenClaw-RL's).",
     )
     dual_clip: float = Field(
         3.0,

@@ -85,7 +85,7 @@ def test_the_open_dashboard_follows_a_conversation_and_a_new_version(
     expect(page.locator('[data-count="judged"] .value')).to_have_text("1", timeout=limit(60) * 1000)
     assert page.evaluate("window.__same_page") is True
     assert (card(page, "turns"), card(page, "main"), card(page, "next_state")) == ("2", "2", "1")
-    assert card(page, "ready") == "1"  # the redo turn's one combine sample (opd, carrying r = -1)
+    assert card(page, "ready") == "2"  # the redo turn's combine sample (opd, r = -1) and its hint rewrite
     assert page.is_visible('#versions tr[data-version="v1"]')
     assert page.locator("#reward-version svg rect").count() == 1  # v0's turns, mean score -1
     page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)

@@ -79,9 +79,13 @@ def test_redo_request_scores_minus_one_with_a_hint(server):
     assert [v.value for v in j.votes if v.kind == "prm"] == [-1, -1, -1]
     assert j.score == -1 and j.hint == HINT
     assert all(v.raw and v.error is None and v.latency_s > 0 for v in j.votes)
-    (opd,) = samples  # combine: one sample per turn, the hinted one carrying the PRM's r
+    (opd,) = [s for s in samples if not s.rewrite]  # combine: one sample per turn, the hinted one carrying r
     assert opd.kind == "opd" and opd.reward == -1
     assert opd.teacher_prompt_ids != opd.prompt_ids
+    # train.hint_rewrite (on by default): the answer written again with the hint, on the bare prompt
+    (rewrite,) = [s for s in samples if s.rewrite]
+    assert (rewrite.kind, rewrite.reward, rewrite.prompt_ids) == ("opd", 0.0, opd.prompt_ids)
+    assert rewrite.teacher_prompt_ids == opd.teacher_prompt_ids and rewrite.response_ids
 
 
 def test_thanks_scores_plus_one_without_hint(server):
@@ -135,4 +139,5 @@ def test_explicit_feedback_decides_the_reward(server):
             break
         time.sleep(0.1)
     assert j2.score == -1 and j2.hint == "Use exactly three lines, no title."
-    assert [(s.kind, s.reward) for s in samples] == [("opd", -1)]  # one sample carrying r
+    # one sample carrying r, and the hint rewrite (train.hint_rewrite) beside it
+    assert [(s.kind, s.reward, s.rewrite) for s in samples] == [("opd", -1, False), ("opd", 0, True)]

@@ -89,7 +89,8 @@ def test_metrics_count_what_the_user_did(server, conversation):
     assert m["clawrl_turns_with_next_state_total", ()] == 1
     assert m["clawrl_turns_judged_total", ()] == 1 and m["clawrl_turns_hinted_total", ()] == 1
     assert m["clawrl_sessions_total", ()] == 2
-    assert m["clawrl_samples", (("status", "ready"),)] == 1  # combine: one opd sample carrying r = -1
+    # combine: one opd sample carrying r = -1, and its hint rewrite (train.hint_rewrite, on by default)
+    assert m["clawrl_samples", (("status", "ready"),)] == 2
     assert m["clawrl_samples_skipped_total", (("reason", "too long"),)] == 0  # every reason, from 0
     assert m["clawrl_versions_published_total", ()] == 1
     assert m["clawrl_served_version", (("version", "v1"),)] == 1
@@ -97,7 +98,7 @@ def test_metrics_count_what_the_user_did(server, conversation):
     assert m["clawrl_engine_steps_total", ()] > 0
     assert m["clawrl_engine_batch_rows_total", ()] >= m["clawrl_engine_steps_total", ()]
     samples = keyed_health(server)["samples"]  # /healthz: by status, skipped ones by reason
-    assert samples["ready"] == 1 and samples["skipped_by_reason"] == {} and samples["error"] is None
+    assert samples["ready"] == 2 and samples["skipped_by_reason"] == {} and samples["error"] is None
     cache = keyed_health(server)["engine"]["extra"]["prefix_cache"]
     assert m["clawrl_prefix_cache_lookups_total", ()] == cache["lookups"] >= 2
     assert m["clawrl_prefix_cache_hits_total", ()] == cache["hits"] >= 1  # the second turn reused the first
@@ -130,7 +131,7 @@ def test_browser_login_sets_a_cookie_that_is_not_the_key(server, conversation):
     assert state["served"]["version"] == "v1", state["served"]
     counts = state["store"]["counts"]
     assert (counts["main"], counts["next_state"], counts["judged"]) == (3, 1, 1)
-    assert counts["samples"]["ready"] == 1  # combine: one sample per turn
+    assert counts["samples"]["ready"] == 2  # combine: one sample per turn, and its hint rewrite
     assert [v["name"] for v in state["store"]["versions"]] == ["v1", "v0"]
     assert state["store"]["reward_by_version"]["v0"]["mean_score"] == -1
 
