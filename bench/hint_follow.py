@@ -56,11 +56,14 @@ def main() -> None:
     sampling = GenerationConfig.from_pretrained(folder)
     torch.manual_seed(0)
 
-    def answer(question: str) -> str:
+    def ids_of(question: str):
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": question}], add_generation_prompt=True, return_tensors="pt"
         )
-        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+        return ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+
+    def answer(question: str) -> str:
+        ids = ids_of(question)
         with torch.no_grad():
             out = model.generate(
                 ids,
@@ -71,12 +74,6 @@ def main() -> None:
                 pad_token_id=tokenizer.eos_token_id,
             )
         return tokenizer.decode(out[0][ids.shape[1] :], skip_special_tokens=True)
-
-    def ids_of(question: str):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": question}], add_generation_prompt=True, return_tensors="pt"
-        )
-        return ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
 
     def logps(prompt, answer):
         with torch.no_grad():

@@ -135,8 +135,10 @@ def block_attention(batch: Padded, layout: Layout, additive: bool = False) -> No
     for r, starts in enumerate(layout.starts):
         prompt, response = len(layout.prompts[r]), len(layout.responses[r])
         pad = width - prompt - response
-        block[r, pad:] = 0  # a row alone (no blocks) is all prefix: causal, its positions as they are
-        for k, (a, b) in enumerate(zip(starts, [*starts[1:], response][: len(starts)], strict=True)):
+        block[r, pad:] = 0
+        if not starts:  # a row alone (no blocks) is all prefix: causal, its positions as they are
+            continue
+        for k, (a, b) in enumerate(zip(starts, [*starts[1:], response], strict=True)):
             block[r, pad + prompt + a : pad + prompt + b] = k + 1
             positions[r, pad + prompt + a : pad + prompt + b] = torch.arange(prompt, prompt + b - a)
     query, key = block[:, :, None], block[:, None, :]
