@@ -62,6 +62,7 @@ TRAIN_KEYS = (
     "opd_gap_p50",
     "opd_gap_p95",
     "opd_gap_clipped",
+    "opd_topk_kl",
 )
 OFF: dict[str, Any] = {"status": "off"}  # the JSON of a service this server does not run
 
@@ -105,6 +106,7 @@ class Trained:
     opd_gap_p50: float | None = None
     opd_gap_p95: float | None = None
     opd_gap_clipped: float | None = None  # share of opd tokens the clip cut
+    opd_topk_kl: float | None = None  # the top-k distillation term (train/topk.py), 0 when off
 
 
 @dataclass(frozen=True)

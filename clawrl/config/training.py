@@ -181,6 +181,15 @@ class TrainConfig(Section):
         "it), and a test of OPD raising a one-word answer the hint names failed with it on; a step-level "
         "mean would keep that and is not built. false: the gaps as they are (OpenClaw-RL's).",
     )
+    opd_topk: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description="K > 0: opd distils the teacher's K likeliest tokens at each position of the "
+        "answer (a forward KL towards them, clawrl/train/topk.py) in place of the sampled token's gap, "
+        "so a token the policy never wrote rises where the hinted prompt favours it, and none is pushed "
+        "down for being sampled. 0: the sampled token's gap (OpenClaw-RL's).",
+    )
     dual_clip: float = Field(
         3.0,
         ge=0,

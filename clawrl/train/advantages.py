@@ -117,6 +117,7 @@ def batch_advantages(
     opd_clip: float = 1.0,
     stats: GapStats | None = None,
     opd_centre: bool = False,
+    with_gap: bool = True,
 ) -> Tensor:
     """A [B, T] for a right-padded batch; zero past each sample's response.
 
@@ -124,7 +125,8 @@ def batch_advantages(
     teacher [B, T]: the same tokens after the hinted prompts (rows of `rl` samples are ignored
     and may hold anything), or None when the batch has no `opd` sample. `stats` collects the gaps.
     `opd_centre`: each opd sample's gaps less their mean over its trained tokens, but a rewrite's
-    (`centred_gap`).
+    (`centred_gap`). `with_gap` False: an opd sample's tokens carry its reward term alone (its
+    distillation is the teacher's top-k term instead: train/topk.py); the gaps are still counted.
     """
     if student.dim() != 2 or student.shape[0] != len(samples):
         raise ValueError(f"student must be [B={len(samples)}, T], got shape {tuple(student.shape)}")
@@ -141,7 +143,7 @@ def batch_advantages(
         if opd_centre and sample.kind == "opd" and not sample.rewrite:
             centre = torch.tensor(sample.loss_mask or [1] * n, device=row.device)
         out[i, :n] = advantages(
-            kind=sample.kind,
+            kind=sample.kind if with_gap else "rl",
             reward=sample.reward,
             student_logp=row,
             teacher_logp=row_teacher,

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from clawrl.model.constrain import response_masks
 from clawrl.model.rope import rope_rows
-from clawrl.train.logprobs import chunked_token_logprobs
+from clawrl.train.logprobs import chunked_token_logprobs, chunked_topk
 
 
 def pack(lengths: Sequence[int], budget: int) -> list[list[int]]:
@@ -101,6 +101,9 @@ class Padded:
     # [B, 1, L, L]: the 4D attention mask of rows that share a prompt prefix (train/sharing.py),
     # used instead of `attention_mask`; None: every row is one causal sequence.
     blocks: Tensor | None = None
+    # [B, R_max, K] token ids, right-aligned as the targets, scored beside them with their graph (a
+    # teacher's likeliest tokens: train/topk.py); None: the targets alone.
+    extra: Tensor | None = None
 
 
 def left_pad(prompts: Sequence[list[int]], responses: Sequence[list[int]], device: torch.device) -> Padded:
@@ -120,6 +123,18 @@ def left_pad(prompts: Sequence[list[int]], responses: Sequence[list[int]], devic
     )
 
 
+@dataclass
+class Scores:
+    """What `score_with` returns, every tensor left-aligned ([B, R_max, ...], row i valid on its first
+    R_i entries)."""
+
+    logp: Tensor  # [B, R_max] the targets' log-probs, with a graph unless under no_grad
+    entropy: Tensor | None  # [B, R_max], or None without `with_entropy`
+    top_ids: Tensor | None = None  # [B, R_max, K] the K likeliest tokens at each position (`topk`)
+    top_logp: Tensor | None = None  # [B, R_max, K] their log-probs, without gradient
+    extra_logp: Tensor | None = None  # [B, R_max, K] the log-probs of `batch.extra`'s ids, with a graph
+
+
 def score(
     model: nn.Module,
     batch: Padded,
@@ -133,27 +148,66 @@ def score(
     a detached metric. Log-probs are taken a few positions at a time (`train/logprobs.py`), so no
     full-vocabulary log-softmax copy of the logits is ever made.
     """
+    out = score_with(model, batch, temperatures, with_entropy=with_entropy, entropy_grad=entropy_grad)
+    return out.logp, out.entropy
+
+
+def score_with(
+    model: nn.Module,
+    batch: Padded,
+    temperatures: Tensor,
+    with_entropy: bool = True,
+    entropy_grad: bool = False,
+    topk: int = 0,
+) -> Scores:
+    """`score`, and from the same logits: the `topk` likeliest tokens at each response position (a
+    teacher's, train/topk.py), and the log-probs of `batch.extra`'s ids (the student's, with the
+    targets' graph) when it has them."""
     r_max = batch.targets.shape[1]
     allowed = grammar_masks(model, batch)
-    if batch.scored is None:
+    keep = batch.scored
+    targets = batch.targets if batch.extra is None else torch.cat([batch.targets[..., None], batch.extra], -1)
+    if keep is None:
         logits = response_logits(model, batch)
-        logp, entropy = chunked_token_logprobs(
-            logits=logits,
-            targets=batch.targets,
-            temperature=temperatures,
-            with_entropy=with_entropy,
-            allowed=allowed,
-        )
-        del logits
+        temps = temperatures
     else:
-        logp, entropy = _scored_logprobs(
-            model=model, batch=batch, temperatures=temperatures, with_entropy=with_entropy, allowed=allowed
-        )
+        logits = scored_logits(model, batch, keep)  # [1, N, V]
+        temps = torch.as_tensor(temperatures, device=logits.device)
+        temps = temps.reshape(-1, 1).expand(keep.shape)[keep][None] if temps.dim() else temps  # [1, N]
+        targets, allowed = targets[keep][None], (allowed[keep][None] if allowed is not None else None)
+    logp, entropy = chunked_token_logprobs(
+        logits=logits, targets=targets, temperature=temps, with_entropy=with_entropy, allowed=allowed
+    )
+    top = chunked_topk(logits, temps, topk, targets.shape[1], allowed) if topk else None
+    del logits
+    if keep is not None:  # back to [B, R_max, ...]; 0 elsewhere (never read: the loss masks it)
+        logp, entropy = _unscored(logp, keep), _unscored(entropy, keep)
+        top = tuple(_unscored(x, keep) for x in top) if top is not None else None
     if not entropy_grad:
         entropy = entropy.detach()
     align = _left_align_index(batch.lengths, r_max, logp.device)
-    logp = logp.gather(1, align)
-    return logp, entropy.gather(1, align) if with_entropy else None
+    extra = None
+    if batch.extra is not None:
+        logp, extra = logp[..., 0], _aligned(logp[..., 1:], align)
+    return Scores(
+        logp=logp.gather(1, align),
+        entropy=entropy.gather(1, align) if with_entropy else None,
+        top_ids=_aligned(top[0], align) if top is not None else None,
+        top_logp=_aligned(top[1], align) if top is not None else None,
+        extra_logp=extra,
+    )
+
+
+def _unscored(x: Tensor, keep: Tensor) -> Tensor:
+    """[B, R_max, ...] from the [1, N, ...] values at `keep`'s N positions, zeros elsewhere."""
+    out = x.new_zeros((*keep.shape, *x.shape[2:]))
+    out[keep] = x[0]
+    return out
+
+
+def _aligned(x: Tensor, align: Tensor) -> Tensor:
+    """[B, R_max, K] right-aligned -> left-aligned by `_left_align_index`'s positions."""
+    return x.gather(1, align[..., None].expand(-1, -1, x.shape[-1]))
 
 
 def grammar_masks(model: nn.Module, batch: Padded) -> Tensor | None:
@@ -181,30 +235,6 @@ def response_logits(model: nn.Module, batch: Padded) -> Tensor:
             use_cache=False,  # whole sequences are scored: no KV cache to keep
         )
     return out.logits
-
-
-def _scored_logprobs(
-    model: nn.Module, batch: Padded, temperatures: Tensor, with_entropy: bool, allowed: Tensor | None
-) -> tuple[Tensor, Tensor]:
-    """(logp, entropy) [B, R_max], right-aligned, from logits at `batch.scored`'s N positions only:
-    [1, N, V] (`scored_logits`) instead of [B, R_max + 1, V]. Elsewhere both are 0 (never read: the
-    loss masks those positions), without gradient."""
-    keep = batch.scored
-    assert keep is not None
-    logits = scored_logits(model, batch, keep)  # [1, N, V]
-    temps = torch.as_tensor(temperatures, device=logits.device)
-    temps = temps.reshape(-1, 1).expand(keep.shape)[keep][None] if temps.dim() else temps  # [1, N]
-    mask = allowed[keep][None] if allowed is not None else None
-    logp, entropy = chunked_token_logprobs(
-        logits=logits,
-        targets=batch.targets[keep][None],
-        temperature=temps,
-        with_entropy=with_entropy,
-        allowed=mask,
-    )
-    del logits
-    out_logp = logp.new_zeros(keep.shape).masked_scatter(keep, logp[0])
-    return out_logp, entropy.new_zeros(keep.shape).masked_scatter(keep, entropy[0])
 
 
 def scored_logits(model: nn.Module, batch: Padded, keep: Tensor) -> Tensor:

@@ -51,16 +51,16 @@ class _ChunkedLogprobs(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx, logits: Tensor, targets: Tensor, temp: Tensor, with_entropy: bool, allowed: Tensor | None
     ):
-        b, n = targets.shape
+        b, n, c = targets.shape  # c tokens scored at each position: the target, then any others
         dtype = torch.promote_types(logits.dtype, torch.float32)
-        logp = torch.empty(b, n, dtype=dtype, device=logits.device)
-        lse = torch.empty_like(logp)
-        entropy = torch.zeros_like(logp)
+        logp = torch.empty(b, n, c, dtype=dtype, device=logits.device)
+        lse = torch.empty(b, n, dtype=dtype, device=logits.device)
+        entropy = torch.zeros_like(lse)
         for lo, hi in _chunks(b, n, logits.shape[-1]):
             z = _masked(logits[:, lo:hi].to(dtype) / _at(temp, lo, hi), allowed, lo, hi)  # [B, c, V]
             lse[:, lo:hi] = torch.logsumexp(z, dim=-1)
             z -= lse[:, lo:hi, None]  # log p, in place
-            logp[:, lo:hi] = z.gather(-1, targets[:, lo:hi, None])[..., 0]
+            logp[:, lo:hi] = z.gather(-1, targets[:, lo:hi])
             if with_entropy:
                 entropy[:, lo:hi] = -(z.exp() * z).sum(-1)
             del z
@@ -76,15 +76,15 @@ class _ChunkedLogprobs(torch.autograd.Function):
     def backward(ctx, grad_logp: Tensor | None, grad_entropy: Tensor | None):  # type: ignore[override]
         logits, targets, temp, lse, entropy = ctx.saved_tensors
         grad = torch.zeros_like(logits)
-        b, n = targets.shape
+        b, n, _ = targets.shape
         for lo, hi in _chunks(b, n, logits.shape[-1]):
             z = _masked(logits[:, lo:hi].to(lse.dtype) / _at(temp, lo, hi), ctx.allowed, lo, hi)
             logq = z - lse[:, lo:hi, None]  # log p [B, c, V]
             p = logq.exp()
             g = torch.zeros_like(p)
-            if grad_logp is not None:
-                gl = grad_logp[:, lo:hi, None]
-                g.sub_(p * gl).scatter_add_(-1, targets[:, lo:hi, None], gl)
+            if grad_logp is not None:  # sum over the tokens scored: 1[j = t] - p_j each
+                gl = grad_logp[:, lo:hi]
+                g.sub_(p * gl.sum(-1, keepdim=True)).scatter_add_(-1, targets[:, lo:hi], gl)
             if grad_entropy is not None and ctx.with_entropy:
                 g.sub_(p * (logq + entropy[:, lo:hi, None]) * grad_entropy[:, lo:hi, None])
             grad[:, lo:hi] = g / _at(temp, lo, hi)
@@ -126,18 +126,50 @@ def chunked_token_logprobs(
     half-precision logits are scored in float32, negative targets read as token 0. Without
     `with_entropy` the entropy is zeros (and not differentiable). `allowed` [B, T, W]: each
     position's grammar mask as int32 bitmask words (see the module docstring); None: no mask.
+    Targets [B, T, C] score C tokens at each position (a teacher's likeliest: train/topk.py), in
+    one pass and one gradient over the logits: logp is then [B, T, C].
     """
+    if targets.dim() not in (2, 3):
+        raise ValueError(f"targets must be [B, T] or [B, T, C], got shape {tuple(targets.shape)}")
+    several = targets.dim() == 3
+    targets = targets if several else targets[..., None]
     if logits.dim() != 3 or logits.shape[0] != targets.shape[0] or logits.shape[1] < targets.shape[1]:
         raise ValueError(f"logits {tuple(logits.shape)} do not cover targets {tuple(targets.shape)}")
+    temp = _temperatures(logits, temperature, targets.shape[:2])
+    if allowed is not None and tuple(allowed.shape[:2]) != tuple(targets.shape[:2]):
+        raise ValueError(f"masks {tuple(allowed.shape)} do not match targets {tuple(targets.shape)}")
+    logp, entropy = _ChunkedLogprobs.apply(logits, targets.clamp(min=0), temp, with_entropy, allowed)
+    return (logp if several else logp[..., 0]), entropy
+
+
+@torch.no_grad()
+def chunked_topk(
+    logits: Tensor, temperature: float | Tensor, k: int, positions: int, allowed: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """(ids [B, T, k], logp [B, T, k]): the k likeliest tokens at each of the first `positions`
+    positions of softmax(logits / temperature), likeliest first, a few positions at a time (as
+    `chunked_token_logprobs`, whose temperature and `allowed` it takes). No gradient: a teacher's."""
+    b, vocab = logits.shape[0], logits.shape[-1]
+    temp = _temperatures(logits, temperature, (b, positions))
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    ids = torch.empty(b, positions, k, dtype=torch.long, device=logits.device)
+    logp = torch.empty(b, positions, k, dtype=dtype, device=logits.device)
+    for lo, hi in _chunks(b, positions, vocab):
+        z = _masked(logits[:, lo:hi].to(dtype) / _at(temp, lo, hi), allowed, lo, hi)
+        top = z.topk(min(k, vocab), dim=-1)
+        logp[:, lo:hi] = top.values - torch.logsumexp(z, dim=-1, keepdim=True)
+        ids[:, lo:hi] = top.indices
+        del z, top
+    return ids, logp
+
+
+def _temperatures(logits: Tensor, temperature: float | Tensor, shape: tuple[int, ...]) -> Tensor:
+    """The temperature as [B or 1, 1, 1] or [B, T, 1] for positions of `shape` (B, T); 0 means 1."""
     dtype = torch.promote_types(logits.dtype, torch.float32)
     temp = torch.as_tensor(temperature, dtype=dtype, device=logits.device)
     temp = torch.where(temp > 0, temp, torch.ones_like(temp))
     if temp.dim() == 2:
-        if tuple(temp.shape) != tuple(targets.shape):
-            raise ValueError(f"temperatures {tuple(temp.shape)} do not match targets {tuple(targets.shape)}")
-        temp = temp[..., None]
-    else:
-        temp = temp.reshape(-1, 1, 1) if temp.dim() == 1 else temp.reshape(1, 1, 1)
-    if allowed is not None and tuple(allowed.shape[:2]) != tuple(targets.shape):
-        raise ValueError(f"masks {tuple(allowed.shape)} do not match targets {tuple(targets.shape)}")
-    return _ChunkedLogprobs.apply(logits, targets.clamp(min=0), temp, with_entropy, allowed)
+        if tuple(temp.shape) != tuple(shape):
+            raise ValueError(f"temperatures {tuple(temp.shape)} do not match targets {tuple(shape)}")
+        return temp[..., None]
+    return temp.reshape(-1, 1, 1) if temp.dim() == 1 else temp.reshape(1, 1, 1)

@@ -501,11 +501,17 @@ def progress_line(v: Version) -> str:
     reward = "-" if m.get("mean_reward") is None else f"{m['mean_reward']:+.2f}"
     return (
         f"published {v.name} (step {v.step}): {m['samples']} samples ({m['samples_rl']} rl, "
-        f"{m['samples_opd']} opd), loss {m['loss']:.4f} (pg {m['pg_loss']:.4f}, kl {m['kl']:.4f}), "
+        f"{m['samples_opd']} opd), loss {m['loss']:.4f} (pg {m['pg_loss']:.4f}, "
+        f"kl {m['kl']:.4f}{_topk_text(m)}), "
         f"reward {reward}, {_weights_text(m)}, {m['tokens']} answer tokens in {m['step_s']:.2f} s "
         f"({m['tokens_per_s']:.0f} answer tokens/s, {m.get('processed_tokens_per_s', 0):.0f} processed "
         f"tokens/s){'; ' + v.canary_note() if v.canary else ''}"
     )
+
+
+def _topk_text(m: dict) -> str:
+    """', top-k 0.1234': the opd top-k term (train/topk.py) where a step had one; '' otherwise."""
+    return f", top-k {m['opd_topk_kl']:.4f}" if m.get("opd_topk_kl") else ""
 
 
 def _weights_text(m: dict) -> str:

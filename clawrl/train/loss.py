@@ -52,7 +52,7 @@ the same temperature-scaled distribution the sampler used.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -70,6 +70,8 @@ class LossTerms:
     dual_frac: Tensor  # share of masked tokens bounded by the dual clip
     ratio_mean: Tensor  # mean_t rho_t
     tokens: Tensor  # number of masked tokens in this batch
+    # The opd top-k term's share of the step's mean, added to `loss` by the trainer (train/topk.py).
+    opd_topk_kl: Tensor = field(default_factory=lambda: torch.zeros(()))
 
     def metrics(self) -> dict[str, float]:
         """The metrics as Python floats."""

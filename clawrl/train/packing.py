@@ -116,3 +116,15 @@ def unpack(rows: Tensor, layout: Layout, width: int) -> Tensor:
     start = torch.tensor(layout.offsets, device=device)
     cols = (start[:, None] + torch.arange(width, device=device)[None]).clamp(max=rows.shape[1] - 1)
     return rows[row[:, None], cols]
+
+
+def to_targets(values: Tensor, layout: Layout, lengths: Sequence[int], r_max: int) -> Tensor:
+    """[R, r_max, ...] right-aligned as `batch.left_pad`'s targets, from the samples' [S, T, ...]
+    (sample i's first `lengths[i]` entries): `unpack`'s inverse, for what a pass scores beside the
+    targets (a teacher's likeliest tokens: train/topk.py). Zeros where no sample's answer is."""
+    out = values.new_zeros(len(layout.responses), r_max, *values.shape[2:])
+    for i, n in enumerate(lengths):
+        row = layout.row_of[i]
+        start = r_max - len(layout.responses[row]) + layout.offsets[i]
+        out[row, start : start + n] = values[i, :n]
+    return out

@@ -56,24 +56,29 @@ from clawrl.config import TrainConfig
 from clawrl.model.gpu import release_cached
 from clawrl.model.heap import mapped_large_allocations, release_free_memory
 from clawrl.train.advantages import GapStats, batch_advantages
-from clawrl.train.batch import even_out, halves, left_pad, pack, pad_rows, score
+from clawrl.train.batch import even_out, halves, left_pad, pack, pad_rows, score, score_with
 from clawrl.train.group import RankGroup, split_by_tokens
 from clawrl.train.importance import WeightSums, mismatch_cause, truncated_weights
 from clawrl.train.lineage import steps_behind
 from clawrl.train.loss import policy_loss
 from clawrl.train.master import MasterWeights
-from clawrl.train.packing import Layout, loss_positions, pack_prefixes, unpack
+from clawrl.train.packing import Layout, loss_positions, pack_prefixes, to_targets, unpack
 from clawrl.train.peaks import peak_memory
 from clawrl.train.shards import grad_norm_value
 from clawrl.train.sharing import MASKED_ATTENTION, attention_of, block_attention, one_a_row, share_prefixes
 from clawrl.train.sizing import CPU_MICRO_BATCH_TOKENS
+from clawrl.train.topk import topk_kl
 from clawrl.types import Sample, Version
 
 log = logging.getLogger(__name__)
 # Each micro-batch's share of the mean. No clip_frac, dual_frac or ratio_mean: the ratio is to the
 # step's own forward (the proximal policy), so they are 0, 0 and 1 in every step (train/loss.py).
-_SUMMED = ("pg_loss", "kl", "entropy")
-_COUNTED = ("tokens_scored",)  # summed over micro-batches and ranks as they are
+_SUMMED = ("pg_loss", "kl", "entropy", "opd_topk_kl")
+_COUNTED = ("tokens_scored",)
+# A micro-batch's teacher: the sampled tokens' logprobs, and its K likeliest tokens' ids and logprobs.
+_TeacherOut = tuple[
+    torch.Tensor | None, torch.Tensor | None, torch.Tensor | None
+]  # summed over micro-batches and ranks as they are
 
 
 @dataclass
@@ -298,6 +303,7 @@ class Trainer:
         return metrics | {
             "loss": metrics["pg_loss"]
             + self.cfg.kl_coef * metrics["kl"]
+            + self.cfg.w_opd * metrics["opd_topk_kl"]
             - self.cfg.entropy_coef * metrics["entropy"],
             "grad_norm": grad_norm,
             "mean_reward": sum(rl) / len(rl) if rl else None,
@@ -338,15 +344,18 @@ class Trainer:
         width = max(len(s.response_ids) for s in group)
         behaviour = pad_rows([s.logprobs for s in group], width, device)  # mu; [] for none recorded
         mask = pad_rows([s.loss_mask or [1] * len(s.response_ids) for s in group], width, device)
-        teachers = self._teacher(group, temps, width) if teacher else None
+        teachers, top_ids, top_logp = self._teacher(group, temps, width) if teacher else (None, None, None)
+        if top_ids is not None:  # the policy scores the teacher's likeliest tokens too (train/topk.py)
+            lengths = [len(s.response_ids) for s in group]
+            batch.extra = to_targets(top_ids, layout, lengths, batch.targets.shape[1])
         ref = None
         if cfg.kl_coef:
             with self._scorer(reference=True) as module:
                 ref = unpack(score(module, batch, row_temps, with_entropy=False)[0], layout, width)
         # The entropy is reported; it carries a gradient only when it is trained (entropy_coef > 0).
         with self._autocast():
-            logp, entropy = score(self.wrapped, batch, row_temps, entropy_grad=cfg.entropy_coef > 0)
-        logp, entropy = unpack(logp, layout, width), unpack(entropy, layout, width)
+            scores = score_with(self.wrapped, batch, row_temps, entropy_grad=cfg.entropy_coef > 0)
+        logp, entropy = unpack(scores.logp, layout, width), unpack(scores.entropy, layout, width)
         student = logp.detach()
         adv = batch_advantages(
             samples=group,
@@ -357,6 +366,7 @@ class Trainer:
             opd_clip=cfg.opd_clip,
             stats=gaps,
             opd_centre=cfg.opd_centre,
+            with_gap=top_ids is None,
         )
         recorded = torch.tensor([bool(s.logprobs) for s in group], device=device)
         causes = torch.tensor([mismatch_cause(s, self._current) for s in group], device=device)
@@ -380,6 +390,12 @@ class Trainer:
             kl_clamp=cfg.kl_clamp,
             is_weight=weights,
         )
+        if top_logp is not None and scores.extra_logp is not None:
+            opd = torch.tensor([s.kind == "opd" for s in group], device=device)[:, None] & mask.bool()
+            student_top = unpack(scores.extra_logp, layout, width)
+            distill = topk_kl(student_top, top_logp, opd, total)
+            terms.loss = terms.loss + cfg.w_opd * distill
+            terms.opd_topk_kl = distill.detach()
         return terms, sums, layout.tokens
 
     def _shared(self, layout: Layout, samples: list[Sample], split: bool) -> Layout:
@@ -392,14 +408,16 @@ class Trainer:
         """bf16 autocast around the gradient pass of float32 (master) weights on a GPU; else none."""
         return torch.autocast("cuda", dtype=torch.bfloat16) if self._bf16 else nullcontext()
 
-    def _teacher(self, group: list[Sample], temps: torch.Tensor, width: int) -> torch.Tensor | None:
-        """Teacher logprobs [B, width] of the opd rows (under their hinted prompts); None without opd."""
+    def _teacher(self, group: list[Sample], temps: torch.Tensor, width: int) -> _TeacherOut:
+        """Teacher logprobs [B, width] of the opd rows (under their hinted prompts), and with
+        `train.opd_topk` K its K likeliest tokens there and their logprobs ([B, width, K] each,
+        train/topk.py; else None); all None without opd."""
         rows = [i for i, s in enumerate(group) if s.kind == "opd"]
         if not rows:  # a lockstep rank joins another rank's teacher pass: its first row, dropped
             batch = left_pad([group[0].prompt_ids], [group[0].response_ids], self.device)
             with self._scorer(reference=self.cfg.opd_teacher == "reference") as module:
                 score(module, batch, temps[:1], with_entropy=False)
-            return None
+            return None, None, None
         opd = [group[i] for i in rows]
         layout = one_a_row([s.teacher_prompt_ids or [] for s in opd], [s.response_ids for s in opd])
         layout = self._shared(layout, opd, split=False)  # the hinted prompts share the system prompt
@@ -412,10 +430,16 @@ class Trainer:
         block_attention(batch, layout, self._additive)
         with self._scorer(reference=self.cfg.opd_teacher == "reference") as module:
             row_temps = torch.tensor([s.temperature for s in first], device=self.device)
-            logp = unpack(score(module, batch, row_temps, with_entropy=False)[0], layout, width)
+            scores = score_with(module, batch, row_temps, with_entropy=False, topk=self.cfg.opd_topk)
         out = torch.zeros(len(group), width, device=self.device)
-        out[rows, : logp.shape[1]] = logp
-        return out
+        out[rows] = unpack(scores.logp, layout, width)
+        if scores.top_ids is None or scores.top_logp is None:
+            return out, None, None
+        k = scores.top_ids.shape[-1]
+        ids = torch.zeros(len(group), width, k, dtype=torch.long, device=self.device)
+        top = torch.zeros(len(group), width, k, device=self.device)
+        ids[rows], top[rows] = unpack(scores.top_ids, layout, width), unpack(scores.top_logp, layout, width)
+        return out, ids, top
 
 
 def _tokens(s: Sample) -> int:

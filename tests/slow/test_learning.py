@@ -45,14 +45,17 @@ def _first_token_prob(model, prompt: list[int], token: int) -> float:
     return torch.softmax(model(input_ids=torch.tensor([prompt])).logits[0, -1], -1)[token].item()
 
 
-def _train(embedded_model_dir, teacher_messages, steps: int = 3) -> tuple[tuple[float, float], ...]:
-    """P(first answer token) of Banana and Apple, before and after `steps` OPD steps."""
+def _train(
+    embedded_model_dir, teacher_messages, steps: int = 3, written=("Banana", "Apple"), opd_topk: int = 0
+) -> tuple[tuple[float, float], ...]:
+    """P(first answer token) of Banana and Apple, before and after `steps` OPD steps on the answers
+    `written` (each twice a step)."""
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir)
     prompt, teacher = _render(tokenizer, QUESTION), _render(tokenizer, teacher_messages)
     answers = [tokenizer.encode(text) + [tokenizer.eos_token_id] for text in ("Banana", "Apple")]
-    policy = build_policy(
-        embedded_model_dir, TrainConfig(lr=5e-4, kl_coef=0.0, lora={"rank": 8, "alpha": 16}), "cpu"
-    )
+    cfg = TrainConfig(lr=5e-4, kl_coef=0.0, opd_topk=opd_topk, lora={"rank": 8, "alpha": 16})
+    policy = build_policy(embedded_model_dir, cfg, "cpu")
+    trained = [tokenizer.encode(text) + [tokenizer.eos_token_id] for text in written]
     before = tuple(_first_token_prob(policy.model, prompt, a[0]) for a in answers)
     for _ in range(steps):
         batch = [
@@ -67,7 +70,7 @@ def _train(embedded_model_dir, teacher_messages, steps: int = 3) -> tuple[tuple[
                 hint=HINT,
                 teacher_prompt_ids=teacher,
             )
-            for i, answer in enumerate(answers * 2)
+            for i, answer in enumerate(trained * (4 // len(trained)))
         ]
         policy.trainer.step(batch)
     return before, tuple(_first_token_prob(policy.model, prompt, a[0]) for a in answers)
@@ -90,3 +93,15 @@ def test_opd_raises_the_word_the_hint_names_over_the_others(embedded_model_dir):
     assert banana > 3 * banana_before, (banana_before, banana)
     # The hint makes any one-word fruit answer likelier, Apple too; Banana must gain far more.
     assert banana / apple > 3 * banana_before / apple_before, (banana_before, apple_before, banana, apple)
+
+
+def test_opd_on_the_teachers_likeliest_tokens_raises_a_word_the_policy_never_wrote(embedded_model_dir):
+    """Every answer is "Apple"; the hint names Banana. The sampled token's gap can only push "Apple"
+    down (measured: Banana's first token 0.00045 -> 0.0001 in 8 steps); the teacher's 8 likeliest
+    tokens at the first position include "Ban" (0.034 under the hint, 0.00045 without), and the
+    forward KL towards them raises it (0.00045 -> 0.076 in 8 steps, train/topk.py)."""
+    (banana_before, _), (banana, apple) = _train(
+        embedded_model_dir, enhanced_messages(QUESTION, HINT), steps=8, written=("Apple",), opd_topk=8
+    )
+    assert banana > 20 * banana_before, (banana_before, banana)
+    assert banana > apple, (banana, apple)  # now above the word every answer wrote

@@ -76,14 +76,16 @@ def test_unpack_reads_each_samples_tokens_from_its_row():
         assert out[i, : len(s.response_ids)].tolist() == s.response_ids
 
 
-def test_a_packed_step_is_the_unpacked_step_for_fewer_tokens(tiny_model_dir):
+@pytest.mark.parametrize("opd_topk", [0, 8])  # the opd sample's gap, or its teacher's 8 likeliest
+def test_a_packed_step_is_the_unpacked_step_for_fewer_tokens(tiny_model_dir, opd_topk):
     """The policy, the reference (KL) and the entropy read each answer from its session's one
-    sequence: the loss, every figure and the update match scoring each turn alone."""
+    sequence: the loss, every figure and the update match scoring each turn alone (with the opd
+    top-k term too: the teacher's tokens are scored where the packed row holds the answer)."""
     results = []
     for packed in (True, False):
         torch.manual_seed(0)
         model, optimizer = _model(tiny_model_dir, lr=1e-2)
-        cfg = TrainConfig(kl_coef=0.1, entropy_coef=0.01, pack_prefixes=packed)
+        cfg = TrainConfig(kl_coef=0.1, entropy_coef=0.01, pack_prefixes=packed, opd_topk=opd_topk)
         samples = session()
         samples[3] = dataclasses.replace(
             samples[3], kind="opd", teacher_prompt_ids=samples[3].prompt_ids + [7, 8]
@@ -101,8 +103,10 @@ def test_a_packed_step_is_the_unpacked_step_for_fewer_tokens(tiny_model_dir):
         "is_weight_mean",
         "mismatch",
         "mismatch_exact",
+        "opd_topk_kl",
     ):
         assert packed[key] == pytest.approx(alone[key], rel=1e-4, abs=1e-6), key
+    assert (packed["opd_topk_kl"] > 0) == (opd_topk > 0)
     assert packed["tokens"] == alone["tokens"] == 4 + 3 + 4 + 3
     third, other = session()[:2]
     one_row = len(third.prompt_ids) + len(third.response_ids)

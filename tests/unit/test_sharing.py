@@ -83,7 +83,9 @@ def test_a_shared_prefix_is_exact_on_qwen3(qwen3_model_dir):
 def test_a_merged_row_beside_a_row_alone_gives_the_logprobs_and_gradients_of_the_rows_alone(tiny_model_dir):
     """A step's rows need not all share: one merged row and one alone, under the block mask (three
     issue-53 runs failed a step in three on it: zip of a lone row's no blocks)."""
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa"
+    )
     layout = share_prefixes(pack_prefixes(mixed_turns()), mixed_turns(), 2048)
     assert sorted(len(m) for m in layout.members) == [1, 4] and [] in layout.starts
     _same(*(_scored(model, shared, False, mixed_turns) for shared in (False, True)))
@@ -120,8 +122,10 @@ def _same(alone, shared):
         assert torch.allclose(grad, grads_s[name], rtol=1e-4, atol=floor), name
 
 
-@pytest.mark.parametrize("model_dir", ["tiny_model_dir", "qwen3_model_dir"])
-def test_a_shared_step_is_the_unshared_step_for_fewer_tokens(request, model_dir):
+@pytest.mark.parametrize(
+    ("model_dir", "opd_topk"), [("tiny_model_dir", 0), ("tiny_model_dir", 8), ("qwen3_model_dir", 0)]
+)
+def test_a_shared_step_is_the_unshared_step_for_fewer_tokens(request, model_dir, opd_topk):
     """The policy, the reference (KL) and the teacher (opd, hinted prompts behind the same system
     prompt) with the prefix shared: the loss, every figure and every trained parameter's gradient
     match each row alone."""
@@ -134,13 +138,18 @@ def test_a_shared_step_is_the_unshared_step_for_fewer_tokens(request, model_dir)
         for k in (1, 3):  # the hint appended to the last message, as algo/teacher.py does
             hinted = samples[k].prompt_ids + [7, 8, 9]
             samples[k] = dataclasses.replace(samples[k], kind="opd", teacher_prompt_ids=hinted)
-        trainer = Trainer(model, optimizer, TrainConfig(kl_coef=0.1, entropy_coef=0.01, share_prefixes=share))
+        trainer = Trainer(
+            model,
+            optimizer,
+            TrainConfig(kl_coef=0.1, entropy_coef=0.01, share_prefixes=share, opd_topk=opd_topk),
+        )
         assert len(trainer._micro_batches(samples)[0][1]) == 1
         metrics = trainer.step(samples)
         results.append((metrics, [p.grad.clone() for n, p in model.named_parameters() if "lora_" in n]))
     (shared, lora_shared), (alone, lora_alone) = results
-    for key in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "is_weight_mean", "mismatch"):
+    for key in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "is_weight_mean", "mismatch", "opd_topk_kl"):
         assert shared[key] == pytest.approx(alone[key], rel=1e-4, abs=1e-6), key
+    assert (shared["opd_topk_kl"] > 0) == (opd_topk > 0)
     assert shared["tokens_scored"] == alone["tokens_scored"] - 2 * len(SYSTEM)
     # the gradients, within 1e-5 of each one's largest entry (Adam's first step would turn a 1e-9
     # difference of a near-zero entry into a visible one)

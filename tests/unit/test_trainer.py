@@ -167,15 +167,15 @@ def test_opd_gap_quantiles_and_clipped_share_are_reported(tiny_model_dir):
     assert trainer.step(_samples(model, 4093))["opd_gap_p50"] is None  # no opd: no gap
 
 
-def test_micro_batches_give_the_same_step_as_one_batch(tiny_model_dir):
+@pytest.mark.parametrize("opd_topk", [0, 8])
+def test_micro_batches_give_the_same_step_as_one_batch(tiny_model_dir, opd_topk):
     """Packing changes memory, not the update: prompts of different lengths, rl and opd rows, a mask."""
     results = []
     for budget in (10_000, 1):  # all samples together; one sample per micro-batch
         torch.manual_seed(0)
         model, optimizer = _model(tiny_model_dir, lr=1e-2)
-        trainer = Trainer(
-            model, optimizer, TrainConfig(kl_coef=0.1, entropy_coef=0.01, micro_batch_tokens=budget)
-        )
+        cfg = TrainConfig(kl_coef=0.1, entropy_coef=0.01, micro_batch_tokens=budget, opd_topk=opd_topk)
+        trainer = Trainer(model, optimizer, cfg)
         samples = _samples(model, 4093, n=4)
         for i, s in enumerate(samples):
             s.prompt_ids = PROMPT[i:]  # left padding differs per row
@@ -186,7 +186,7 @@ def test_micro_batches_give_the_same_step_as_one_batch(tiny_model_dir):
         lora = [p.detach().clone() for n, p in model.named_parameters() if "lora_" in n]
         results.append((metrics, lora))
     (one, lora_one), (many, lora_many) = results
-    for key in ("loss", "pg_loss", "kl", "entropy", "grad_norm"):
+    for key in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "opd_topk_kl"):
         assert one[key] == pytest.approx(many[key], rel=1e-4, abs=1e-6), key
     assert one["tokens"] == many["tokens"] == 4 + 4 + 2 + 3
     # AdamW's first step moves each weight by about lr (1e-2) whatever the gradient's size, so float
