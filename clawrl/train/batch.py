@@ -178,7 +178,7 @@ def score_with(
     logp, entropy = chunked_token_logprobs(
         logits=logits, targets=targets, temperature=temps, with_entropy=with_entropy, allowed=allowed
     )
-    top = chunked_topk(logits, temps, topk, targets.shape[1], allowed) if topk else None
+    top = chunked_topk(logits, temps, topk, positions=targets.shape[1], allowed=allowed) if topk else None
     del logits
     if keep is not None:  # back to [B, R_max, ...]; 0 elsewhere (never read: the loss masks it)
         logp, entropy = _unscored(logp, keep), _unscored(entropy, keep)
