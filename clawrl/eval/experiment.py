@@ -44,6 +44,11 @@ def check_learning(health: dict[str, Any], memory_only: bool = False) -> tuple[s
     return str(judge.get("judge", "?")), str(judge.get("method", "?"))
 
 
+def rewrites_on(health: dict[str, Any]) -> bool:
+    """Whether the server makes hint rewrites, one more sample for a hinted turn judged not good."""
+    return bool((health.get("judge") or {}).get("hint_rewrite"))
+
+
 def memory_on(health: dict[str, Any]) -> bool:
     """Whether the server adds its memory block to prompts (memory.enabled, docs/memory.md)."""
     return (health.get("memory") or {}).get("status") == "on"
@@ -68,6 +73,7 @@ async def run_experiment(
     started = time.monotonic()
     health = await client.health()
     judge, method = check_learning(health, memory_only=True)
+    settings = replace(settings, rewrites=rewrites_on(health))
     outcome = Outcome(method=method, judge=judge)
     if seen is not None:
         seen.append(outcome)

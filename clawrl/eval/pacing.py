@@ -18,6 +18,9 @@ How many samples one explicit rating makes (the method's `per_rating`, see clawr
     opd       1 when a comment over 10 characters comes with it (the hint), else 0
     combine   1: an `opd` sample carrying the rating as its reward when hinted, else an `rl` one
 
+and one more for a hinted -1 when the server makes hint rewrites (`train.hint_rewrite`, shown in
+`/healthz` as the judge's `hint_rewrite`, for `opd` and `combine`: clawrl/algo/rewrite.py).
+
 If the count is off (a sample skipped by the trainer, a hint refused), the users would
 wait for a version that never comes; after `stall_s` without one they get one more
 step's worth of budget, so an evaluation slows down but never hangs.
@@ -38,13 +41,16 @@ from clawrl.algo import get_method
 from clawrl.judge.votes import MIN_HINT_CHARS
 
 
-def expected_samples(method: str, rating: int, comment: str | None) -> int:
-    """Training samples the server makes from one explicit rating (see the module docstring)."""
+def expected_samples(method: str, rating: int, comment: str | None, rewrites: bool = False) -> int:
+    """Training samples the server makes from one explicit rating (see the module docstring);
+    `rewrites`: the server makes hint rewrites."""
     try:
-        counted = get_method(method).per_rating
+        chosen = get_method(method)
     except KeyError as exc:
         raise ValueError(exc.args[0]) from None
-    return counted(rating, comment is not None and len(comment.strip()) > MIN_HINT_CHARS)
+    hinted = comment is not None and len(comment.strip()) > MIN_HINT_CHARS
+    rewrite = rewrites and chosen.wants_hint and hinted and rating <= 0
+    return chosen.per_rating(rating, hinted) + int(rewrite)
 
 
 @dataclass

@@ -44,6 +44,7 @@ class Settings:
     concurrency: int = 4
     feedback: bool = True
     samples_per_step: int | None = None  # pacing budget; None: unpaced
+    rewrites: bool = False  # the server makes hint rewrites (its /healthz): a hinted -1 makes one more
     stall_s: float = 120.0
     max_wall_s: float = 7200.0
     poll_s: float = 1.0
@@ -294,7 +295,7 @@ class Traffic:
         self.answers += 1
         if not self.settings.feedback:
             return
-        samples = expected_samples(self.method, rating, comment)
+        samples = expected_samples(self.method, rating, comment, rewrites=self.settings.rewrites)
         async with self._changed:
             await self._changed.wait_for(lambda: self._open and self.pacer.take(time.monotonic(), samples))
         await self.client.feedback(answer.id, rating, comment)

@@ -30,7 +30,15 @@ import time
 from dataclasses import dataclass, field
 
 from clawrl.eval.client import EvalClient
-from clawrl.eval.experiment import check_learning, made, measure_point, raise_failed, stop_users, unanswered
+from clawrl.eval.experiment import (
+    check_learning,
+    made,
+    measure_point,
+    raise_failed,
+    rewrites_on,
+    stop_users,
+    unanswered,
+)
 from clawrl.eval.pacing import Backlog
 from clawrl.eval.personas.base import Persona
 from clawrl.eval.scenario import NoAnswers, Outcome, Settings, Traffic
@@ -77,7 +85,9 @@ async def run_together(
     gets every user's outcome once made, so that a caller stopped by a signal still holds what was
     measured; a user not done by then is marked `stopped = "interrupted"`."""
     started = time.monotonic()
-    judge, method = check_learning(await admin.health())
+    health = await admin.health()
+    judge, method = check_learning(health)
+    settings = dataclasses.replace(settings, rewrites=rewrites_on(health))
     tracks = [
         await _track(user=u, users=users, method=method, judge=judge, train=train, settings=settings)
         for u in users

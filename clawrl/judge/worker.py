@@ -86,6 +86,7 @@ class JudgeHealth:
     memory_failures: int = 0  # judged turns whose lessons or distillation sample failed (judging went on)
     distilled: int = 0  # memory distillation samples written since the server started
     rewrites: int = 0  # hint rewrite samples made since the server started (train.hint_rewrite)
+    hint_rewrite: bool = False  # whether a hinted turn judged not good gets a rewrite (a method that distils)
 
 
 class JudgeLoop:
@@ -187,6 +188,7 @@ class JudgeLoop:
             memory_failures=self.memory_failures,
             distilled=self.distilled,
             rewrites=self.rewrites,
+            hint_rewrite=self._rewrites(),
         )
 
     async def _work(self) -> None:
@@ -262,9 +264,14 @@ class JudgeLoop:
             log.exception("learning from %s failed; its judgment stands", turn.id)
             self.memory_failures += 1
 
+    def _rewrites(self) -> bool:
+        """Rewrites are made when on and the method distils hints: a rewrite is an opd sample, which
+        `rl` (binary RL alone) never trains, and a client pacing its ratings counts one sample each."""
+        return self.rewrite is not None and self.method.wants_hint
+
     async def _rewrite(self, turn: Turn, j: Judgment) -> list[Sample]:
         """The turn's hint rewrite sample (clawrl/algo/rewrite.py), when it wants one and it can be had."""
-        if self.rewrite is None or not wants_rewrite(turn, j):
+        if not self._rewrites() or not wants_rewrite(turn, j):
             return []
         try:
             teacher_ids = self.teacher(turn, j.hint or "")

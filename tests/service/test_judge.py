@@ -86,6 +86,7 @@ def test_redo_request_scores_minus_one_with_a_hint(server):
     (rewrite,) = [s for s in samples if s.rewrite]
     assert (rewrite.kind, rewrite.reward, rewrite.prompt_ids) == ("opd", 0.0, opd.prompt_ids)
     assert rewrite.teacher_prompt_ids == opd.teacher_prompt_ids and rewrite.response_ids
+    assert server.health()["judge"]["hint_rewrite"] is True  # a client pacing its ratings counts it
 
 
 def test_thanks_scores_plus_one_without_hint(server):

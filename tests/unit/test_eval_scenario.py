@@ -384,3 +384,15 @@ def test_the_backlog_lets_go_when_fewer_than_a_batch_are_pending_even_without_a_
     backlog.seen(3.0, 8, 2)
     backlog.made(3)
     assert not backlog.holding
+
+
+def test_a_hinted_minus_one_counts_its_rewrite_where_the_server_makes_them():
+    """The pacing counts what the server will make of a rating: a hint rewrite beside a hinted -1
+    (train.hint_rewrite, for the methods that distil), so no step is trained past unmeasured."""
+    comment = "Could you number the steps, one per line?"
+    assert expected_samples("combine", -1, comment) == 1
+    assert expected_samples("combine", -1, comment, rewrites=True) == 2
+    assert expected_samples("opd", -1, comment, rewrites=True) == 2
+    assert expected_samples("combine", 1, comment, rewrites=True) == 1  # a good answer: no rewrite
+    assert expected_samples("combine", -1, None, rewrites=True) == 1  # no hint: no rewrite
+    assert expected_samples("rl", -1, comment, rewrites=True) == 1  # rl distils nothing: none made
