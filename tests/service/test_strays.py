@@ -37,11 +37,12 @@ def _run(tmp_path: Path, leave: bool, *options: str) -> tuple[subprocess.Complet
     pid_file = tmp_path / "pid"
     test_file = tmp_path / "test_leaving.py"
     test_file.write_text(TESTS.format(leave=leave, pid_file=str(pid_file)))
-    command = [sys.executable, "-m", "pytest", "-p", "tests.strays", "-p", "no:cacheprovider", *options]
-    env = os.environ | {"CLAWRL_TEST_TIME_SCALE": "0.2"}  # the plugin's grace: 2 s
-    proc = subprocess.run(
-        [*command, str(test_file)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit(120)
-    )
+    # The plugin under test and xdist alone: the installed plugins pytest would load by itself
+    # (schemathesis, hypothesis, ...) cost each interpreter ~2 CPU-s and play no part here.
+    plugins = ["-p", "tests.strays", "-p", "xdist.plugin", "-p", "no:cacheprovider"]
+    command = [sys.executable, "-m", "pytest", *plugins, *options, str(test_file)]
+    env = os.environ | {"CLAWRL_TEST_TIME_SCALE": "0.2", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # grace: 2 s
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit(120))
     return proc, pid_file
 
 
