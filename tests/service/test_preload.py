@@ -2,9 +2,10 @@
 forked from a pre-imported process and behaves as the same command started afresh, through a
 stand-in that its starter holds; what it cannot run as such runs in its own interpreter.
 
-The module starts its own preloader with one OpenMP thread (it forks only while it is a single
-thread, which torch's import leaves it only then; scripts/test sets it for the whole suite), and
-puts its environment in this process's for each test, as tests/conftest.py does for the suite.
+The module uses the worker's preloader where the suite started one (scripts/test's workers), else
+starts its own, with one OpenMP thread either way (it forks only while it is a single thread, which
+torch's import leaves it only then), and puts its environment in this process's for each test, as
+tests/conftest.py does for the suite.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 
 from clawrl.launcher import ServerProcess
 from clawrl.store.db import Store
-from tests.conftest import CLAWRL
+from tests.conftest import CLAWRL, PRELOADER
 from tests.preload import SOCKET_ENV, Preloader
 from tests.timing import limit, wait_for
 
@@ -28,7 +29,13 @@ FORKED_BY = "preload_server.py"  # in a forked command's /proc/PID/cmdline: the 
 
 
 @pytest.fixture(scope="module")
-def module_preloader(tmp_path_factory):
+def module_preloader(request, tmp_path_factory):
+    """The worker's own preloader where the suite started one (tests/conftest.py: with one OpenMP
+    thread, as here), else one of the module's: each imports for ~7 CPU-s."""
+    shared = request.config.stash.get(PRELOADER, None)
+    if shared is not None:
+        yield shared
+        return
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OMP_NUM_THREADS", "1")
         env.delenv(SOCKET_ENV, raising=False)
