@@ -190,6 +190,7 @@ def test_state_json_keeps_the_shape_the_page_reads():
             "opd_gap_p50": None,
             "opd_gap_p95": None,
             "opd_gap_clipped": None,
+            "opd_topk_kl": None,
         },
     }
 
