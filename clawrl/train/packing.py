@@ -24,7 +24,7 @@ its answers, not for the whole session. The teacher pass of an opd sample is its
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -101,11 +101,18 @@ def loss_positions(layout: Layout, lengths: Sequence[int], device: torch.device)
     a row's answers and the left padding are False."""
     r_max = max(len(r) for r in layout.responses)
     out = torch.zeros(len(layout.responses), r_max, dtype=torch.bool)
+    for _, row, span in _answer_spans(layout, lengths, r_max):
+        out[row, span] = True
+    return out.to(device)
+
+
+def _answer_spans(layout: Layout, lengths: Sequence[int], r_max: int) -> Iterator[tuple[int, int, slice]]:
+    """(sample, row, positions) of each sample's answer in its row, right-aligned to `r_max` as
+    `batch.left_pad`'s targets (`lengths[i]` tokens at `offsets[i]` of the row's response)."""
     for i, n in enumerate(lengths):
         row = layout.row_of[i]
         start = r_max - len(layout.responses[row]) + layout.offsets[i]
-        out[row, start : start + n] = True
-    return out.to(device)
+        yield i, row, slice(start, start + n)
 
 
 def unpack(rows: Tensor, layout: Layout, width: int) -> Tensor:
@@ -123,8 +130,6 @@ def to_targets(values: Tensor, layout: Layout, lengths: Sequence[int], r_max: in
     (sample i's first `lengths[i]` entries): `unpack`'s inverse, for what a pass scores beside the
     targets (a teacher's likeliest tokens: train/topk.py). Zeros where no sample's answer is."""
     out = values.new_zeros(len(layout.responses), r_max, *values.shape[2:])
-    for i, n in enumerate(lengths):
-        row = layout.row_of[i]
-        start = r_max - len(layout.responses[row]) + layout.offsets[i]
-        out[row, start : start + n] = values[i, :n]
+    for i, row, span in _answer_spans(layout, lengths, r_max):
+        out[row, span] = values[i, : lengths[i]]
     return out

@@ -74,11 +74,10 @@ log = logging.getLogger(__name__)
 # Each micro-batch's share of the mean. No clip_frac, dual_frac or ratio_mean: the ratio is to the
 # step's own forward (the proximal policy), so they are 0, 0 and 1 in every step (train/loss.py).
 _SUMMED = ("pg_loss", "kl", "entropy", "opd_topk_kl")
-_COUNTED = ("tokens_scored",)
+_COUNTED = ("tokens_scored",)  # summed over micro-batches and ranks as they are
 # A micro-batch's teacher: the sampled tokens' logprobs, and its K likeliest tokens' ids and logprobs.
-_TeacherOut = tuple[
-    torch.Tensor | None, torch.Tensor | None, torch.Tensor | None
-]  # summed over micro-batches and ranks as they are
+_Optional = torch.Tensor | None
+_TeacherOut = tuple[_Optional, _Optional, _Optional]
 
 
 @dataclass
