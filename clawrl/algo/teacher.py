@@ -18,6 +18,14 @@ Placement:
   user message with just `HINT_PREFIX + hint` is appended at the end, so the
   hint still comes right before the assistant's generation prompt.
 
+With `train.hint_placement` "follow_up" the hint is not added to the user's message: the
+teacher prompt is the conversation as it went on, the served messages, the turn's own answer as
+the assistant's message and the hint as the user's next message (`follow_up_messages`), so the
+teacher is the policy answering again after being told what was wrong. On the embedded model a
+request made that way is followed where the same words inside the question are not: greedy
+answers ended on "Hope that helps!" for 9 of 12 held-out questions after the follow-up, 0 of 12
+with the hint appended (docs/evaluation.md, issue 53's fifth session).
+
 A turn whose prompt carried a memory block (`Turn.memory`, clawrl/memory) gets the same block
 in its enhanced prompt, so the two prompts still differ only by the hint. `bare_prompt` renders
 the client's messages alone: the student prompt of memory distillation (clawrl/algo/distill.py).
@@ -31,6 +39,7 @@ tools offered and without the forced prefix.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 from clawrl.algo.base import TeacherPrompt
 from clawrl.chat.template import ChatRenderer
@@ -38,6 +47,13 @@ from clawrl.memory import with_memory
 from clawrl.types import Message, Turn
 
 HINT_PREFIX = "[Hindsight hint] "
+HintPlacement = Literal["append", "follow_up"]
+# How a next-state hint (clawrl/judge/likelihood.py) says where it came from; a follow-up teacher
+# prompt gives the user's reply as the user's own message, without it.
+HINT_INTRO = {
+    "user": "After a first answer to this, the user replied: ",
+    "tool": "A first attempt at this got from the tool: ",
+}
 
 
 def enhanced_messages(messages: list[Message], hint: str) -> list[Message]:
@@ -55,17 +71,31 @@ def enhanced_messages(messages: list[Message], hint: str) -> list[Message]:
     return enhanced
 
 
+def follow_up_messages(messages: list[Message], turn: Turn, hint: str) -> list[Message]:
+    """`messages`, the turn's answer as the assistant's message, and the hint as the user's next one
+    (a next-state hint's reply without its framing: the user's own words)."""
+    answer: Message = {"role": "assistant", "content": turn.response_text}
+    if turn.tool_calls:
+        answer["tool_calls"] = turn.tool_calls
+    return [*messages, answer, {"role": "user", "content": hint.removeprefix(HINT_INTRO["user"])}]
+
+
 def served_messages(turn: Turn) -> list[Message]:
     """The messages the turn's prompt was rendered from: the client's, with its memory block if any."""
     block = (turn.memory or {}).get("block")
     return with_memory(turn.messages, block) if block else turn.messages
 
 
-def teacher_prompt(renderer: ChatRenderer) -> TeacherPrompt:
-    """The function rendering a turn's enhanced prompt to IDs with the turn's tools."""
+def teacher_prompt(renderer: ChatRenderer, placement: HintPlacement = "append") -> TeacherPrompt:
+    """The function rendering a turn's enhanced prompt to IDs with the turn's tools: the hint
+    appended to the last user message, or (`placement` "follow_up") the user's next message."""
 
     def render(turn: Turn, hint: str) -> list[int]:
-        messages = enhanced_messages(served_messages(turn), hint)
+        served = served_messages(turn)
+        if placement == "follow_up":
+            messages = follow_up_messages(served, turn, hint)
+        else:
+            messages = enhanced_messages(served, hint)
         return renderer.render(messages, turn.tools, template_kwargs=turn.chat_template_kwargs).prompt_ids
 
     return render

@@ -150,7 +150,8 @@ class TrainConfig(Section):
         ge=1,
         le=8,
         description="Answers sampled to the hinted prompt per rewrite; the one the hint explains most "
-        "(the largest sum of log p(token | hinted) - log p(token | bare)) is kept (clawrl/judge/rewriter.py). "
+        "(the largest sum of log p(token | hinted) - log p(token | bare)) is kept "
+        "(clawrl/judge/rewriter.py). "
         "1: the one answer, unscored.",
     )
     reward_baseline: Literal["batch", "none"] = Field(
@@ -212,6 +213,14 @@ class TrainConfig(Section):
         gt=0,
         description="Each token's k3 KL term is clamped to at most this (verl's low-variance KL), so a "
         "token the reference finds far likelier than the policy cannot blow up the step.",
+    )
+    hint_placement: Literal["append", "follow_up"] = Field(
+        "append",
+        description="Where the teacher prompt (on-policy distillation, hint rewrites) carries the hint: "
+        "'append' adds it to the last user message (OpenClaw-RL's); 'follow_up' continues the "
+        "conversation, the turn's answer as the assistant's message and the hint as the user's next "
+        "one, so the teacher is the policy answering again after being told what was wrong "
+        "(clawrl/algo/teacher.py). Fixed per judged turn: a sample keeps the prompt it was made with.",
     )
     opd_teacher: Literal["policy", "reference"] = Field(
         "policy", description="Who scores the response under the hinted prompt: the live policy or the base."

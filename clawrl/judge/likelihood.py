@@ -56,6 +56,7 @@ import random
 import re
 from dataclasses import dataclass
 
+from clawrl.algo.teacher import HINT_INTRO
 from clawrl.judge.change import change_request
 from clawrl.judge.cues import CUE_ODDS, dissatisfaction
 from clawrl.judge.prompts import clip, content_text
@@ -197,10 +198,6 @@ def _vote(q: dict[int, float]) -> int:
     return next((label for label, p in q.items() if p > 0.5 + MARGIN), 0)
 
 
-HINT_INTRO = {
-    "user": "After a first answer to this, the user replied: ",
-    "tool": "A first attempt at this got from the tool: ",
-}
 
 
 def next_state_hint(next_state: list[Message], names: dict[str, str], limit: int = REPLY_CHARS) -> str:

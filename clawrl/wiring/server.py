@@ -256,7 +256,7 @@ def build_judge(
         key = j.api_key.get_secret_value() if j.api_key else None
         backend = OpenAIJudge(j.base_url, j.model, key, j.timeout_s)
     method = configured_method(config)
-    teacher = teacher_prompt(renderer)
+    teacher = teacher_prompt(renderer, config.train.hint_placement)
     bare = bare_prompt(renderer) if config.memory_distills else None
     if config.memory.distill and bare is None:
         log.info("memory distillation off: with users and train.adapters shared, one user's memory "
