@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from clawrl.algo import METHODS, get_method
-from clawrl.algo.teacher import HINT_PREFIX, enhanced_messages, teacher_prompt
+from clawrl.algo.teacher import HINT_INTRO, HINT_PREFIX, enhanced_messages, teacher_prompt
 from clawrl.chat.template import ChatRenderer
 from clawrl.types import Judgment, Message, Sample, Turn, Vote
 
@@ -237,6 +237,26 @@ def test_teacher_prompt_keeps_the_turns_tools(smol_tokenizer, make_turn, teacher
     text = smol_tokenizer.decode(teacher(turn, HINT))
     assert '"name": "get_weather"' in smol_tokenizer.decode(turn.prompt_ids)
     assert '"name": "get_weather"' in text and text.endswith(f"{HINT}<|im_end|>\n{GENERATION_PROMPT}")
+
+
+def test_a_follow_up_teacher_prompt_is_the_conversation_as_it_went_on(smol_tokenizer, make_turn, renderer):
+    """hint_placement 'follow_up': the served messages, the turn's answer, then the user's reply as
+    the next user message (a next-state hint without its framing; any other hint as it is)."""
+    turn = make_turn()
+    follow_up = teacher_prompt(renderer, "follow_up")
+    student = smol_tokenizer.decode(turn.prompt_ids)
+    reply = "Could you give it in Celsius too?"
+    text = smol_tokenizer.decode(follow_up(turn, HINT_INTRO["user"] + reply))
+    answer = "<|im_start|>assistant\nRome is 75F.<|im_end|>\n"
+    assert text == student.removesuffix(
+        GENERATION_PROMPT
+    ) + answer + f"<|im_start|>user\n{reply}<|im_end|>\n" + (GENERATION_PROMPT)
+    assert HINT_PREFIX not in text and HINT_INTRO["user"] not in text
+    assert smol_tokenizer.decode(follow_up(turn, HINT)).endswith(
+        f"user\n{HINT}<|im_end|>\n{GENERATION_PROMPT}"
+    )
+    # The same turn's default teacher prompt keeps the hint inside the question.
+    assert HINT_PREFIX + HINT in smol_tokenizer.decode(teacher_prompt(renderer)(turn, HINT))
 
 
 def test_enhanced_messages_is_a_copy():
