@@ -16,6 +16,15 @@ clawrl/judge/rewriter.py) instead: per task, K hinted answers sampled at once, a
 kept answer (the largest sum of log p(t | hinted) - log p(t | bare)) meets the checks, against the
 mean over the K (one answer unscored) and the tasks where any of the K does (the ceiling), at
 `--temperature` (1.0, as `clawrl eval`'s training turns and so their rewrites are sampled).
+
+`--greedy` measures what the held-out eval scores: greedy answers of at most 128 tokens (clawrl
+eval's limit), bare and under each teacher prompt the loop can build from the persona's complaint
+after that bare answer (`train.hint_placement`, clawrl/algo/teacher.py): `append` with the
+next-state hint the default judge gives ("After a first answer to this, the user replied: ..."),
+`append` with the check's written hint, and `follow_up` (the bare answer, then the complaint as
+the user's next message). Distillation moves the policy towards the teacher; a preference the
+teacher's greedy answer does not meet is one its greedy answer will not learn from it. Printed:
+tasks met per prompt, and the answers cut at the limit (which an `ends_with` check can never meet).
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from clawrl.algo.teacher import HINT_PREFIX  # noqa: E402
+from clawrl.algo.teacher import HINT_INTRO, HINT_PREFIX, enhanced_messages, follow_up_messages  # noqa: E402
 from clawrl.eval.personas.file import load_persona  # noqa: E402
 from clawrl.eval.tasks import load_tasks  # noqa: E402
 
@@ -39,6 +48,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2)
     parser.add_argument("--model", type=Path, help="a model folder (default: the embedded model)")
     parser.add_argument("--best-of", type=int, default=0, help="measure best-of-K rewrite selection")
+    parser.add_argument("--greedy", action="store_true", help="greedy answers under each teacher prompt")
     parser.add_argument(
         "--temperature", type=float, default=1.0, help="--best-of's sampling (clawrl eval's turns: 1.0)"
     )
@@ -56,11 +66,48 @@ def main() -> None:
     sampling = GenerationConfig.from_pretrained(folder)
     torch.manual_seed(0)
 
-    def ids_of(question: str):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": question}], add_generation_prompt=True, return_tensors="pt"
-        )
+    def ids_of(question: str | list[dict]):
+        messages = [{"role": "user", "content": question}] if isinstance(question, str) else question
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
         return ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+
+    def greedy(messages: list[dict]) -> tuple[str, bool]:
+        """The greedy answer (128 tokens at most) and whether the limit cut it."""
+        ids = ids_of(messages)
+        with torch.no_grad():
+            out = model.generate(
+                ids, max_new_tokens=128, do_sample=False, pad_token_id=tokenizer.eos_token_id
+            )
+        answer = out[0][ids.shape[1] :]
+        return tokenizer.decode(
+            answer, skip_special_tokens=True
+        ), tokenizer.eos_token_id not in answer.tolist()
+
+    if args.greedy:
+        prompts = ("bare", "append, next-state hint", "append, written hint", "follow_up")
+        print("| persona | tasks | " + " | ".join(f"{p}: met (cut)" for p in prompts) + " |")
+        print("| --- | --- |" + " --- |" * len(prompts))
+        for path in args.personas:
+            persona = load_persona(path)
+            tasks = (persona.tasks or load_tasks("math"))[: args.tasks]
+            counts = {p: [0, 0] for p in prompts}
+            for task in tasks:
+                question = [{"role": "user", "content": persona.first_message(task)}]
+                first, cut = greedy(question)
+                reply = persona.reply(task, first, 1).message or ""
+                written = " ".join(rule.hints[0] for rule in persona.rules)
+                teachers = {
+                    "append, next-state hint": enhanced_messages(question, HINT_INTRO["user"] + reply),
+                    "append, written hint": enhanced_messages(question, written),
+                    "follow_up": follow_up_messages(question, {"role": "assistant", "content": first}, reply),
+                }
+                for name in prompts:
+                    text, cut_here = (first, cut) if name == "bare" else greedy(teachers[name])
+                    counts[name][0] += persona.score(task, text) >= 1.0
+                    counts[name][1] += cut_here
+            cells = " | ".join(f"{met} ({cut})" for met, cut in counts.values())
+            print(f"| `{persona.name}` | {len(tasks)} | {cells} |", flush=True)
+        return
 
     def answer(question: str) -> str:
         ids = ids_of(question)
@@ -81,7 +128,11 @@ def main() -> None:
         return torch.log_softmax(logits, -1).gather(1, answer[0][:, None])[:, 0]
 
     if args.best_of:
-        print(f"| persona | tasks | one answer met (mean over {args.best_of}) | best of {args.best_of} by hint gain met | any of {args.best_of} met |")
+        k = args.best_of
+        print(
+            f"| persona | tasks | one answer met (mean over {k}) | best of {k} by hint gain met "
+            f"| any of {k} met |"
+        )
         print("| --- | --- | --- | --- | --- |")
         for path in args.personas:
             persona = load_persona(path)

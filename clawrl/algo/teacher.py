@@ -71,13 +71,18 @@ def enhanced_messages(messages: list[Message], hint: str) -> list[Message]:
     return enhanced
 
 
-def follow_up_messages(messages: list[Message], turn: Turn, hint: str) -> list[Message]:
-    """`messages`, the turn's answer as the assistant's message, and the hint as the user's next one
-    (a next-state hint's reply without its framing: the user's own words)."""
+def follow_up_messages(messages: list[Message], answer: Message, hint: str) -> list[Message]:
+    """`messages`, the answer (an assistant message), and the hint as the user's next message (a
+    next-state hint's reply without its framing: the user's own words)."""
+    return [*messages, answer, {"role": "user", "content": hint.removeprefix(HINT_INTRO["user"])}]
+
+
+def answer_message(turn: Turn) -> Message:
+    """The turn's answer as the assistant message a client would send back."""
     answer: Message = {"role": "assistant", "content": turn.response_text}
     if turn.tool_calls:
         answer["tool_calls"] = turn.tool_calls
-    return [*messages, answer, {"role": "user", "content": hint.removeprefix(HINT_INTRO["user"])}]
+    return answer
 
 
 def served_messages(turn: Turn) -> list[Message]:
@@ -93,7 +98,7 @@ def teacher_prompt(renderer: ChatRenderer, placement: HintPlacement = "append") 
     def render(turn: Turn, hint: str) -> list[int]:
         served = served_messages(turn)
         if placement == "follow_up":
-            messages = follow_up_messages(served, turn, hint)
+            messages = follow_up_messages(served, answer_message(turn), hint)
         else:
             messages = enhanced_messages(served, hint)
         return renderer.render(messages, turn.tools, template_kwargs=turn.chat_template_kwargs).prompt_ids
