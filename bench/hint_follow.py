@@ -25,6 +25,9 @@ next-state hint the default judge gives ("After a first answer to this, the user
 the user's next message). Distillation moves the policy towards the teacher; a preference the
 teacher's greedy answer does not meet is one its greedy answer will not learn from it. Printed:
 tasks met per prompt, and the answers cut at the limit (which an `ends_with` check can never meet).
+`--guidance BETA` compares the written hint appended with its effect amplified (classifier-free
+guidance, the logits bare + BETA * (hinted - bare)): what a teacher sharpened towards the hint
+would write. `--show` prints each answer.
 """
 
 from __future__ import annotations
@@ -50,6 +53,12 @@ def main() -> None:
     parser.add_argument("--best-of", type=int, default=0, help="measure best-of-K rewrite selection")
     parser.add_argument("--greedy", action="store_true", help="greedy answers under each teacher prompt")
     parser.add_argument(
+        "--show", action="store_true", help="--greedy: print each answer's last 160 characters"
+    )
+    parser.add_argument(
+        "--guidance", type=float, default=0.0, help="--greedy: also the written hint's effect times this"
+    )
+    parser.add_argument(
         "--temperature", type=float, default=1.0, help="--best-of's sampling (clawrl eval's turns: 1.0)"
     )
     args = parser.parse_args()
@@ -71,12 +80,14 @@ def main() -> None:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
         return ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
 
-    def greedy(messages: list[dict]) -> tuple[str, bool]:
-        """The greedy answer (128 tokens at most) and whether the limit cut it."""
+    def greedy(messages: list[dict], bare: list[dict] | None = None) -> tuple[str, bool]:
+        """The greedy answer (128 tokens at most) and whether the limit cut it; with `bare`, guided:
+        at every token the logits bare + beta * (hinted - bare) (`--guidance` beta)."""
         ids = ids_of(messages)
+        guided = {"guidance_scale": args.guidance, "negative_prompt_ids": ids_of(bare)} if bare else {}
         with torch.no_grad():
             out = model.generate(
-                ids, max_new_tokens=128, do_sample=False, pad_token_id=tokenizer.eos_token_id
+                ids, max_new_tokens=128, do_sample=False, pad_token_id=tokenizer.eos_token_id, **guided
             )
         answer = out[0][ids.shape[1] :]
         return tokenizer.decode(
@@ -85,6 +96,8 @@ def main() -> None:
 
     if args.greedy:
         prompts = ("bare", "append, next-state hint", "append, written hint", "follow_up")
+        if args.guidance:
+            prompts = ("bare", "append, written hint", f"guided {args.guidance:g}, written hint")
         print("| persona | tasks | " + " | ".join(f"{p}: met (cut)" for p in prompts) + " |")
         print("| --- | --- |" + " --- |" * len(prompts))
         for path in args.personas:
@@ -101,8 +114,12 @@ def main() -> None:
                     "append, written hint": enhanced_messages(question, written),
                     "follow_up": follow_up_messages(question, {"role": "assistant", "content": first}, reply),
                 }
+                teachers[prompts[-1]] = teachers["append, written hint"]
                 for name in prompts:
-                    text, cut_here = (first, cut) if name == "bare" else greedy(teachers[name])
+                    guide = question if name.startswith("guided") else None
+                    text, cut_here = (first, cut) if name == "bare" else greedy(teachers[name], guide)
+                    if args.show:
+                        print(f"  {persona.name} {task.id} {name}: {text[-160:]!r}", flush=True)
                     counts[name][0] += persona.score(task, text) >= 1.0
                     counts[name][1] += cut_here
             cells = " | ".join(f"{met} ({cut})" for met, cut in counts.values())
