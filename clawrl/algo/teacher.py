@@ -22,9 +22,11 @@ With `train.hint_placement` "follow_up" the hint is not added to the user's mess
 teacher prompt is the conversation as it went on, the served messages, the turn's own answer as
 the assistant's message and the hint as the user's next message (`follow_up_messages`), so the
 teacher is the policy answering again after being told what was wrong. On the embedded model a
-request made that way is followed where the same words inside the question are not: greedy
-answers ended on "Hope that helps!" for 9 of 12 held-out questions after the follow-up, 0 of 12
-with the hint appended (docs/evaluation.md, issue 53's fifth session).
+request made that way is followed where the same words inside the question are not (greedy
+answers ending on "Hope that helps!": 8 of 16 after the follow-up, 0 of 16 with the hint
+appended; `bench/hint_follow.py --greedy`), but followed as a reply to the request, and learning
+runs with it gained nothing on that preference and less than the default on another
+(docs/evaluation.md, issue 53's fifth session): not the default.
 
 A turn whose prompt carried a memory block (`Turn.memory`, clawrl/memory) gets the same block
 in its enhanced prompt, so the two prompts still differ only by the hint. `bare_prompt` renders

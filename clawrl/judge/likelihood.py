@@ -198,8 +198,6 @@ def _vote(q: dict[int, float]) -> int:
     return next((label for label, p in q.items() if p > 0.5 + MARGIN), 0)
 
 
-
-
 def next_state_hint(next_state: list[Message], names: dict[str, str], limit: int = REPLY_CHARS) -> str:
     """The hint a small judge can give: the next state itself, clipped, saying where it came from."""
     roles = {m.get("role") for m in next_state}
