@@ -34,5 +34,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     total = sum(_SECONDS.values())
     for tier, seconds in sorted(_SECONDS.items(), key=lambda kv: -kv[1]):
         share = seconds / total if total else 0.0
-        terminalreporter.write_line(f"{tier:>10}  {seconds:8.1f} s  {share:6.1%}  {len(_TESTS[tier]):5d} tests")
+        terminalreporter.write_line(
+            f"{tier:>10}  {seconds:8.1f} s  {share:6.1%}  {len(_TESTS[tier]):5d} tests"
+        )
     terminalreporter.write_line(f"{'all':>10}  {total:8.1f} s")

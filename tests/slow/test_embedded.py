@@ -166,7 +166,10 @@ def test_the_default_judge_reads_corrections_and_thanks_on_the_embedded_model(sm
         if j.score == -1:
             assert j.hint is not None and reply in j.hint
             # combine: one, carrying r; beside it the hint rewrite (train.hint_rewrite, on by default)
-            assert [(s.kind, s.reward, s.rewrite) for s in samples] == [("opd", -1.0, False), ("opd", 0.0, True)]
+            assert [(s.kind, s.reward, s.rewrite) for s in samples] == [
+                ("opd", -1.0, False),
+                ("opd", 0.0, True),
+            ]
         else:
             assert j.hint is None
     assert right >= 7, f"{right} of 8 signs right"

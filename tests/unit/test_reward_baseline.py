@@ -8,8 +8,15 @@ from clawrl.types import Sample
 
 def _sample(reward: float, kind: str = "rl", **extra) -> Sample:
     return Sample(
-        turn_id="t", kind=kind, prompt_ids=[1], response_ids=[2], logprobs=[], version="v0",
-        temperature=1.0, reward=reward, **extra,
+        turn_id="t",
+        kind=kind,
+        prompt_ids=[1],
+        response_ids=[2],
+        logprobs=[],
+        version="v0",
+        temperature=1.0,
+        reward=reward,
+        **extra,
     )
 
 
@@ -55,7 +62,8 @@ def test_an_own_answers_gap_is_centred_and_a_rewrites_is_not():
         temperature=1.0, reward=0.0, teacher_prompt_ids=[1, 9], rewrite=True,
     )  # fmt: skip
     student = torch.tensor([[-1.0, -1.0, -1.0], [-2.0, -2.0, -2.0]])
-    teacher = torch.tensor([[-1.5, -0.9, -3.0], [-1.5, -1.9, -2.0]])  # gaps -0.5, 0.1, -1 (clipped); 0.5, 0.1, 0
+    # gaps -0.5, 0.1, -1 (clipped); 0.5, 0.1, 0
+    teacher = torch.tensor([[-1.5, -0.9, -3.0], [-1.5, -1.9, -2.0]])
     on = batch_advantages([own, rewrite], student, teacher, opd_centre=True)
     off = batch_advantages([own, rewrite], student, teacher, opd_centre=False)
     assert off[0].tolist() == pytest.approx([-0.5, 0.1, -1.0])
