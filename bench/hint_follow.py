@@ -104,20 +104,27 @@ def main() -> None:
             persona = load_persona(path)
             tasks = (persona.tasks or load_tasks("math"))[: args.tasks]
             counts = {p: [0, 0] for p in prompts}
+            written = " ".join(rule.hints[0] for rule in persona.rules)
             for task in tasks:
                 question = [{"role": "user", "content": persona.first_message(task)}]
                 first, cut = greedy(question)
                 reply = persona.reply(task, first, 1).message or ""
-                written = " ".join(rule.hints[0] for rule in persona.rules)
-                teachers = {
-                    "append, next-state hint": enhanced_messages(question, HINT_INTRO["user"] + reply),
-                    "append, written hint": enhanced_messages(question, written),
-                    "follow_up": follow_up_messages(question, {"role": "assistant", "content": first}, reply),
+                written_hint = enhanced_messages(question, written)
+                teachers = {  # each prompt: (the teacher's messages, the bare messages guidance subtracts)
+                    "append, next-state hint": (
+                        enhanced_messages(question, HINT_INTRO["user"] + reply),
+                        None,
+                    ),
+                    "append, written hint": (written_hint, None),
+                    "follow_up": (
+                        follow_up_messages(question, {"role": "assistant", "content": first}, reply),
+                        None,
+                    ),
                 }
-                teachers[prompts[-1]] = teachers["append, written hint"]
+                if args.guidance:
+                    teachers[prompts[-1]] = (written_hint, question)
                 for name in prompts:
-                    guide = question if name.startswith("guided") else None
-                    text, cut_here = (first, cut) if name == "bare" else greedy(teachers[name], guide)
+                    text, cut_here = (first, cut) if name == "bare" else greedy(*teachers[name])
                     if args.show:
                         print(f"  {persona.name} {task.id} {name}: {text[-160:]!r}", flush=True)
                     counts[name][0] += persona.score(task, text) >= 1.0

@@ -134,6 +134,8 @@ class Judgment:
 
 
 SampleKind = Literal["rl", "opd"]
+# Where a teacher prompt carries the hint (`train.hint_placement`, clawrl/algo/teacher.py).
+HintPlacement = Literal["append", "follow_up"]
 
 
 @dataclass

@@ -41,15 +41,13 @@ tools offered and without the forced prefix.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 
 from clawrl.algo.base import TeacherPrompt
 from clawrl.chat.template import ChatRenderer
 from clawrl.memory import with_memory
-from clawrl.types import Message, Turn
+from clawrl.types import HintPlacement, Message, Turn
 
 HINT_PREFIX = "[Hindsight hint] "
-HintPlacement = Literal["append", "follow_up"]
 # How a next-state hint (clawrl/judge/likelihood.py) says where it came from; a follow-up teacher
 # prompt gives the user's reply as the user's own message, without it.
 HINT_INTRO = {
@@ -75,7 +73,7 @@ def enhanced_messages(messages: list[Message], hint: str) -> list[Message]:
 
 def follow_up_messages(messages: list[Message], answer: Message, hint: str) -> list[Message]:
     """`messages`, the answer (an assistant message), and the hint as the user's next message (a
-    next-state hint's reply without its framing: the user's own words)."""
+    next-state hint from a user's reply without its framing: the user's own words)."""
     return [*messages, answer, {"role": "user", "content": hint.removeprefix(HINT_INTRO["user"])}]
 
 

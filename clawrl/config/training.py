@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from clawrl.config.section import Section
+from clawrl.types import HintPlacement
 
 
 class LoraConfig(Section):
@@ -214,7 +215,7 @@ class TrainConfig(Section):
         description="Each token's k3 KL term is clamped to at most this (verl's low-variance KL), so a "
         "token the reference finds far likelier than the policy cannot blow up the step.",
     )
-    hint_placement: Literal["append", "follow_up"] = Field(
+    hint_placement: HintPlacement = Field(
         "append",
         description="Where the teacher prompt (on-policy distillation, hint rewrites) carries the hint: "
         "'append' adds it to the last user message (OpenClaw-RL's); 'follow_up' continues the "
