@@ -49,7 +49,7 @@ BOTH_ENGINES = pytest.mark.parametrize("engine", ["local", "vllm"], scope="modul
 HEAVY_FIRST = (
     "tests/client/",
     "tests/service/test_vllm.py",
-    "tests/unit/test_train_group.py",
+    "tests/service/test_train_group.py",
     "tests/slow/test_envs.py",
     "tests/service/test_trainer.py",
     "tests/service/test_trainer_group.py",

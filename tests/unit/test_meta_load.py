@@ -3,7 +3,7 @@
 In-process, with torch's fake process group (world 2, one rank at a time, no communication): each
 rank's shards must be its cut of the checkpoint's whole tensors (its chunk of the rows, as FSDP2
 lays a shard out), the rotary buffers the loaded model's, the LM head still tied, and a LoRA
-adapter the one `attach_lora` draws on real weights. The group test (tests/unit/test_train_group.py)
+adapter the one `attach_lora` draws on real weights. The group test (tests/service/test_train_group.py)
 trains with it under gloo against one process.
 """
 

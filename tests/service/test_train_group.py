@@ -176,7 +176,7 @@ def test_two_fsdp_ranks_train_versions_as_one_process(tmp_path, tiny_model_dir, 
     a version loaded, trained and written again under FSDP. Each rank builds the model (and full
     fine-tuning's reference) on the meta device and reads its shards of the base from the checkpoint
     (train/meta_load.py). Full weights over several ranks publish bf16 weights for serving and save
-    the training state sharded apart (train/saves.py, tests/unit/test_sharded_saves.py): v1's bf16
+    the training state sharded apart (train/saves.py, tests/service/test_sharded_saves.py): v1's bf16
     weights are one process's rounded, its AdamW state (read from the sharded save) one process's."""
     two = run_folder(tmp_path, "two", tiny_model_dir, weights, strategy="fsdp")
     if step > 1:

@@ -23,8 +23,8 @@ from clawrl.train.group import FSDP_ON_CPU
 from clawrl.train.saves import KEEP, ShardedSaves, is_complete, newest_save, parent_of, saves_dir
 from clawrl.version_folder import MANIFEST, version_dir
 from tests.conftest import CLAWRL, ROOT
+from tests.service.test_train_group import add_batch, run_folder
 from tests.timing import limit
-from tests.unit.test_train_group import add_batch, run_folder
 
 
 def train(config: Config, steps: int) -> str:
