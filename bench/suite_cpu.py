@@ -1,6 +1,6 @@
 """Where the test suite's CPU goes: the suite run with every process it starts sampled from /proc.
 
-    .venv/bin/python bench/suite_cpu.py [--interval S] [--json FILE] [-- SCRIPTS_TEST_ARGS...]
+    python3 bench/suite_cpu.py [--interval S] [--json FILE] [-- SCRIPTS_TEST_ARGS...]
 
 Runs `scripts/test` (the README's test command; arguments after `--` go to it, e.g. `-- --quick`
 or `-- tests/service`) and, every `--interval` seconds (1), reads the CPU seconds (user + system)
