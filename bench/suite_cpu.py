@@ -20,8 +20,9 @@ same run), the wall time, and the cores kept busy (CPU seconds / wall seconds) o
 A suite that keeps every core busy is bound by its CPU work: its wall time on a machine is that
 work over the cores it gets, and only less work makes it shorter.
 
-A process that starts and ends between two samples is missed; the CPU of the processes this one
-waited for (getrusage) is printed beside the sampled total, so the share missed shows. Linux only.
+A process that starts and ends between two samples is missed. Beside the sampled total, getrusage's
+count of the processes waited for: a lower bound (a process its parent never waits for, such as one
+the tests' preloader forks, is not in it). Linux only.
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ def report(result: dict, top: int) -> str:
         lines.append(f"{cpu:8.1f}  {cpu / total:6.1%}  {procs:5d}  ({len(rest)} more)")
     wall = result["wall_s"]
     lines.append(
-        f"sampled CPU {result['sampled_cpu_s']:.0f} s (waited-for processes' own count: "
+        f"sampled CPU {result['sampled_cpu_s']:.0f} s (getrusage of the processes waited for, a lower bound: "
         f"{result['waited_cpu_s']:.0f} s) in {wall:.0f} s of wall time: "
         f"{result['sampled_cpu_s'] / wall:.2f} of {result['cores']} cores busy; exit {result['exit']}"
     )
