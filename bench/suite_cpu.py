@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,8 +55,6 @@ class Proc:
     cmd: str
     where: str | None = None
     cpu: float = 0.0
-    first: float = field(default_factory=time.time)
-    last: float = field(default_factory=time.time)
 
 
 def group_of(cmd: str, where: str | None) -> str:
@@ -117,7 +115,7 @@ def sample(seen: dict[tuple[int, int], Proc], me: int) -> None:
     children: dict[int, list[int]] = defaultdict(list)
     for pid, (ppid, _, _) in stats.items():
         children[ppid].append(pid)
-    stack, now = list(children[me]), time.time()
+    stack = list(children[me])
     while stack:
         pid = stack.pop()
         stack.extend(children[pid])
@@ -132,7 +130,7 @@ def sample(seen: dict[tuple[int, int], Proc], me: int) -> None:
             proc = seen[(pid, start)] = Proc(cmd)
         if proc.where is None:
             proc.where = _where(str(pid))
-        proc.cpu, proc.last = cpu, now
+        proc.cpu = cpu
 
 
 def run(args: argparse.Namespace) -> dict:
