@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from clawrl.algo import METHODS
+from clawrl.config.guard import GuardConfig
 from clawrl.config.section import API_KEY_ENV, CACHE_ENV, JUDGE_KEY_ENV, VLLM_KEY_ENV, Section
 from clawrl.config.serving import (
     CollectConfig,
@@ -32,7 +33,7 @@ from clawrl.config.serving import (
     ServerConfig,
     VLLMConfig,
 )
-from clawrl.config.training import DistributedConfig, GrpoConfig, GuardConfig, LoraConfig, TrainConfig
+from clawrl.config.training import DistributedConfig, GrpoConfig, LoraConfig, TrainConfig
 
 __all__ = [
     "API_KEY_ENV",
