@@ -109,22 +109,18 @@ def main() -> None:
                 question = [{"role": "user", "content": persona.first_message(task)}]
                 first, cut = greedy(question)
                 reply = persona.reply(task, first, 1).message or ""
-                written_hint = enhanced_messages(question, written)
-                teachers = {  # each prompt: (the teacher's messages, the bare messages guidance subtracts)
-                    "append, next-state hint": (
-                        enhanced_messages(question, HINT_INTRO["user"] + reply),
-                        None,
-                    ),
-                    "append, written hint": (written_hint, None),
-                    "follow_up": (
-                        follow_up_messages(question, {"role": "assistant", "content": first}, reply),
-                        None,
-                    ),
+                teachers = {
+                    "append, next-state hint": enhanced_messages(question, HINT_INTRO["user"] + reply),
+                    "append, written hint": enhanced_messages(question, written),
+                    "follow_up": follow_up_messages(question, {"role": "assistant", "content": first}, reply),
                 }
-                if args.guidance:
-                    teachers[prompts[-1]] = (written_hint, question)
                 for name in prompts:
-                    text, cut_here = (first, cut) if name == "bare" else greedy(*teachers[name])
+                    if name == "bare":
+                        text, cut_here = first, cut
+                    elif name.startswith("guided"):  # the written hint, guided away from the bare question
+                        text, cut_here = greedy(teachers["append, written hint"], bare=question)
+                    else:
+                        text, cut_here = greedy(teachers[name])
                     if args.show:
                         print(f"  {persona.name} {task.id} {name}: {text[-160:]!r}", flush=True)
                     counts[name][0] += persona.score(task, text) >= 1.0

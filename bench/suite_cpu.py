@@ -46,6 +46,7 @@ HZ = os.sysconf("SC_CLK_TCK")
 PR_SET_CHILD_SUBREAPER = 36
 # pytest's folder for a test or fixture: under the xdist worker's folder, or the run's without xdist
 TEST_DIRS = (re.compile(r"/popen-gw\d+/([^/]+?)\d*(?:/|$)"), re.compile(r"/pytest-\d+/([^/]+?)\d*(?:/|$)"))
+NO_FOLDER = ": no pytest folder (the preloaders among them)"
 
 
 @dataclass
@@ -60,7 +61,7 @@ class Proc:
 def group_of(cmd: str, where: str | None) -> str:
     """The group a process's CPU counts in, from its command line and its pytest folder."""
     found = [m.group(1) for m in (p.search(where or "") for p in TEST_DIRS) if m]
-    named = f": {found[0]}" if found else ": no pytest folder (the preloaders among them)"
+    named = f": {found[0]}" if found else NO_FOLDER
     if "pip install" in cmd or "ensure_embedded" in cmd:
         return "set-up (pip, the model's conversion)"
     if "exec(eval(sys.stdin" in cmd or re.search(r"-m pytest\b", cmd):
@@ -128,7 +129,7 @@ def sample(seen: dict[tuple[int, int], Proc], me: int) -> None:
             except OSError:
                 continue
             proc = seen[(pid, start)] = Proc(cmd)
-        if proc.where is None:
+        if proc.where is None and group_of(proc.cmd, None).endswith(NO_FOLDER):  # a group that names its test
             proc.where = _where(str(pid))
         proc.cpu = cpu
 

@@ -7,17 +7,9 @@ from clawrl.types import Sample
 
 
 def _sample(reward: float, kind: str = "rl", **extra) -> Sample:
-    return Sample(
-        turn_id="t",
-        kind=kind,
-        prompt_ids=[1],
-        response_ids=[2],
-        logprobs=[],
-        version="v0",
-        temperature=1.0,
-        reward=reward,
-        **extra,
-    )
+    """A one-token sample; `extra` sets or overrides any other field."""
+    fields = {"turn_id": "t", "prompt_ids": [1], "response_ids": [2], "logprobs": [], "version": "v0"}
+    return Sample(**{**fields, "temperature": 1.0, **extra}, kind=kind, reward=reward)
 
 
 def test_a_step_of_minus_ones_carries_no_reward():
@@ -53,14 +45,12 @@ def test_an_own_answers_gap_is_centred_and_a_rewrites_is_not():
 
     from clawrl.train.advantages import batch_advantages
 
-    own = Sample(
-        turn_id="a", kind="opd", prompt_ids=[1], response_ids=[2, 3, 4], logprobs=[], version="v0",
-        temperature=1.0, reward=0.0, teacher_prompt_ids=[1, 9], loss_mask=[1, 1, 0],
-    )  # fmt: skip
-    rewrite = Sample(
-        turn_id="a", kind="opd", prompt_ids=[1], response_ids=[5, 6, 7], logprobs=[], version="v0",
-        temperature=1.0, reward=0.0, teacher_prompt_ids=[1, 9], rewrite=True,
-    )  # fmt: skip
+    own = _sample(
+        0.0, "opd", turn_id="a", response_ids=[2, 3, 4], teacher_prompt_ids=[1, 9], loss_mask=[1, 1, 0]
+    )
+    rewrite = _sample(
+        0.0, "opd", turn_id="a", response_ids=[5, 6, 7], teacher_prompt_ids=[1, 9], rewrite=True
+    )
     student = torch.tensor([[-1.0, -1.0, -1.0], [-2.0, -2.0, -2.0]])
     # gaps -0.5, 0.1, -1 (clipped); 0.5, 0.1, 0
     teacher = torch.tensor([[-1.5, -0.9, -3.0], [-1.5, -1.9, -2.0]])

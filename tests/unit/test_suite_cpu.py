@@ -59,12 +59,12 @@ def test_each_process_counts_in_its_group(cmd, where, group):
 
 
 def test_a_busy_child_is_sampled_with_its_cpu_and_its_pytest_folder(tmp_path):
-    """A real child that spins, then waits, in a pytest folder: sampled from /proc, its CPU is at
-    least what it spun and its folder is the one it works in."""
+    """A real clawrl child that spins, then waits, in a pytest folder: sampled from /proc, its CPU is
+    at least what it spun, its folder is the one it works in, and its group names that folder."""
     folder = tmp_path / "busychild"
     folder.mkdir(parents=True)
     spin = (
-        "import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+        "import clawrl.types, sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
         "print(1, flush=True)\nsys.stdin.read()"
     )
     child = subprocess.Popen(
@@ -78,6 +78,7 @@ def test_a_busy_child_is_sampled_with_its_cpu_and_its_pytest_folder(tmp_path):
         assert len(mine) == 1, seen
         assert mine[0].cpu >= 0.25
         assert mine[0].where == str(folder)  # its working folder, where a test's server works
+        assert group_of(mine[0].cmd, mine[0].where) != group_of(mine[0].cmd, None)  # named by it
     finally:
         child.stdin.close()
         child.wait(timeout=30)
