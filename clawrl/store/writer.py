@@ -129,7 +129,12 @@ class StoreWriter:
             except TRANSIENT as exc:
                 self._refused(exc)
                 return
+            if len(self._backlog) == 1:
+                self._recovered()  # before the last pop: whoever sees the backlog empty sees the error gone
             self._backlog.popleft()
+        self._recovered()
+
+    def _recovered(self) -> None:
         if self._error is not None:
             log.warning("the store takes writes again; every write kept meanwhile is recorded")
             self._error = None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
 
 import pytest
 
@@ -61,3 +63,41 @@ def test_other_store_errors_still_raise():
         await writer.stop()
 
     asyncio.run(scenario())
+
+
+def test_whoever_sees_the_backlog_empty_sees_the_store_healthy():
+    """The judge waits for `settled` and then reads `health`: the two must agree while the store
+    thread drains. Drains many backlogs with a reader thread switching in as often as Python allows."""
+
+    async def one_drain(caught: list[WriterHealth]) -> None:
+        table, writer = FlakyTable(), StoreWriter(retry_every_s=0.01, max_pending=10)
+        table.refusing = StoreBusy("locked")
+        for row in "abc":
+            await writer.write(table.insert, row)
+        table.refusing = None
+        done = threading.Event()
+
+        def read() -> None:
+            while not done.is_set():
+                health = writer.health()
+                if health.pending_writes == 0 and not health.ok:
+                    caught.append(health)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        try:
+            await writer.stop()  # drains the backlog on the store thread
+        finally:
+            done.set()
+            reader.join()
+        assert table.rows == ["a", "b", "c"]
+
+    caught: list[WriterHealth] = []
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(200):
+            asyncio.run(one_drain(caught))
+    finally:
+        sys.setswitchinterval(interval)
+    assert caught == []
