@@ -173,6 +173,14 @@ def vllm_args(model_dir: Path, *more: str) -> list[str]:
     return ["--model", str(model_dir), "--model.max-context", str(CONTEXT), "--engine.kind", "vllm", *more]
 
 
+def vllm_start(vllm_python: str) -> list[str]:
+    """`clawrl serve` arguments that start a vLLM server, eager: vLLM's CPU build otherwise compiles
+    the model with inductor at every start, work no test asserts on (the vLLM tests: 538 CPU-seconds
+    eager, 625 compiled; docs/results.md, "The suite, seventh session")."""
+    start = ["--engine.vllm.start", "true", "--engine.vllm.python", vllm_python, "--judge.enabled", "false"]
+    return [*start, "--engine.vllm.args", '["--enforce-eager"]']
+
+
 VLLM_KEY = {"CLAWRL_VLLM_API_KEY": f"sk-vllm-{secrets.token_hex(16)}"}  # the session vLLM's key
 
 
@@ -182,7 +190,7 @@ def vllm_gateway(vllm_python, embedded_model_dir, tmp_path_factory) -> RemoteSer
     with `--engine.vllm.start true` (this gateway; other gateways attach to its vLLM with its key,
     VLLM_KEY, which this one gives it instead of drawing one)."""
     run_dir = tmp_path_factory.mktemp("vllm-owner") / "run"
-    start = ["--engine.vllm.start", "true", "--engine.vllm.python", vllm_python, "--judge.enabled", "false"]
+    start = vllm_start(vllm_python)
     # vLLM's dev routes too (as clawrl starts it for train.weights full: engine/vllm/reload.py), so a
     # full-weight gateway can attach to this one server instead of starting another (minutes).
     env = {**VLLM_KEY, "VLLM_SERVER_DEV_MODE": "1"}

@@ -16,7 +16,7 @@ import pytest
 
 from clawrl.store.db import Store
 from clawrl.testing import scripted_qwen3
-from tests.conftest import RemoteServer, vllm_args
+from tests.conftest import RemoteServer, vllm_args, vllm_start
 from tests.timing import wait_for
 
 OPEN, CLOSE, END = 151667, 151668, 151645  # <think>, </think>, <|im_end|>
@@ -158,8 +158,7 @@ def vllm_thinker(tmp_path_factory, qwen3_model_dir, vllm_python):
     """The scripted Qwen3 behind a gateway on vLLM, which starts its own vLLM server for it."""
     folder = scripted_qwen3(qwen3_model_dir, tmp_path_factory.mktemp("scripted-qwen3-vllm"), CHAIN)
     run_dir = tmp_path_factory.mktemp("thinking-vllm") / "run"
-    start = ["--engine.vllm.start", "true", "--engine.vllm.python", vllm_python, "--judge.enabled", "false"]
-    server = RemoteServer(run_dir, vllm_args(folder, *start), timeout=300)
+    server = RemoteServer(run_dir, vllm_args(folder, *vllm_start(vllm_python)), timeout=300)
     yield server
     server.stop()
 

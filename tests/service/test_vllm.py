@@ -32,7 +32,7 @@ from clawrl.testing import Publisher
 from clawrl.train.checkpoints import save_version
 from clawrl.train.weights import LoraSettings
 from clawrl.types import Version
-from tests.conftest import CLAWRL, ROOT, VLLM_KEY, RemoteServer, attach_gateway, vllm_args
+from tests.conftest import CLAWRL, ROOT, VLLM_KEY, RemoteServer, attach_gateway, vllm_args, vllm_start
 from tests.timing import limit, wait_for
 
 
@@ -390,8 +390,8 @@ def test_vllm_past_the_trained_window_is_scored_by_the_trainer_with_the_same_rop
 
     model = _short_window_copy(embedded_model_dir, tmp_path / "model", 256)
     args = ["--model", str(model), "--model.max-context", "1024", "--model.scale-rope", "always"]
-    args += ["--engine.kind", "vllm", "--engine.vllm.start", "true", "--engine.vllm.python", vllm_python]
-    server = RemoteServer(tmp_path / "run", [*args, "--judge.enabled", "false"], timeout=300)
+    args += ["--engine.kind", "vllm", *vllm_start(vllm_python)]
+    server = RemoteServer(tmp_path / "run", args, timeout=300)
     try:
         words = " ".join(f"river{i % 40} flows past stone {i}." for i in range(60))
         r = server.client().chat.completions.create(
