@@ -189,6 +189,13 @@ class VLLMConfig(Section):
     )
     restart_backoff_max_s: float = Field(60.0, gt=0, description="Longest delay between two restarts.")
     health_poll_s: float = Field(1.0, gt=0, description="How often clawrl checks the vLLM server is alive.")
+    unresponsive_s: float = Field(
+        60.0,
+        gt=0,
+        description="A vLLM server clawrl started that is alive but has not answered /health for this "
+        "long is killed and started again (one that exited is restarted at once). Meanwhile it counts "
+        "as down. Its /health stalls for seconds on a loaded machine or while weights load in place.",
+    )
     restart_kv_cache_mb: int | None = Field(
         None,
         gt=0,

@@ -12,7 +12,10 @@ times. While clawrl runs, `watch`
 checks `/health` (and the process) every `health_poll_s`; when the server is
 gone it is started again after `restart_backoff_s`, doubling up to
 `restart_backoff_max_s`, and `on_ready` (the engine reloading its adapter) runs
-before it counts as up again.
+before it counts as up again. Gone means exited, or alive but silent on `/health` for
+`unresponsive_s`: a live server that misses a check is counted down at once (requests wait or
+move) but killed only then, since its `/health` stalls for seconds on a loaded machine or while
+weights load in place, and a restart costs a start (and, in a test, the requests of that start).
 
 Attached (`engine.vllm.url`): the same checks, but nothing is started; a
 server that stops answering is reported down until it answers again.
@@ -286,16 +289,16 @@ class VLLMServer:
             await asyncio.gather(self._task, return_exceptions=True)
         await asyncio.to_thread(self.close)
 
-    def close(self) -> int | None:
-        """Stop the started server and its engine processes (its whole process group); return how
-        its main process ended (None: nothing was started)."""
+    def close(self, grace_s: float = 30.0) -> int | None:
+        """Stop the started server and its engine processes (its whole process group): SIGTERM, and
+        SIGKILL after `grace_s`; return how its main process ended (None: nothing was started)."""
         proc, self._proc = self._proc, None
         if proc is None:
             return None
         if proc.poll() is None:
             _signal_group(proc.pid, signal.SIGTERM)
             try:
-                proc.wait(30)
+                proc.wait(grace_s)
             except subprocess.TimeoutExpired:
                 _signal_group(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -355,16 +358,28 @@ class VLLMServer:
 
     async def _watch(self) -> None:
         async with httpx.AsyncClient() as http:
+            silent_since: float | None = None  # when a live server first missed /health
             while True:
                 await asyncio.sleep(self.config.health_poll_s)
                 exited = self._proc is not None and self._proc.poll() is not None
                 if not exited and await self._answers(http):
+                    silent_since = None
                     if self.health.status != "ok":
                         await self._ready()
                     continue
-                self._down(self._proc is not None and self._proc.poll() is not None)
-                if self._command is not None:
-                    await self._restart(http)
+                exited = self._proc is not None and self._proc.poll() is not None
+                self._down(exited)
+                if self._command is None:
+                    continue
+                now = time.monotonic()
+                silent_since = now if silent_since is None else silent_since
+                if exited or now - silent_since >= self.config.unresponsive_s:
+                    if not exited:
+                        log.error(
+                            "vLLM has not answered /health for %.0f s: restarting it", now - silent_since
+                        )
+                    silent_since = None
+                    await self._restart(http, hung=not exited)
 
     def _down(self, exited: bool) -> None:
         if exited:
@@ -376,11 +391,13 @@ class VLLMServer:
             log.error("%s at %s", self.health.last_error, self.url)
         self.health.status = "down"
 
-    async def _restart(self, http: httpx.AsyncClient) -> None:
-        """Start the server again after a backoff, until it answers (the delay doubles each try)."""
+    async def _restart(self, http: httpx.AsyncClient, hung: bool = False) -> None:
+        """Start the server again after a backoff, until it answers (the delay doubles each try).
+        `hung`: it is alive but silent past `unresponsive_s`, so it is killed, not asked to stop."""
         delay = self.config.restart_backoff_s
         while True:
-            code = await asyncio.to_thread(self.close)
+            code = await asyncio.to_thread(self.close, 0.0 if hung else 30.0)
+            hung = False
             if code is not None:  # how the server that went away ended (it may have died after the check)
                 self.health.last_exit = code
             log.info("restarting vLLM in %.0f s", delay)
