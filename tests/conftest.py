@@ -174,7 +174,8 @@ def vllm_args(model_dir: Path, *more: str) -> list[str]:
 
 
 def vllm_start(vllm_python: str) -> list[str]:
-    """`clawrl serve` arguments that start a vLLM server, eager: vLLM's CPU build otherwise compiles
+    """`clawrl serve` arguments that start a vLLM server (the judge off, as on every vLLM gateway of
+    the tests), eager: vLLM's CPU build otherwise compiles
     the model with inductor at every start, work no test asserts on (the vLLM tests: 538 CPU-seconds
     eager, 625 compiled; docs/results.md, "The suite, seventh session")."""
     start = ["--engine.vllm.start", "true", "--engine.vllm.python", vllm_python, "--judge.enabled", "false"]

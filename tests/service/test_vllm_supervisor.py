@@ -47,6 +47,7 @@ def test_a_stalled_vllm_is_counted_down_at_once_and_restarted_only_past_unrespon
             first.send_signal(signal.SIGSTOP)  # and one that outlasts it
             await _until(lambda: server.health.restarts == 1 and server.up, 60, "the restart")
             assert server._proc is not first and first.poll() is not None  # the stalled one killed
+            assert server.health.last_exit == -signal.SIGKILL  # at once, not asked to stop for 30 s
         finally:
             if first.poll() is None:
                 first.send_signal(signal.SIGCONT)

@@ -367,19 +367,20 @@ class VLLMServer:
                     if self.health.status != "ok":
                         await self._ready()
                     continue
-                exited = self._proc is not None and self._proc.poll() is not None
+                exited = self._proc is not None and self._proc.poll() is not None  # died during the check?
                 self._down(exited)
                 if self._command is None:
                     continue
                 now = time.monotonic()
                 silent_since = now if silent_since is None else silent_since
                 if exited or now - silent_since >= self.config.unresponsive_s:
-                    if not exited:
+                    if not exited:  # hung: killed, not asked to stop
                         log.error(
                             "vLLM has not answered /health for %.0f s: restarting it", now - silent_since
                         )
+                        self.health.last_exit = await asyncio.to_thread(self.close, 0.0)
                     silent_since = None
-                    await self._restart(http, hung=not exited)
+                    await self._restart(http)
 
     def _down(self, exited: bool) -> None:
         if exited:
@@ -391,13 +392,11 @@ class VLLMServer:
             log.error("%s at %s", self.health.last_error, self.url)
         self.health.status = "down"
 
-    async def _restart(self, http: httpx.AsyncClient, hung: bool = False) -> None:
-        """Start the server again after a backoff, until it answers (the delay doubles each try).
-        `hung`: it is alive but silent past `unresponsive_s`, so it is killed, not asked to stop."""
+    async def _restart(self, http: httpx.AsyncClient) -> None:
+        """Start the server again after a backoff, until it answers (the delay doubles each try)."""
         delay = self.config.restart_backoff_s
         while True:
-            code = await asyncio.to_thread(self.close, 0.0 if hung else 30.0)
-            hung = False
+            code = await asyncio.to_thread(self.close)
             if code is not None:  # how the server that went away ended (it may have died after the check)
                 self.health.last_exit = code
             log.info("restarting vLLM in %.0f s", delay)
